@@ -1,0 +1,39 @@
+"""Keras 3 optimizers for large-batch training, and a registry of them by name.
+
+``get("lars", learning_rate=0.1, ...)`` builds the toolkit's :class:`SGD`, :class:`LARS` or
+:class:`LBSGD`, or one of Keras's built-ins (``adam``, ``adamw``, ``rmsprop``, ``adagrad``,
+``lamb``, ``keras_sgd``). Note that ``"sgd"`` is the toolkit's PyTorch-semantics SGD.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from toolkit.optimizers.lars import LARS
+from toolkit.optimizers.lbsgd import LBSGD
+from toolkit.optimizers.sgd import SGD
+from toolkit.optimizers.trust_ratio import trust_ratio
+from toolkit.registry import Registry
+
+OPTIMIZERS = Registry(
+    "optimizer",
+    {
+        "sgd": SGD,
+        "lars": LARS,
+        "lbsgd": LBSGD,
+        "adam": keras.optimizers.Adam,
+        "adamw": keras.optimizers.AdamW,
+        "rmsprop": keras.optimizers.RMSprop,
+        "adagrad": keras.optimizers.Adagrad,
+        "lamb": keras.optimizers.Lamb,
+        "keras_sgd": keras.optimizers.SGD,
+    },
+)
+
+
+def get(name: str, **params) -> keras.optimizers.Optimizer:
+    """Build the optimizer registered as ``name`` with ``params`` (errors list what is allowed)."""
+    return OPTIMIZERS.get(name, **params)
+
+
+__all__ = ["LARS", "LBSGD", "OPTIMIZERS", "SGD", "get", "trust_ratio"]

@@ -1,0 +1,103 @@
+"""What the toolkit's optimizers share: coupled L2 weight decay, hyperparameters that may be
+schedules, the heavy-ball momentum step, and a config that round-trips all of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+from keras import ops
+
+from toolkit.schedules import value_at
+
+Hyperparameter = (
+    float | Callable
+)  # a constant, or a schedule called with the optimizer step
+
+
+def check_non_negative(name: str, value: Hyperparameter) -> Hyperparameter:
+    """Constants must be >= 0 (as in PyTorch and SINGA); schedules are taken as given."""
+    if callable(value):
+        return value
+    if not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(
+            f"`{name}` must be a non-negative float or a schedule, got {value!r}"
+        )
+    return float(value)
+
+
+class CoupledDecayOptimizer(keras.optimizers.Optimizer):
+    """Base of the toolkit's SGD-family optimizers.
+
+    * ``weight_decay`` is coupled L2 regularisation folded into the gradient by ``update_step``
+      (``g + wd * w``), not Keras's decoupled decay, so Keras's own decay step is disabled.
+    * ``momentum`` and ``weight_decay`` (and any name in ``_hyperparameters``) may be floats or
+      schedules; :meth:`_hyper` reads their value at the current step, the same 0-based step
+      Keras passes to a learning-rate schedule.
+    * ``get_config``/``from_config`` serialise schedule-valued hyperparameters.
+    """
+
+    _hyperparameters: tuple[str, ...] = ("momentum", "weight_decay")
+
+    def __init__(self, learning_rate, momentum, weight_decay, name, **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        self.momentum = check_non_negative("momentum", momentum)
+        self.weight_decay = check_non_negative("weight_decay", weight_decay)
+
+    def _apply_weight_decay(self, variables):
+        """Disabled: the decay is coupled into the gradient by ``update_step``."""
+
+    @property
+    def uses_momentum(self) -> bool:
+        """Whether a velocity slot is needed (a momentum schedule always needs one)."""
+        return callable(self.momentum) or self.momentum != 0.0
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        self.velocities = (
+            self.add_optimizer_variables(variables, "velocity")
+            if self.uses_momentum
+            else []
+        )
+
+    def _hyper(self, value: Hyperparameter, dtype):
+        return value_at(value, self._iterations, dtype)
+
+    def _l2_regularised(self, gradient, variable, weight_decay):
+        """``g + wd * w``, skipped at trace time when ``wd`` is the constant 0."""
+        gradient = ops.cast(gradient, variable.dtype)
+        if not callable(weight_decay) and weight_decay == 0.0:
+            return gradient
+        return gradient + self._hyper(weight_decay, variable.dtype) * variable
+
+    def _heavy_ball_step(self, variable, step, nesterov=False):
+        """Apply ``v = m * v + step; w -= v`` (Nesterov: ``w -= m * v + step``).
+
+        ``step`` already contains the learning rate (MXNet/LARS form). Without momentum this is
+        ``w -= step``.
+        """
+        if not self.uses_momentum:
+            self.assign_sub(variable, step)
+            return
+        velocity = self.velocities[self._get_variable_index(variable)]
+        momentum = self._hyper(self.momentum, variable.dtype)
+        self.assign(velocity, momentum * velocity + step)
+        self.assign_sub(variable, momentum * velocity + step if nesterov else velocity)
+
+    def get_config(self):
+        config = super().get_config()
+        for name in self._hyperparameters:
+            config[name] = keras.saving.serialize_keras_object(getattr(self, name))
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        for name in cls._hyperparameters:
+            if isinstance(config.get(name), dict):
+                config[name] = keras.saving.deserialize_keras_object(
+                    config[name], custom_objects=custom_objects
+                )
+        return super().from_config(config, custom_objects=custom_objects)

@@ -1,0 +1,126 @@
+"""LARS: layer-wise adaptive rate scaling (You, Gitman and Ginsburg 2017)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import keras
+from keras import ops
+
+from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
+from toolkit.optimizers.trust_ratio import l2_norm, trust_ratio
+
+
+@keras.saving.register_keras_serializable(package="toolkit")
+class LARS(CoupledDecayOptimizer):
+    """Momentum SGD whose rate is scaled per variable by a trust ratio.
+
+    Update rule, per variable ``w`` with gradient ``g`` and velocity ``v``::
+
+        local = trust_coefficient * ||w|| / (||g|| + weight_decay * ||w|| + epsilon)
+        local = 1                          if ||w|| == 0 or ||g|| == 0
+        rate = lr * local                  # clip=True (NVIDIA LARC): min(lr * local, lr)
+        v = momentum * v + rate * (g + weight_decay * w)
+        w = w - v                          # Nesterov: w = w - (momentum * v + rate * (...))
+
+    Variables excluded from layer adaptation get plain momentum SGD without weight decay
+    (``local = 1``, ``weight_decay = 0``). By default those are the variables with at most one
+    dimension (biases, normalisation scales and offsets); pass ``exclude_from_layer_adaptation``
+    as a list of regular expressions searched in each variable's ``path`` (e.g. ``["bias",
+    "batch_norm"]``) to choose instead, or ``[]`` to adapt every variable.
+
+    Args:
+        learning_rate: float or schedule (the global rate ``lr``).
+        momentum: float or schedule, >= 0.
+        weight_decay: coupled L2 coefficient, float or schedule, >= 0.
+        trust_coefficient: ``eta`` of the paper, > 0.
+        epsilon: added to the ratio's denominator, >= 0.
+        nesterov: Nesterov momentum.
+        exclude_from_layer_adaptation: ``None`` (exclude 1-D variables) or regex patterns.
+        clip: LARC clipping of the adapted rate to at most ``lr``.
+        **kwargs: Keras optimizer arguments.
+    """
+
+    def __init__(
+        self,
+        learning_rate: Hyperparameter = 0.1,
+        momentum: Hyperparameter = 0.9,
+        weight_decay: Hyperparameter = 0.0,
+        trust_coefficient: float = 0.001,
+        epsilon: float = 0.0,
+        nesterov: bool = False,
+        exclude_from_layer_adaptation: Sequence[str] | None = None,
+        clip: bool = False,
+        name: str = "LARS",
+        **kwargs,
+    ):
+        super().__init__(learning_rate, momentum, weight_decay, name, **kwargs)
+        if trust_coefficient <= 0:
+            raise ValueError(
+                f"`trust_coefficient` must be > 0, got {trust_coefficient}"
+            )
+        if epsilon < 0:
+            raise ValueError(f"`epsilon` must be >= 0, got {epsilon}")
+        self.trust_coefficient = float(trust_coefficient)
+        self.epsilon = float(epsilon)
+        self.nesterov = bool(nesterov)
+        self.exclude_from_layer_adaptation = (
+            None
+            if exclude_from_layer_adaptation is None
+            else list(exclude_from_layer_adaptation)
+        )
+        self.clip = bool(clip)
+
+    def is_adapted(self, variable) -> bool:
+        """Whether ``variable`` gets the trust ratio (and weight decay)."""
+        if self.exclude_from_layer_adaptation is None:
+            return len(variable.shape) > 1
+        return not any(
+            re.search(p, variable.path) for p in self.exclude_from_layer_adaptation
+        )
+
+    def local_rates(self, gradients, variables) -> dict[str, float]:
+        """The per-variable ``local`` ratios the next update would use, keyed by variable path
+        (adapted variables only); for logging and plots."""
+        return {
+            v.path: float(self._local_rate(ops.cast(g, v.dtype), v))
+            for g, v in zip(gradients, variables)
+            if self.is_adapted(v)
+        }
+
+    def _local_rate(self, gradient, variable):
+        dtype = variable.dtype
+        weight_norm, grad_norm = l2_norm(variable), l2_norm(gradient)
+        ratio = trust_ratio(
+            weight_norm,
+            grad_norm,
+            self._hyper(self.weight_decay, dtype),
+            epsilon=self.epsilon,
+        )
+        both_positive = ops.logical_and(weight_norm > 0, grad_norm > 0)
+        return ops.where(
+            both_positive, self.trust_coefficient * ratio, ops.ones_like(ratio)
+        )
+
+    def update_step(self, gradient, variable, learning_rate):
+        learning_rate = ops.cast(learning_rate, variable.dtype)
+        gradient = ops.cast(gradient, variable.dtype)
+        if not self.is_adapted(variable):
+            self._heavy_ball_step(variable, learning_rate * gradient, self.nesterov)
+            return
+        rate = learning_rate * self._local_rate(gradient, variable)
+        if self.clip:
+            rate = ops.minimum(rate, learning_rate)
+        gradient = self._l2_regularised(gradient, variable, self.weight_decay)
+        self._heavy_ball_step(variable, rate * gradient, self.nesterov)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "trust_coefficient": self.trust_coefficient,
+            "epsilon": self.epsilon,
+            "nesterov": self.nesterov,
+            "exclude_from_layer_adaptation": self.exclude_from_layer_adaptation,
+            "clip": self.clip,
+        }

@@ -1,0 +1,139 @@
+"""LBSGD: large-batch SGD with warmup and macro-batch accumulation (Apache MXNet PR #8918)."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
+from toolkit.optimizers.trust_ratio import l2_norm, trust_ratio
+from toolkit.schedules import WARMUP_STRATEGIES, warmup_ramp
+
+LBSGD_STRATEGIES = (*WARMUP_STRATEGIES, "lars")
+
+
+@keras.saving.register_keras_serializable(package="toolkit")
+class LBSGD(CoupledDecayOptimizer):
+    """MXNet's large-batch SGD: emulate a ``batch_scale`` times larger batch and warm up to it.
+
+    Gradients are accumulated over ``batch_scale`` calls; every ``batch_scale``-th call applies
+    their mean ``g`` (variables do not move in between). With ``n`` the number of calls so far
+    counted from ``begin_epoch * updates_per_epoch`` (1 on the first call) and
+    ``N = warmup_epochs * updates_per_epoch``, the learning rate is multiplied by::
+
+        mult = batch_scale                                 if n >= N (or N <= 1)
+        mult = 1 + (batch_scale - 1) * r(n / N)            r = p, p**2, sqrt(p) for
+                                                           linear, power2, sqrt
+        mult = clip(sqrt(||w||^2 / (||g||^2 + wd * ||w||^2 + 1e-18)), 0.01, 100)
+                                                           for warmup_strategy="lars"
+
+    and the update is MXNet's ``sgd_mom_update``::
+
+        v = momentum * v + lr * mult * (g + weight_decay * w)
+        w = w - v
+
+    Accumulation reuses Keras's ``gradient_accumulation_steps`` (set to ``batch_scale``), so the
+    learning-rate schedule sees every call, like MXNet's, and ``iterations`` counts applied
+    updates. ``begin_epoch`` moves the warmup position only; updates happen on every
+    ``batch_scale``-th call of this optimizer.
+
+    Args:
+        learning_rate: float or schedule.
+        momentum: float or schedule, >= 0.
+        weight_decay: coupled L2 coefficient, float or schedule, >= 0.
+        warmup_strategy: one of ``linear``, ``power2``, ``sqrt``, ``lars``.
+        warmup_epochs: length of the warmup in epochs, >= 0.
+        updates_per_epoch: calls per epoch, >= 1 (MXNet's default 32 rarely matches a real run).
+        batch_scale: calls accumulated per update, >= 1.
+        begin_epoch: epoch the run starts at (for resuming mid-warmup), >= 0.
+        **kwargs: Keras optimizer arguments, except ``gradient_accumulation_steps``.
+    """
+
+    def __init__(
+        self,
+        learning_rate: Hyperparameter = 0.01,
+        momentum: Hyperparameter = 0.0,
+        weight_decay: Hyperparameter = 0.0,
+        warmup_strategy: str = "linear",
+        warmup_epochs: int = 5,
+        updates_per_epoch: int = 32,
+        batch_scale: int = 1,
+        begin_epoch: int = 0,
+        name: str = "LBSGD",
+        **kwargs,
+    ):
+        if kwargs.get("gradient_accumulation_steps"):
+            raise ValueError(
+                "LBSGD accumulates with `batch_scale`; do not pass "
+                "`gradient_accumulation_steps`"
+            )
+        kwargs.pop("gradient_accumulation_steps", None)
+        if warmup_strategy not in LBSGD_STRATEGIES:
+            raise ValueError(
+                f"`warmup_strategy` must be one of {LBSGD_STRATEGIES}, got {warmup_strategy!r}"
+            )
+        for arg, value, least in (
+            ("warmup_epochs", warmup_epochs, 0),
+            ("updates_per_epoch", updates_per_epoch, 1),
+            ("batch_scale", batch_scale, 1),
+            ("begin_epoch", begin_epoch, 0),
+        ):
+            if int(value) != value or value < least:
+                raise ValueError(
+                    f"`{arg}` must be an integer >= {least}, got {value!r}"
+                )
+        super().__init__(
+            learning_rate,
+            momentum,
+            weight_decay,
+            name,
+            gradient_accumulation_steps=int(batch_scale) if batch_scale > 1 else None,
+            **kwargs,
+        )
+        self.warmup_strategy = warmup_strategy
+        self.warmup_epochs = int(warmup_epochs)
+        self.updates_per_epoch = int(updates_per_epoch)
+        self.batch_scale = int(batch_scale)
+        self.begin_epoch = int(begin_epoch)
+
+    def warmup_multiplier(self, calls):
+        """``mult`` of the linear/power2/sqrt strategies after ``calls`` calls (1-based)."""
+        n = ops.cast(calls + self.begin_epoch * self.updates_per_epoch, "float32")
+        total = self.warmup_epochs * self.updates_per_epoch
+        if total <= 1:
+            return ops.cast(self.batch_scale, "float32")
+        ramp = warmup_ramp(self.warmup_strategy, ops.minimum(n / total, 1.0))
+        return 1.0 + (self.batch_scale - 1.0) * ramp
+
+    def update_step(self, gradient, variable, learning_rate):
+        dtype = variable.dtype
+        gradient = ops.cast(gradient, dtype)
+        if self.warmup_strategy == "lars":
+            multiplier = ops.clip(
+                trust_ratio(
+                    l2_norm(variable),
+                    l2_norm(gradient),
+                    self._hyper(self.weight_decay, dtype),
+                    power=2,
+                    epsilon=1e-18,
+                ),
+                0.01,
+                100.0,
+            )
+        else:
+            multiplier = ops.cast(self.warmup_multiplier(self._iterations + 1), dtype)
+        rate = ops.cast(learning_rate, dtype) * multiplier
+        gradient = self._l2_regularised(gradient, variable, self.weight_decay)
+        self._heavy_ball_step(variable, rate * gradient)
+
+    def get_config(self):
+        config = super().get_config()
+        del config["gradient_accumulation_steps"]
+        return {
+            **config,
+            "warmup_strategy": self.warmup_strategy,
+            "warmup_epochs": self.warmup_epochs,
+            "updates_per_epoch": self.updates_per_epoch,
+            "batch_scale": self.batch_scale,
+            "begin_epoch": self.begin_epoch,
+        }

@@ -1,0 +1,82 @@
+"""Stochastic gradient descent with PyTorch / Apache SINGA semantics."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from toolkit.optimizers.base import (
+    CoupledDecayOptimizer,
+    Hyperparameter,
+    check_non_negative,
+)
+
+
+@keras.saving.register_keras_serializable(package="toolkit")
+class SGD(CoupledDecayOptimizer):
+    """SGD with momentum, dampening, Nesterov and coupled L2 weight decay, as ``torch.optim.SGD``.
+
+    Update rule, per variable ``w`` with gradient ``g`` and buffer ``buf``::
+
+        g = g + weight_decay * w
+        if momentum != 0:
+            buf = g                                        # first step
+            buf = momentum * buf + (1 - dampening) * g     # later steps
+            g = g + momentum * buf if nesterov else buf
+        w = w - learning_rate * g
+
+    This differs from ``keras.optimizers.SGD`` (which keeps ``v = m*v - lr*g``): here the
+    learning rate multiplies the buffer at use, so changing the rate rescales the whole step
+    at once. ``momentum``, ``dampening`` and ``weight_decay`` may be schedules.
+
+    Args:
+        learning_rate: float or schedule.
+        momentum: momentum factor, >= 0.
+        dampening: dampening of the gradient added to the buffer (not applied on the first step).
+        nesterov: Nesterov momentum; needs ``momentum > 0`` and ``dampening == 0``.
+        weight_decay: coupled L2 coefficient, >= 0.
+        **kwargs: Keras optimizer arguments (``clipnorm``, ``loss_scale_factor``, ...).
+    """
+
+    _hyperparameters = ("momentum", "dampening", "weight_decay")
+
+    def __init__(
+        self,
+        learning_rate: Hyperparameter = 0.01,
+        momentum: Hyperparameter = 0.0,
+        dampening: Hyperparameter = 0.0,
+        nesterov: bool = False,
+        weight_decay: Hyperparameter = 0.0,
+        name: str = "SGD",
+        **kwargs,
+    ):
+        super().__init__(learning_rate, momentum, weight_decay, name, **kwargs)
+        self.dampening = check_non_negative("dampening", dampening)
+        self.nesterov = bool(nesterov)
+        if self.nesterov and (not self.uses_momentum or self.dampening != 0.0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+    def update_step(self, gradient, variable, learning_rate):
+        dtype = variable.dtype
+        gradient = self._l2_regularised(gradient, variable, self.weight_decay)
+        if self.uses_momentum:
+            buffer = self.velocities[self._get_variable_index(variable)]
+            momentum = self._hyper(self.momentum, dtype)
+            # The buffer starts at zero, so `momentum * buffer + g` is `g` on the first step;
+            # only dampening needs the first step told apart.
+            if callable(self.dampening) or self.dampening != 0.0:
+                first = ops.equal(self.iterations, 0)
+                gradient_weight = ops.where(
+                    first, 1.0, 1.0 - self._hyper(self.dampening, dtype)
+                )
+                self.assign(
+                    buffer,
+                    momentum * buffer + ops.cast(gradient_weight, dtype) * gradient,
+                )
+            else:
+                self.assign(buffer, momentum * buffer + gradient)
+            gradient = gradient + momentum * buffer if self.nesterov else buffer
+        self.assign_sub(variable, ops.cast(learning_rate, dtype) * gradient)
+
+    def get_config(self):
+        return {**super().get_config(), "nesterov": self.nesterov}

@@ -1,0 +1,78 @@
+"""Name -> constructor registries, so configs can say ``{"name": "lars", "params": {...}}``.
+
+A registry checks the name and the parameter names before constructing anything, and its
+errors list what is allowed: configs are validated with these messages before any process starts.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+class Registry:
+    """Maps names to constructors (classes or functions) of one ``kind`` of object."""
+
+    def __init__(self, kind: str, entries: Mapping[str, Callable[..., Any]]):
+        self.kind = kind
+        self._entries = dict(entries)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def constructor(self, name: str) -> Callable[..., Any]:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise ValueError(
+                f"unknown {self.kind} {name!r}; choose one of {self.names()}"
+            ) from None
+
+    def parameters(self, name: str) -> dict[str, Any]:
+        """Parameter names of ``name``'s constructor (through its base classes) and defaults."""
+        found: dict[str, Any] = {}
+        for init in _init_chain(self.constructor(name)):
+            for p in inspect.signature(init).parameters.values():
+                if (
+                    p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                    and p.name != "self"
+                ):
+                    found.setdefault(
+                        p.name, None if p.default is p.empty else p.default
+                    )
+        return found
+
+    def check_params(self, name: str, params: Mapping[str, Any]) -> None:
+        """Raise ``ValueError`` naming any parameter ``name`` does not accept."""
+        allowed = self.parameters(name)
+        unknown = sorted(set(params) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"{self.kind} {name!r} has no parameter {', '.join(map(repr, unknown))}; "
+                f"its parameters are {sorted(allowed)}"
+            )
+
+    def get(self, name: str, **params) -> Any:
+        """Construct ``name`` with ``params`` after checking both."""
+        self.check_params(name, params)
+        return self.constructor(name)(**params)
+
+
+def _init_chain(constructor: Callable[..., Any]):
+    """The ``__init__`` functions that see a call's keywords: the class's own, then each base's
+    for as long as the previous one forwards ``**kwargs``."""
+    if not inspect.isclass(constructor):
+        yield constructor
+        return
+    for cls in constructor.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        yield init
+        kinds = {p.kind for p in inspect.signature(init).parameters.values()}
+        if inspect.Parameter.VAR_KEYWORD not in kinds:
+            return
