@@ -80,6 +80,13 @@ class LARS(CoupledDecayOptimizer):
             re.search(p, variable.path) for p in self.exclude_from_layer_adaptation
         )
 
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        # `update_step` may receive backend variables without a `path`; decide once here.
+        self._adapted = [self.is_adapted(v) for v in variables]
+
     def local_rates(self, gradients, variables) -> dict[str, float]:
         """The per-variable ``local`` ratios the next update would use, keyed by variable path
         (adapted variables only); for logging and plots."""
@@ -106,7 +113,7 @@ class LARS(CoupledDecayOptimizer):
     def update_step(self, gradient, variable, learning_rate):
         learning_rate = ops.cast(learning_rate, variable.dtype)
         gradient = ops.cast(gradient, variable.dtype)
-        if not self.is_adapted(variable):
+        if not self._adapted[self._get_variable_index(variable)]:
             self._heavy_ball_step(variable, learning_rate * gradient, self.nesterov)
             return
         rate = learning_rate * self._local_rate(gradient, variable)
