@@ -1,0 +1,138 @@
+"""The event log of a run: ``runs/<id>/events.jsonl``, one flat JSON object per line.
+
+A record looks like ``{"step": 120, "epoch": 1.5, "wall": 1763820000.12, "phase": "train",
+"lr": 0.4, "loss": 1.23}``; any other keys may appear, so readers never assume a fixed set.
+
+Non-finite floats are not valid JSON. They are written as the strings ``"NaN"``, ``"Infinity"``
+and ``"-Infinity"`` (the spellings Python and JavaScript use) and read back as floats, so a
+diverged loss stays visible as ``nan``/``inf`` in the DataFrame. A consequence: a string value
+spelled exactly like one of those three is read back as a float.
+
+Only complete lines (ending in a newline) are read. The writer sends each record to the
+operating system in a single ``write``, so a crash leaves at most one torn line, which readers
+skip (as they skip any line that is not a JSON object).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+import pandas as pd
+
+_NONFINITE = ("NaN", "Infinity", "-Infinity")
+
+
+def _encode(value: Any) -> Any:
+    """A JSON-ready value: numpy scalars become Python ones, non-finite floats strings."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def _decode(value: Any) -> Any:
+    return float(value) if isinstance(value, str) and value in _NONFINITE else value
+
+
+def _records(data: bytes) -> list[dict[str, Any]]:
+    """The JSON objects among the newline-separated lines of ``data``; other lines are skipped."""
+    records = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # torn line, or not UTF-8
+            continue
+        if isinstance(record, dict):
+            records.append({key: _decode(value) for key, value in record.items()})
+    return records
+
+
+class EventWriter:
+    """Appends records to an events file, one JSON line per record.
+
+    The file is opened unbuffered in append mode, so each record reaches the operating system
+    in one ``write`` call and is visible to readers at once. If the file ends in a torn line
+    (a crashed earlier writer), a newline is written first so the next record starts clean.
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
+        if self._file.tell() > 0 and not self._ends_with_newline():
+            self._file.write(b"\n")
+
+    def _ends_with_newline(self) -> bool:
+        with open(self.path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` (flat: values are numbers, strings, booleans or None).
+
+        Adds ``"wall"`` (``time.time()``) unless the record has it.
+        """
+        record = {"wall": time.time(), **record}
+        line = json.dumps(
+            {key: _encode(value) for key, value in record.items()}, allow_nan=False
+        )
+        self._file.write(line.encode() + b"\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+class EventTail:
+    """Reads a growing events file incrementally, for live runs.
+
+    Each :meth:`read_new` returns the records completed since the previous call: it remembers
+    the byte offset after the last complete line, so a line still being written is returned by
+    a later call. A file that does not exist yet reads as empty. If the file was truncated or
+    replaced (a different inode, or shorter than the offset), reading starts over from its
+    beginning and :attr:`restarted` is set, so callers can drop what they accumulated.
+    (A file truncated and regrown past the offset between two calls cannot be told apart.)
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.restarted = False
+        self._offset = 0
+        self._identity: tuple[int, int] | None = None
+
+    def read_new(self) -> pd.DataFrame:
+        """Records appended since the last call, as a DataFrame (the union of their keys)."""
+        self.restarted = False
+        try:
+            with open(self.path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                identity = (stat.st_dev, stat.st_ino)
+                if identity != self._identity or stat.st_size < self._offset:
+                    self.restarted = self._identity is not None
+                    self._identity, self._offset = identity, 0
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return pd.DataFrame()
+        complete = data.rfind(b"\n") + 1
+        self._offset += complete
+        return pd.DataFrame.from_records(_records(data[:complete]))
+
+
+def read_events(path: str | os.PathLike) -> pd.DataFrame:
+    """All complete records of an events file (empty DataFrame if the file does not exist)."""
+    return EventTail(path).read_new()
