@@ -83,8 +83,13 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
             return
         velocity = self.velocities[self._get_variable_index(variable)]
         momentum = self._hyper(self.momentum, variable.dtype)
-        self.assign(velocity, momentum * velocity + step)
-        self.assign_sub(variable, momentum * velocity + step if nesterov else velocity)
+        new_velocity = (
+            momentum * velocity + step
+        )  # reused below: no re-read after assign
+        self.assign(velocity, new_velocity)
+        self.assign_sub(
+            variable, momentum * new_velocity + step if nesterov else new_velocity
+        )
 
     def get_config(self):
         config = super().get_config()

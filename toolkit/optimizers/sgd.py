@@ -69,13 +69,15 @@ class SGD(CoupledDecayOptimizer):
                 gradient_weight = ops.where(
                     first, 1.0, 1.0 - self._hyper(self.dampening, dtype)
                 )
-                self.assign(
-                    buffer,
-                    momentum * buffer + ops.cast(gradient_weight, dtype) * gradient,
+                new_buffer = (
+                    momentum * buffer + ops.cast(gradient_weight, dtype) * gradient
                 )
             else:
-                self.assign(buffer, momentum * buffer + gradient)
-            gradient = gradient + momentum * buffer if self.nesterov else buffer
+                new_buffer = momentum * buffer + gradient
+            self.assign(
+                buffer, new_buffer
+            )  # new_buffer is reused: no re-read after assign
+            gradient = gradient + momentum * new_buffer if self.nesterov else new_buffer
         self.assign_sub(variable, ops.cast(learning_rate, dtype) * gradient)
 
     def get_config(self):
