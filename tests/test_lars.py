@@ -145,14 +145,14 @@ def test_clip_caps_the_rate_at_the_global_rate():
     )
 
 
-def test_local_rates_report_the_trust_ratio():
+def test_trust_ratios_report_the_trust_ratio():
     rng = np.random.default_rng(4)
     kernel = keras.Variable(rng.standard_normal((4, 4)).astype("float32"), name="k")
     grad = rng.standard_normal((4, 4)).astype("float32")
     opt = LARS(trust_coefficient=0.01, weight_decay=0.1)
     opt.build([kernel])
     wn, gn = np.linalg.norm(kernel.numpy()), np.linalg.norm(grad)
-    assert opt.local_rates([grad], [kernel]) == {
+    assert opt.trust_ratios([grad], [kernel]) == {
         "k": pytest.approx(0.01 * wn / (gn + 0.1 * wn), rel=1e-5)
     }
 

@@ -87,9 +87,9 @@ class LARS(CoupledDecayOptimizer):
         # `update_step` may receive backend variables without a `path`; decide once here.
         self._adapted = [self.is_adapted(v) for v in variables]
 
-    def local_rates(self, gradients, variables) -> dict[str, float]:
-        """The per-variable ``local`` ratios the next update would use, keyed by variable path
-        (adapted variables only); for logging and plots."""
+    def trust_ratios(self, gradients, variables) -> dict[str, float]:
+        """The per-variable ``local`` ratios an update with ``gradients`` would use, keyed by
+        variable path (adapted variables only); eager, for logging and plots."""
         return {
             v.path: float(self._local_rate(ops.cast(g, v.dtype), v))
             for g, v in zip(gradients, variables)

@@ -105,21 +105,28 @@ class LBSGD(CoupledDecayOptimizer):
         ramp = warmup_ramp(self.warmup_strategy, ops.minimum(n / total, 1.0))
         return 1.0 + (self.batch_scale - 1.0) * ramp
 
+    def _lars_multiplier(self, gradient, variable):
+        weight_decay = self._hyper(self.weight_decay, variable.dtype)
+        ratio = trust_ratio(
+            l2_norm(variable), l2_norm(gradient), weight_decay, power=2, epsilon=1e-18
+        )
+        return ops.clip(ratio, 0.01, 100.0)
+
+    def trust_ratios(self, gradients, variables) -> dict[str, float]:
+        """The ``lars`` strategy's per-variable multipliers for ``gradients``, keyed by variable
+        path; eager, for logging and plots."""
+        if self.warmup_strategy != "lars":
+            raise ValueError("trust ratios exist only with warmup_strategy='lars'")
+        return {
+            v.path: float(self._lars_multiplier(ops.cast(g, v.dtype), v))
+            for g, v in zip(gradients, variables)
+        }
+
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype
         gradient = ops.cast(gradient, dtype)
         if self.warmup_strategy == "lars":
-            multiplier = ops.clip(
-                trust_ratio(
-                    l2_norm(variable),
-                    l2_norm(gradient),
-                    self._hyper(self.weight_decay, dtype),
-                    power=2,
-                    epsilon=1e-18,
-                ),
-                0.01,
-                100.0,
-            )
+            multiplier = self._lars_multiplier(gradient, variable)
         else:
             multiplier = ops.cast(self.warmup_multiplier(self._iterations + 1), dtype)
         rate = ops.cast(learning_rate, dtype) * multiplier

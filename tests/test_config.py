@@ -1,0 +1,210 @@
+"""The experiment config: validation messages, overrides, derived quantities, presets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolkit import config as config_lib
+from toolkit.config import ConfigError, from_mapping, load
+from toolkit.experiment import schedule_preview, steps_per_epoch
+
+from conftest import ROOT
+
+PRESETS = sorted((ROOT / "experiments").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
+def test_presets_are_valid(path):
+    assert load(path).name
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["optimizer.name=adamx"],
+            "optimizer: unknown optimizer 'adamx'; choose one of ['adagrad'",
+        ),
+        (
+            ["optimizer.name=lbsgd", "optimizer.params.warmup_strategy=cosine"],
+            "`warmup_strategy` must be one of ('linear', 'power2', 'sqrt', 'lars'), got 'cosine'",
+        ),
+        (
+            ["optimizer.params.momentun=0.9"],
+            "optimizer 'sgd' has no parameter 'momentun'",
+        ),
+        (
+            ["schedule.warmup.strategy=exp"],
+            "schedule.warmup.strategy: Input should be 'linear', 'power2' or 'sqrt' (got 'exp')",
+        ),
+        (["schedule.name=step"], "schedule.name: Input should be 'constant', 'poly'"),
+        (
+            ["schedule.name=poly", "schedule.params.max_update=3"],
+            "schedule 'poly' has no parameter 'max_update'",
+        ),
+        (
+            ["batch.per_worker=0"],
+            "batch.per_worker: Input should be greater than or equal to 1",
+        ),
+        (
+            ["name=my run!"],
+            "name: run names must match ^[A-Za-z0-9_.-]{1,64}$ (got 'my run!')",
+        ),
+        (["hosts=h1"], "hosts: hosts must be name:slots[,name:slots...]"),
+        (["hosts=h1:1", "workers=2"], "have fewer slots than workers=2"),
+        (["model.name=vgg"], "model: unknown model 'vgg'; choose one of"),
+        (["dataset.params.seed=1"], "'seed' is set by the experiment, not in params"),
+        (
+            ["lr_scaling.rule=sqrt"],
+            "lr_scaling.rule: Input should be 'none' or 'linear'",
+        ),
+        (["epochs=zero"], "epochs: Input should be a valid integer"),
+        (["surprise=1"], "surprise: Extra inputs are not permitted"),
+    ],
+)
+def test_errors_name_the_field_and_the_allowed_values(overrides, expected):
+    with pytest.raises(ConfigError) as error:
+        from_mapping({}, overrides)
+    assert expected in str(error.value)
+
+
+def test_overrides_are_parsed_as_yaml_and_validated():
+    config = load(
+        ROOT / "experiments/quickstart.yaml",
+        [
+            "optimizer.params.momentum=0.95",
+            "schedule.warmup.epochs=2.5",
+            "hosts=a:1,b:1",
+        ],
+    )
+    assert config.optimizer.params["momentum"] == 0.95
+    assert config.schedule.warmup.epochs == 2.5
+    assert config.hosts == "a:1,b:1"
+    with pytest.raises(ConfigError, match="must look like section.field=value"):
+        from_mapping({}, ["epochs"])
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("epochs: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(tmp_path / "bad.yaml")
+
+
+def test_global_batch_and_linear_scaling():
+    config = from_mapping(
+        {
+            "batch": {"per_worker": 64, "accumulation": 2},
+            "workers": 4,
+            "optimizer": {"learning_rate": 0.1},
+            "lr_scaling": {"rule": "linear", "base_batch": 256},
+        }
+    )
+    assert config.global_batch() == 512
+    assert config.scaled_learning_rate() == pytest.approx(0.2)
+    assert config.global_batch(world_size=1) == 128
+    lbsgd = from_mapping(
+        {
+            "optimizer": {"name": "lbsgd", "params": {"batch_scale": 4}},
+            "batch": {"per_worker": 32},
+            "workers": 2,
+        }
+    )
+    assert lbsgd.global_batch() == 256
+
+
+def test_yaml_round_trip(tmp_path):
+    config = load(ROOT / "experiments/large_batch_lars.yaml")
+    (tmp_path / "c.yaml").write_text(config.to_yaml())
+    assert load(tmp_path / "c.yaml") == config
+
+
+def test_json_schema_describes_every_section():
+    schema = config_lib.json_schema()
+    assert {
+        "dataset",
+        "model",
+        "optimizer",
+        "schedule",
+        "batch",
+        "lr_scaling",
+        "epochs",
+    } <= set(schema["properties"])
+    assert schema["$defs"]["WarmupConfig"]["properties"]["strategy"]["enum"] == [
+        "linear",
+        "power2",
+        "sqrt",
+    ]
+
+
+def test_field_errors_for_forms():
+    with pytest.raises(ConfigError) as error:
+        from_mapping({}, ["batch.per_worker=0", "schedule.warmup.epochs=-1"])
+    fields = config_lib.field_errors(error.value)
+    assert set(fields) == {"batch.per_worker", "schedule.warmup.epochs"}
+
+
+def test_schedule_preview_matches_the_formula():
+    """Warmup over 2 epochs then cosine decay, at the linearly scaled rate."""
+    import math
+
+    config = from_mapping(
+        {
+            "optimizer": {
+                "name": "sgd",
+                "learning_rate": 0.1,
+                "params": {"momentum": 0.9},
+            },
+            "schedule": {
+                "name": "cosine",
+                "warmup": {"epochs": 2, "initial_multiplier": 0.25},
+            },
+            "batch": {"per_worker": 50},
+            "workers": 2,
+            "epochs": 10,
+            "lr_scaling": {"rule": "linear", "base_batch": 50},
+        }
+    )
+    spe = steps_per_epoch(config, 4000, 2)
+    assert spe == 40
+    preview = schedule_preview(config, num_train=4000, points=10_000)
+    assert len(preview) == 400 and preview["momentum"].eq(0.9).all()
+    base, total, warm = 0.2, 400, 80
+    for step in (0, 40, 79, 80, 200, 399):
+        ramp = 0.25 + 0.75 * min(step / warm, 1.0)
+        expected = base * 0.5 * (1 + math.cos(math.pi * step / total)) * ramp
+        assert preview.loc[step, "lr"] == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+def test_batch_larger_than_shard_is_refused():
+    config = from_mapping({"batch": {"per_worker": 4096}, "workers": 2})
+    with pytest.raises(ConfigError, match="batch.per_worker=4096 is larger than"):
+        steps_per_epoch(config, 4000, 2)
+
+
+def test_lbsgd_preview_includes_its_warmup_multiplier():
+    config = from_mapping(
+        {
+            "optimizer": {
+                "name": "lbsgd",
+                "learning_rate": 0.1,
+                "params": {
+                    "batch_scale": 4,
+                    "warmup_epochs": 2,
+                    "warmup_strategy": "sqrt",
+                },
+            },
+            "batch": {"per_worker": 100},
+            "workers": 1,
+            "epochs": 4,
+        }
+    )
+    preview = schedule_preview(config, num_train=1000, points=10_000).set_index("step")
+    n_warm = 2 * 10  # updates_per_epoch defaults to the run's steps per epoch
+    for step in (0, 9, 19, 30):
+        n = step + 1
+        mult = 4.0 if n >= n_warm else 1 + 3 * (n / n_warm) ** 0.5
+        assert preview.loc[step, "lr"] == pytest.approx(0.1 * mult, rel=1e-5)

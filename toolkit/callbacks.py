@@ -1,0 +1,160 @@
+"""Keras callbacks of a training run: events, trust ratios, checkpoints, the NaN guard.
+
+They are the train loop's hooks (``before/after_step`` in detectron2 and LiBai terms). The
+trainer gives them to rank 0 only, except :class:`StopOnNonFiniteLoss`, which every worker runs
+(the weights are identical on all workers, so all of them see a non-finite loss together).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from toolkit import checkpoints
+from toolkit.events import EventWriter
+from toolkit.experiment import learning_rate_at, momentum_at
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training produced a NaN or infinite loss."""
+
+
+class StepCounter(keras.callbacks.Callback):
+    """Counts batches (global steps) from ``start_step``; other callbacks read ``.step``."""
+
+    def __init__(self, start_step: int = 0):
+        super().__init__()
+        self.step = start_step
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+
+
+class EventLogger(keras.callbacks.Callback):
+    """Writes ``train`` events every ``every_steps`` steps and an ``eval`` event per epoch.
+
+    A train event holds the step (batches done), epoch (fractional), lr and momentum used at
+    that step, Keras's running loss/accuracy of the epoch, and global ``samples_per_sec`` over
+    the interval (the first interval starts after the first step, so tracing is not counted).
+    """
+
+    def __init__(
+        self,
+        writer: EventWriter,
+        counter: StepCounter,
+        *,
+        every_steps: int,
+        steps_per_epoch: int,
+        samples_per_step: int,
+    ):
+        super().__init__()
+        self.writer, self.counter = writer, counter
+        self.every_steps = every_steps
+        self.steps_per_epoch = steps_per_epoch
+        self.samples_per_step = samples_per_step
+        self._clock: tuple[int, float] | None = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        step, now = self.counter.step, time.perf_counter()
+        if self._clock is None:
+            self._clock = (step, now)
+            return
+        if step % self.every_steps:
+            return
+        last_step, last_time = self._clock
+        self._clock = (step, now)
+        record = {
+            "step": step,
+            "epoch": step / self.steps_per_epoch,
+            "phase": "train",
+            "lr": learning_rate_at(self.model.optimizer, step - 1),
+            "momentum": momentum_at(self.model.optimizer, step - 1),
+            "samples_per_sec": self.samples_per_step
+            * (step - last_step)
+            / (now - last_time),
+        }
+        record.update({k: float(v) for k, v in (logs or {}).items()})
+        self.writer.write(record)
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        record = {"step": self.counter.step, "epoch": epoch + 1, "phase": "eval"}
+        for key, value in logs.items():
+            name = (
+                key.removeprefix("val_") if key.startswith("val_") else f"train_{key}"
+            )
+            record[name] = float(value)
+        self.writer.write(record)
+
+
+class TrustRatioLogger(keras.callbacks.Callback):
+    """Every ``every_steps`` steps, the per-layer trust ratios of LARS (or LBSGD's ``lars``
+    warmup) on a fixed probe batch, as a ``trust_ratio`` event with ``trust_ratio/<path>`` keys."""
+
+    def __init__(
+        self, writer: EventWriter, counter: StepCounter, probe, *, every_steps: int
+    ):
+        super().__init__()
+        self.writer, self.counter = writer, counter
+        self.probe_x, self.probe_y = probe
+        self.every_steps = every_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.counter.step % self.every_steps:
+            return
+        model = self.model
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(
+                x=self.probe_x,
+                y=self.probe_y,
+                y_pred=model(self.probe_x, training=False),
+            )
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        ratios = optimizer.trust_ratios(grads, model.trainable_variables)
+        self.writer.write(
+            {
+                "step": self.counter.step,
+                "phase": "trust_ratio",
+                **{f"trust_ratio/{path}": r for path, r in ratios.items()},
+            }
+        )
+
+
+class Checkpointer(keras.callbacks.Callback):
+    """Saves a checkpoint every ``every_epochs`` epochs and after the last one."""
+
+    def __init__(
+        self, directory, counter: StepCounter, *, every_epochs: int, last_epoch: int
+    ):
+        super().__init__()
+        self.directory, self.counter = directory, counter
+        self.every_epochs, self.last_epoch = every_epochs, last_epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        done = epoch + 1
+        if done % self.every_epochs == 0 or done == self.last_epoch:
+            checkpoints.save(
+                self.directory,
+                self.model,
+                checkpoints.Position(done, self.counter.step),
+            )
+
+
+class StopOnNonFiniteLoss(keras.callbacks.Callback):
+    """Raises :class:`NonFiniteLoss` as soon as the loss is NaN or infinite."""
+
+    def __init__(self, counter: StepCounter):
+        super().__init__()
+        self.counter = counter
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(np.asarray(loss))):
+            raise NonFiniteLoss(
+                f"loss became {float(loss)} at step {self.counter.step}"
+            )

@@ -1,0 +1,74 @@
+"""Resumable checkpoints: model weights, optimizer state and the training position.
+
+A checkpoint is a directory ``checkpoints/epoch-NNNN/`` holding ``model.weights.h5`` (Keras),
+``optimizer.npz`` (every optimizer variable, in ``optimizer.variables`` order: step counter,
+momentum buffers, gradient accumulators) and ``position.json`` (epoch and step). It is written
+to a temporary directory and renamed into place, so a crash mid-write leaves the previous
+checkpoint as the latest.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import keras
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: ``epoch`` epochs and ``step`` batches done."""
+
+    epoch: int
+    step: int
+
+
+def save(
+    directory: Path, model: keras.Model, position: Position, keep: int = 2
+) -> Path:
+    """Write a checkpoint of ``model`` and its optimizer at ``position``; keep the last ``keep``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"epoch-{position.epoch:04d}"
+    tmp = directory / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_weights(tmp / "model.weights.h5")
+    variables = model.optimizer.variables
+    np.savez(tmp / "optimizer.npz", *[keras.ops.convert_to_numpy(v) for v in variables])
+    (tmp / "position.json").write_text(json.dumps(position.__dict__))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in _checkpoints(directory)[:-keep]:
+        shutil.rmtree(old)
+    return final
+
+
+def latest(directory: Path) -> Path | None:
+    found = _checkpoints(directory)
+    return found[-1] if found else None
+
+
+def restore(checkpoint: Path, model: keras.Model) -> Position:
+    """Load weights and optimizer state into a compiled ``model``; return the position."""
+    model.load_weights(checkpoint / "model.weights.h5")
+    optimizer = model.optimizer
+    optimizer.build(model.trainable_variables)
+    with np.load(checkpoint / "optimizer.npz") as saved:
+        values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    if len(values) != len(optimizer.variables):
+        raise ValueError(
+            f"{checkpoint} holds {len(values)} optimizer variables, the optimizer has "
+            f"{len(optimizer.variables)}: was the optimizer config changed?"
+        )
+    for variable, value in zip(optimizer.variables, values):
+        variable.assign(value)
+    return Position(**json.loads((checkpoint / "position.json").read_text()))
+
+
+def _checkpoints(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.glob("epoch-*") if p.is_dir())

@@ -1,0 +1,301 @@
+"""The experiment config: one pydantic schema, loaded from YAML or built in Python.
+
+Everything a run needs is here and validated before any process starts: a bad value raises
+:class:`ConfigError`, whose message names the field, the value and what is allowed. Dotted
+overrides (``optimizer.params.momentum=0.95``) are applied to the raw mapping first, so they are
+validated like the file. :func:`json_schema` gives the app its form.
+
+Quantities that depend on the number of workers ``W``::
+
+    global_batch = batch.per_worker * W * batch.accumulation (* batch_scale for LBSGD)
+    learning rate = optimizer.learning_rate * global_batch / lr_scaling.base_batch  (rule linear)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+HOSTS = re.compile(r"^[A-Za-z0-9_.-]+:[1-9][0-9]*(,[A-Za-z0-9_.-]+:[1-9][0-9]*)*$")
+SCHEDULES = ("constant", "poly", "polynomial", "cosine", "exponential", "multifactor")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message lists every bad field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Component(_Section):
+    """A registry entry: ``name`` and constructor ``params``."""
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class DatasetConfig(Component):
+    name: str = "mnist1d"
+
+    @model_validator(mode="after")
+    def _known(self):
+        from toolkit.data import DATASETS
+
+        _check_component(DATASETS, self.name, self.params, reserved=("seed",))
+        return self
+
+
+class ModelConfig(Component):
+    name: str = "cnn1d"
+
+    @model_validator(mode="after")
+    def _known(self):
+        from toolkit.models import MODELS
+
+        _check_component(
+            MODELS,
+            self.name,
+            self.params,
+            reserved=("input_shape", "num_classes", "seed"),
+        )
+        return self
+
+
+class OptimizerConfig(Component):
+    """The optimizer; ``learning_rate`` is the base rate before scaling and scheduling."""
+
+    name: str = "sgd"
+    learning_rate: float = Field(0.1, gt=0)
+
+    @model_validator(mode="after")
+    def _buildable(self):
+        from toolkit.optimizers import OPTIMIZERS
+
+        _check_component(
+            OPTIMIZERS, self.name, self.params, reserved=("learning_rate",)
+        )
+        OPTIMIZERS.get(self.name, learning_rate=self.learning_rate, **self.params)
+        return self
+
+
+class WarmupConfig(_Section):
+    """Goyal et al.'s gradual warmup in front of the schedule (0 epochs: none)."""
+
+    epochs: float = Field(0.0, ge=0)
+    strategy: Literal["linear", "power2", "sqrt"] = "linear"
+    initial_multiplier: float = Field(0.0, ge=0, le=1)
+
+
+class ScheduleConfig(_Section):
+    """The learning-rate schedule, in epochs where a length is asked for.
+
+    ``params`` per ``name`` (the base rate is always the scaled learning rate):
+    ``constant``: none; ``poly``: ``power`` (decays to 0 at the end of the run);
+    ``polynomial``: ``power``, ``end_learning_rate``; ``cosine``: ``alpha``;
+    ``exponential``: ``decay_epochs``, ``decay_rate``, ``staircase``;
+    ``multifactor``: ``epochs`` (milestones), ``factor``.
+    """
+
+    name: Literal[SCHEDULES] = "constant"
+    params: dict[str, Any] = Field(default_factory=dict)
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+
+    @model_validator(mode="after")
+    def _params(self):
+        allowed = {
+            "constant": set(),
+            "poly": {"power"},
+            "polynomial": {"power", "end_learning_rate"},
+            "cosine": {"alpha"},
+            "exponential": {"decay_epochs", "decay_rate", "staircase"},
+            "multifactor": {"epochs", "factor"},
+        }[self.name]
+        unknown = sorted(set(self.params) - allowed)
+        if unknown:
+            raise ValueError(
+                f"schedule {self.name!r} has no parameter {', '.join(map(repr, unknown))}; "
+                f"its parameters are {sorted(allowed)}"
+            )
+        return self
+
+
+class BatchConfig(_Section):
+    per_worker: int = Field(32, ge=1, description="examples per worker per step")
+    accumulation: int = Field(
+        1, ge=1, description="local steps summed before one allreduce"
+    )
+
+
+class ScalingConfig(_Section):
+    """``linear``: Goyal et al.'s rule, ``lr * global_batch / base_batch``."""
+
+    rule: Literal["none", "linear"] = "none"
+    base_batch: int = Field(256, ge=1)
+
+
+class LoggingConfig(_Section):
+    every_steps: int = Field(10, ge=1, description="train event interval")
+    trust_ratio_every_steps: int = Field(
+        50, ge=1, description="LARS/LBSGD-lars ratio interval"
+    )
+
+
+class CheckpointConfig(_Section):
+    every_epochs: int = Field(1, ge=1)
+
+
+class ExperimentConfig(_Section):
+    """One experiment. ``workers`` and ``hosts`` are used by the launcher."""
+
+    name: str = "run"
+    seed: int = 0
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    lr_scaling: ScalingConfig = Field(default_factory=ScalingConfig)
+    epochs: int = Field(10, ge=1)
+    steps_per_epoch: int | None = Field(None, ge=1, description="cap (throughput runs)")
+    precision: Literal["float32", "mixed_float16"] = "float32"
+    compression: Literal["none", "fp16"] = "none"
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    workers: int = Field(1, ge=1)
+    hosts: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        if not RUN_NAME.match(value):
+            raise ValueError(f"run names must match {RUN_NAME.pattern}")
+        return value
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, value: str | None) -> str | None:
+        if value is not None and not HOSTS.match(value):
+            raise ValueError("hosts must be name:slots[,name:slots...], e.g. h1:2,h2:2")
+        return value
+
+    @model_validator(mode="after")
+    def _enough_slots(self):
+        if (
+            self.hosts
+            and sum(int(h.split(":")[1]) for h in self.hosts.split(",")) < self.workers
+        ):
+            raise ValueError(
+                f"hosts {self.hosts!r} have fewer slots than workers={self.workers}"
+            )
+        return self
+
+    def global_batch(self, world_size: int | None = None) -> int:
+        """Examples per optimizer update across all workers."""
+        size = (
+            self.batch.per_worker
+            * (world_size or self.workers)
+            * self.batch.accumulation
+        )
+        if self.optimizer.name == "lbsgd":
+            size *= int(self.optimizer.params.get("batch_scale", 1))
+        return size
+
+    def scaled_learning_rate(self, world_size: int | None = None) -> float:
+        """The base learning rate after the scaling rule."""
+        if self.lr_scaling.rule == "linear":
+            factor = self.global_batch(world_size) / self.lr_scaling.base_batch
+            return self.optimizer.learning_rate * factor
+        return self.optimizer.learning_rate
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _check_component(
+    registry, name: str, params: dict, reserved: tuple[str, ...]
+) -> None:
+    registry.constructor(name)  # unknown name: lists the known ones
+    taken = sorted(set(params) & set(reserved))
+    if taken:
+        raise ValueError(
+            f"{', '.join(map(repr, taken))} is set by the experiment, not in params"
+        )
+    registry.check_params(name, params)
+
+
+def set_dotted(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
+    key, sep, text = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {assignment!r} must look like section.field=value")
+    *parents, leaf = key.strip().split(".")
+    node = raw
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {assignment!r}: {part!r} is not a section")
+    node[leaf] = yaml.safe_load(text)
+
+
+def from_mapping(raw: dict[str, Any], overrides: list[str] = ()) -> ExperimentConfig:
+    """Validate a mapping (plus overrides); errors become one :class:`ConfigError`."""
+    raw = yaml.safe_load(yaml.safe_dump(raw or {}))  # deep copy, plain types only
+    for assignment in overrides:
+        set_dotted(raw, assignment)
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(format_errors(error)) from None
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
+    """Read a YAML experiment file and validate it with ``overrides`` applied."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return from_mapping(raw, overrides)
+
+
+def format_errors(error: ValidationError) -> str:
+    """One line per bad field: ``field.path: message (got value)``."""
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "config"
+        message = item["msg"].removeprefix("Value error, ")
+        got = item.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{field}: {message}{shown}")
+    return "invalid experiment config:\n  " + "\n  ".join(lines)
+
+
+def field_errors(error: ConfigError) -> dict[str, str]:
+    """``{field.path: message}`` from a :class:`ConfigError`, for showing next to form fields."""
+    found = {}
+    for line in str(error).splitlines()[1:]:
+        field, _, message = line.strip().partition(": ")
+        found[field] = message
+    return found
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema of :class:`ExperimentConfig` (for building forms)."""
+    return ExperimentConfig.model_json_schema()

@@ -1,0 +1,129 @@
+"""Turn a validated :class:`~toolkit.config.ExperimentConfig` into the objects a run uses.
+
+Training, the app's schedule preview and notebooks all go through these functions, so the rate
+a preview shows is the rate training uses. A *step* is one batch per worker (one optimizer
+call); ``steps_per_epoch`` counts them for one worker's shard.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pandas as pd
+from keras.optimizers.schedules import CosineDecay, ExponentialDecay, PolynomialDecay
+
+from toolkit import data, optimizers
+from toolkit.config import ConfigError, ExperimentConfig
+from toolkit.schedules import MultiFactor, Poly, Warmup
+
+
+def steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -> int:
+    """Batches per worker and epoch (capped by ``config.steps_per_epoch``)."""
+    steps = data.shard_size(num_train, world_size) // config.batch.per_worker
+    if steps < 1:
+        raise ConfigError(
+            f"batch.per_worker={config.batch.per_worker} is larger than each of the "
+            f"{world_size} workers' {data.shard_size(num_train, world_size)} training examples"
+        )
+    return min(steps, config.steps_per_epoch or steps)
+
+
+def learning_rate_schedule(
+    config: ExperimentConfig, steps_per_epoch: int, world_size: int
+):
+    """The learning-rate schedule: the scaled base rate, the named decay, then the warmup."""
+    base = config.scaled_learning_rate(world_size)
+    total = config.epochs * steps_per_epoch
+    params = config.schedule.params
+    match config.schedule.name:
+        case "constant":
+            schedule = base
+        case "poly":
+            schedule = Poly(base, total, power=params.get("power", 2.0))
+        case "polynomial":
+            schedule = PolynomialDecay(base, total, **params)
+        case "cosine":
+            schedule = CosineDecay(base, total, alpha=params.get("alpha", 0.0))
+        case "exponential":
+            schedule = ExponentialDecay(
+                base,
+                decay_steps=max(
+                    1, round(params.get("decay_epochs", 1) * steps_per_epoch)
+                ),
+                decay_rate=params.get("decay_rate", 0.1),
+                staircase=params.get("staircase", False),
+            )
+        case "multifactor":
+            milestones = [round(e * steps_per_epoch) for e in params.get("epochs", [])]
+            schedule = MultiFactor(base, milestones, params.get("factor", 0.1))
+    warmup = config.schedule.warmup
+    return Warmup(
+        schedule,
+        warmup_steps=round(warmup.epochs * steps_per_epoch),
+        strategy=warmup.strategy,
+        initial_multiplier=warmup.initial_multiplier,
+    )
+
+
+def build_optimizer(
+    config: ExperimentConfig, steps_per_epoch: int, world_size: int
+) -> keras.optimizers.Optimizer:
+    """The configured optimizer with the scheduled learning rate. LBSGD's
+    ``updates_per_epoch`` defaults to the run's real ``steps_per_epoch``."""
+    params = dict(config.optimizer.params)
+    if config.optimizer.name == "lbsgd":
+        params.setdefault("updates_per_epoch", steps_per_epoch)
+    return optimizers.get(
+        config.optimizer.name,
+        learning_rate=learning_rate_schedule(config, steps_per_epoch, world_size),
+        **params,
+    )
+
+
+def learning_rate_at(optimizer: keras.optimizers.Optimizer, step) -> float:
+    """The rate ``optimizer`` applies at 0-based ``step``, LBSGD's warmup multiplier included
+    (its ``lars`` strategy is per layer: the scheduled base rate is reported)."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
+    rate = optimizer.learning_rate
+    if isinstance(
+        optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule
+    ):
+        rate = optimizer._learning_rate(step)
+    rate = float(keras.ops.convert_to_numpy(rate))
+    if isinstance(optimizer, optimizers.LBSGD) and optimizer.warmup_strategy != "lars":
+        rate *= float(keras.ops.convert_to_numpy(optimizer.warmup_multiplier(step + 1)))
+    return rate
+
+
+def momentum_at(optimizer: keras.optimizers.Optimizer, step) -> float | None:
+    """The momentum at ``step`` (``None`` for optimizers without one)."""
+    momentum = getattr(
+        getattr(optimizer, "inner_optimizer", optimizer), "momentum", None
+    )
+    if momentum is None:
+        return None
+    value = momentum(step) if callable(momentum) else momentum
+    return float(keras.ops.convert_to_numpy(value))
+
+
+def schedule_preview(
+    config: ExperimentConfig,
+    num_train: int,
+    world_size: int | None = None,
+    points: int = 400,
+) -> pd.DataFrame:
+    """Learning rate and momentum over the whole run, as training will see them: columns
+    ``step``, ``epoch``, ``lr``, ``momentum``; at most ``points`` rows."""
+    world_size = world_size or config.workers
+    spe = steps_per_epoch(config, num_train, world_size)
+    optimizer = build_optimizer(config, spe, world_size)
+    total = config.epochs * spe
+    steps = np.unique(np.linspace(0, total - 1, min(points, total)).round().astype(int))
+    return pd.DataFrame(
+        {
+            "step": steps,
+            "epoch": steps / spe,
+            "lr": [learning_rate_at(optimizer, s) for s in steps],
+            "momentum": [momentum_at(optimizer, s) for s in steps],
+        }
+    )
