@@ -192,6 +192,14 @@ class ExperimentConfig(_Section):
         return value
 
     @model_validator(mode="after")
+    def _one_accumulation(self):
+        if self.optimizer.name == "lbsgd" and self.batch.accumulation > 1:
+            raise ValueError(
+                "batch.accumulation must be 1 with lbsgd: use optimizer.params.batch_scale"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _enough_slots(self):
         if (
             self.hosts

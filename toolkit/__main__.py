@@ -1,0 +1,82 @@
+"""``python -m toolkit``: launch, list, stop and resume runs.
+
+python -m toolkit launch CONFIG [--np N] [--hosts h1:2,h2:2] [--set k=v ...] [--wait]
+python -m toolkit runs
+python -m toolkit stop RUN
+python -m toolkit resume RUN
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import pandas as pd
+
+from toolkit import launch as launcher
+from toolkit.config import ConfigError
+from toolkit.rundir import TERMINAL, list_runs, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m toolkit", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--runs", help="runs root (default $LBL_RUNS or ./runs)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser(
+        "launch", help="validate a config and start it under horovodrun"
+    )
+    start.add_argument("config")
+    start.add_argument(
+        "--np", type=int, help="number of workers (default: the config's)"
+    )
+    start.add_argument("--hosts", help="name:slots,... (default localhost:NP)")
+    start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    start.add_argument("--name", help="run id (default <name>-<time>-<hex>)")
+    start.add_argument("--wait", action="store_true", help="wait until the run ends")
+    sub.add_parser("runs", help="list runs")
+    for name in ("stop", "resume"):
+        sub.add_parser(name, help=f"{name} a run").add_argument("run")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "launch":
+            run = launcher.launch(
+                args.config,
+                np=args.np,
+                hosts=args.hosts,
+                overrides=args.set,
+                runs_root_dir=args.runs,
+                run_id=args.name,
+            )
+            print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
+            if args.wait:
+                return _wait(run)
+        elif args.command == "runs":
+            rows = [summary(r) for r in list_runs(args.runs)]
+            print(
+                pd.DataFrame(rows).drop(columns=["reason"]).to_string(index=False)
+                if rows
+                else "no runs"
+            )
+        elif args.command == "stop":
+            print(f"{launcher.stop(args.run, args.runs).run_id}: stopped")
+        elif args.command == "resume":
+            print(f"resumed {launcher.resume(args.run, args.runs).run_id}")
+    except (ConfigError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _wait(run) -> int:
+    while (state := run.status()["state"]) not in TERMINAL:
+        time.sleep(1)
+    print(f"{run.run_id}: {state}")
+    return 0 if state == "completed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""Train one experiment: ``python -m toolkit.train CONFIG [--set k=v ...] [--run-dir DIR] [--resume]``.
+
+Under ``horovodrun -np N`` this is data-parallel: every worker reads its own shard, gradients
+are averaged with one grouped allreduce per update, and rank 0 alone writes the run directory
+(config, meta, status, events, checkpoints) and prints progress. In one process without
+horovodrun it runs unchanged, which is how notebooks call :func:`train`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+
+from toolkit import (
+    callbacks,
+    checkpoints,
+    config as config_lib,
+    data,
+    distributed,
+    models,
+)  # noqa: E402
+from toolkit.events import EventWriter  # noqa: E402
+from toolkit.experiment import build_optimizer, steps_per_epoch  # noqa: E402
+from toolkit.rundir import RunDir, new_run_id  # noqa: E402
+
+
+def train(
+    config: config_lib.ExperimentConfig,
+    run_dir: str | Path | None = None,
+    *,
+    resume: bool = False,
+    runs_root: str | Path | None = None,
+    verbose: int | str = "auto",
+) -> RunDir:
+    """Run ``config`` to completion and return its run directory.
+
+    ``run_dir``: where to write (created if missing; default ``<runs_root>/<name>-<time>``).
+    ``resume``: continue from the directory's latest checkpoint, at the same epoch, step,
+    learning-rate position and data order. Failures (including a non-finite loss) are recorded
+    in ``status.json`` with a reason, then re-raised.
+    """
+    distributed.init()
+    rank0, world = distributed.is_rank0(), distributed.size()
+    run = _prepare_run_dir(config, run_dir, runs_root) if rank0 else None
+    try:
+        if run:
+            run.set_status(
+                "running", train_pid=os.getpid(), world_size=world, started=time.time()
+            )
+            run.update_meta(run_id=run.run_id, **_meta(config, world))
+        previous_policy = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(config.precision)
+        try:
+            _fit(
+                config,
+                run,
+                Path(run_dir) if run_dir else None,
+                resume,
+                rank0,
+                world,
+                verbose,
+            )
+        finally:
+            keras.config.set_dtype_policy(previous_policy)
+    except BaseException as error:
+        if run:
+            stopped = isinstance(error, KeyboardInterrupt)
+            reason = "".join(
+                traceback.format_exception_only(type(error), error)
+            ).strip()
+            run.set_status(
+                "stopped" if stopped else "failed", reason=reason, finished=time.time()
+            )
+        raise
+    if run:
+        run.set_status("completed", exit_code=0, finished=time.time())
+    return run
+
+
+def _fit(config, run, run_dir, resume, rank0, world, verbose):
+    keras.utils.set_random_seed(config.seed)
+    dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
+    spe = steps_per_epoch(config, len(dataset.x_train), world)
+    model = models.build(
+        config.model.name,
+        input_shape=dataset.input_shape,
+        num_classes=dataset.num_classes,
+        seed=config.seed,
+        **config.model.params,
+    )
+    optimizer = build_optimizer(config, spe, world)
+    if (
+        config.precision == "mixed_float16"
+    ):  # loss scaling outside, so its check is global
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    optimizer = distributed.DistributedOptimizer(
+        optimizer,
+        compression=config.compression,
+        backward_passes_per_step=config.batch.accumulation,
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        jit_compile=False,  # Horovod's ops cannot run inside an XLA cluster on CPU
+    )
+
+    position = checkpoints.Position(0, 0)
+    checkpoint_dir = (run.path if run else run_dir or Path(".")) / "checkpoints"
+    if resume:
+        latest = checkpoints.latest(checkpoint_dir) if rank0 else None
+        if rank0 and latest is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {checkpoint_dir}")
+        if latest is not None:
+            position = checkpoints.restore(latest, model)
+        position = checkpoints.Position(
+            *distributed.broadcast_object((position.epoch, position.step))
+        )
+    if position.epoch >= config.epochs:
+        return
+
+    train_data = functools.reduce(
+        lambda a, b: a.concatenate(b),
+        [
+            data.epoch_dataset(
+                dataset.x_train,
+                dataset.y_train,
+                batch_size=config.batch.per_worker,
+                epoch=epoch,
+                seed=config.seed,
+                num_shards=world,
+                shard_index=distributed.rank(),
+            ).take(spe)
+            for epoch in range(position.epoch, config.epochs)
+        ],
+    )
+    test_data = data.epoch_dataset(
+        dataset.x_test,
+        dataset.y_test,
+        batch_size=256,
+        shuffle=False,
+        drop_remainder=False,
+    )
+    counter = callbacks.StepCounter(position.step)
+    hooks = [
+        distributed.BroadcastInitialState(),
+        counter,
+        callbacks.StopOnNonFiniteLoss(counter),
+        distributed.MetricAverageCallback(),
+    ]
+    if run:
+        writer = EventWriter(run.events_path)
+        hooks += [
+            callbacks.EventLogger(
+                writer,
+                counter,
+                every_steps=config.logging.every_steps,
+                steps_per_epoch=spe,
+                samples_per_step=config.batch.per_worker * world,
+            ),
+            callbacks.Checkpointer(
+                run.checkpoints_path,
+                counter,
+                every_epochs=config.checkpoint.every_epochs,
+                last_epoch=config.epochs,
+            ),
+        ]
+        if _has_trust_ratios(config):
+            probe = (
+                dataset.x_train[: config.batch.per_worker],
+                dataset.y_train[: config.batch.per_worker],
+            )
+            hooks.append(
+                callbacks.TrustRatioLogger(
+                    writer,
+                    counter,
+                    probe,
+                    every_steps=config.logging.trust_ratio_every_steps,
+                )
+            )
+    if verbose == "auto":
+        verbose = (1 if sys.stdout.isatty() else 2) if rank0 else 0
+    model.fit(
+        train_data,
+        epochs=config.epochs,
+        initial_epoch=position.epoch,
+        steps_per_epoch=spe,
+        validation_data=test_data,
+        callbacks=hooks,
+        verbose=verbose if rank0 else 0,
+    )
+
+
+def _has_trust_ratios(config) -> bool:
+    name, params = config.optimizer.name, config.optimizer.params
+    return name == "lars" or (
+        name == "lbsgd" and params.get("warmup_strategy") == "lars"
+    )
+
+
+def _prepare_run_dir(config, run_dir, runs_root) -> RunDir:
+    if run_dir is None:
+        run = RunDir.create(runs_root, new_run_id(config.name))
+    else:
+        run = RunDir(Path(run_dir))
+        run.path.mkdir(parents=True, exist_ok=True)
+    run.write_config(config)
+    return run
+
+
+def _meta(config, world_size: int) -> dict:
+    import horovod
+    import tensorflow as tf
+
+    return {
+        "argv": sys.argv,
+        "world_size": world_size,
+        "global_batch": config.global_batch(world_size),
+        "learning_rate": config.scaled_learning_rate(world_size),
+        "seed": config.seed,
+        "host": socket.gethostname(),
+        "git_commit": _git_commit(),
+        "versions": {
+            "python": platform.python_version(),
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            "horovod": horovod.__version__,
+        },
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).parent,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m toolkit.train", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("config", help="experiment YAML")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. optimizer.params.momentum=0.95",
+    )
+    parser.add_argument("--run-dir", help="run directory (default: runs/<name>-<time>)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the last checkpoint"
+    )
+    args = parser.parse_args(argv)
+    try:
+        config = config_lib.load(args.config, args.set)
+    except config_lib.ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    try:
+        train(config, args.run_dir, resume=args.resume)
+    except callbacks.NonFiniteLoss as error:
+        print(f"training failed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
