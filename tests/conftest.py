@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def subprocess_env():
     """Environment for child processes: this interpreter's bin first on PATH (horovodrun)."""
     env = dict(os.environ)

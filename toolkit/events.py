@@ -136,3 +136,25 @@ class EventTail:
 def read_events(path: str | os.PathLike) -> pd.DataFrame:
     """All complete records of an events file (empty DataFrame if the file does not exist)."""
     return EventTail(path).read_new()
+
+
+def truncate_after(path: str | os.PathLike, step: int) -> None:
+    """Drop the records after ``step`` (a resumed run rewinds to its checkpoint, so its curve
+    continues the original's instead of repeating steps). The file is replaced atomically;
+    live readers see a replaced file and start over."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = [
+        line
+        for line in path.read_bytes().splitlines(keepends=True)
+        if line.endswith(b"\n") and _keep(line, step)
+    ]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(b"".join(kept))
+    os.replace(tmp, path)
+
+
+def _keep(line: bytes, step: int) -> bool:
+    records = _records(line)
+    return bool(records) and records[0].get("step", step) <= step

@@ -31,7 +31,7 @@ from toolkit import (
     distributed,
     models,
 )  # noqa: E402
-from toolkit.events import EventWriter  # noqa: E402
+from toolkit.events import EventWriter, truncate_after  # noqa: E402
 from toolkit.experiment import build_optimizer, steps_per_epoch  # noqa: E402
 from toolkit.rundir import RunDir, new_run_id  # noqa: E402
 
@@ -128,6 +128,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
         position = checkpoints.Position(
             *distributed.broadcast_object((position.epoch, position.step))
         )
+        if run:
+            truncate_after(run.events_path, position.step)
     if position.epoch >= config.epochs:
         return
 
