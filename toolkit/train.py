@@ -159,7 +159,6 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
     hooks = [
         distributed.BroadcastInitialState(),
         counter,
-        callbacks.StopOnNonFiniteLoss(counter),
         distributed.MetricAverageCallback(),
     ]
     if run:
@@ -192,6 +191,9 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
                     every_steps=config.logging.trust_ratio_every_steps,
                 )
             )
+    hooks.append(
+        callbacks.StopOnNonFiniteLoss(counter)
+    )  # after the logger: the NaN is logged
     if verbose == "auto":
         verbose = (1 if sys.stdout.isatty() else 2) if rank0 else 0
     model.fit(
@@ -200,6 +202,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
         initial_epoch=position.epoch,
         steps_per_epoch=spe,
         validation_data=test_data,
+        shuffle=False,  # the order is epoch_dataset's
         callbacks=hooks,
         verbose=verbose if rank0 else 0,
     )

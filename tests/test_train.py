@@ -1,0 +1,226 @@
+"""Training runs end to end: ``toolkit.launch`` -> supervisor -> horovodrun (2 Gloo workers)
+-> ``toolkit.train``, and what they leave in the run directory."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from toolkit import launch as launcher
+from toolkit.config import ConfigError, from_mapping
+from toolkit.events import read_events
+from toolkit.rundir import TERMINAL, RunDir
+
+from conftest import ROOT
+
+SMALL = {
+    "name": "small",
+    "dataset": {"name": "mnist1d"},
+    "model": {"name": "cnn1d"},
+    "optimizer": {
+        "name": "lars",
+        "learning_rate": 0.2,
+        "params": {"momentum": 0.9, "weight_decay": 1e-4, "trust_coefficient": 0.02},
+    },
+    "schedule": {"name": "cosine", "warmup": {"epochs": 1, "strategy": "sqrt"}},
+    "batch": {"per_worker": 32},
+    "epochs": 3,
+    "workers": 2,
+    "logging": {"every_steps": 5, "trust_ratio_every_steps": 20},
+    "checkpoint": {"every_epochs": 1},
+}
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch, subprocess_env):
+    monkeypatch.setenv("LBL_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("PATH", subprocess_env["PATH"])
+    return tmp_path / "runs"
+
+
+def wait(run: RunDir, states=TERMINAL, timeout=240.0) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = run.status()
+        if status["state"] in states:
+            return status
+        time.sleep(0.2)
+    raise AssertionError(
+        f"{run.run_id} still {run.status()} after {timeout}s:\n"
+        + run.stdout_path.read_text()[-3000:]
+    )
+
+
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory, subprocess_env):
+    """One complete 2-worker run, shared by the tests that only read it."""
+    root = tmp_path_factory.mktemp("runs")
+    os.environ["PATH"] = subprocess_env["PATH"]
+    run = launcher.launch(from_mapping(SMALL), runs_root_dir=root, run_id="complete")
+    status = wait(run)
+    assert status["state"] == "completed", run.stdout_path.read_text()[-3000:]
+    return run
+
+
+def test_run_directory_is_complete(completed):
+    files = {p.name for p in completed.path.iterdir()}
+    assert {
+        "config.yaml",
+        "meta.json",
+        "status.json",
+        "events.jsonl",
+        "stdout.log",
+        "checkpoints",
+    } <= files
+    meta = completed.meta()
+    assert meta["world_size"] == 2 and meta["global_batch"] == 64
+    assert meta["versions"]["horovod"] == "0.28.1"
+    assert completed.status()["exit_code"] == 0
+    assert "Epoch 3/3" in completed.stdout_path.read_text()
+    assert completed.config() == from_mapping(SMALL)
+
+
+def test_events_written_once_by_rank0_with_the_scheduled_lr(completed):
+    lines = completed.events_path.read_text().splitlines()
+    events = read_events(completed.events_path)
+    assert len(events) == len(lines)  # every line is valid JSON
+    train = events[events.phase == "train"]
+    steps_per_epoch = 2000 // 32  # 4000 training examples, 2 workers
+    total = 3 * steps_per_epoch
+    expected_steps = [s for s in range(5, total + 1, 5)]
+    assert train.step.tolist() == expected_steps  # rank 0 only: no step twice
+    for step, lr in zip(train.step, train.lr):
+        n, warm = step - 1, steps_per_epoch  # the rate used for update number `step`
+        cosine = 0.5 * (1 + math.cos(math.pi * n / total))
+        expected = 0.2 * cosine * math.sqrt(min(n / warm, 1.0))
+        assert lr == pytest.approx(expected, rel=1e-5, abs=1e-8)
+    assert (train.samples_per_sec > 0).all() and train.loss.notna().all()
+    evals = events[events.phase == "eval"]
+    assert evals.epoch.tolist() == [1, 2, 3]
+    assert (
+        evals.accuracy.iloc[-1] > 0.3
+    )  # it learned something (10 classes: chance 0.1)
+    ratios = events[events.phase == "trust_ratio"].filter(like="trust_ratio/")
+    assert (
+        ratios.shape[1] == 4 and (ratios > 0).all().all()
+    )  # 3 conv kernels + logits kernel
+
+
+def test_resumed_run_matches_an_uninterrupted_one(completed, runs):
+    run = launcher.launch(from_mapping(SMALL), run_id="interrupted")
+    deadline = time.time() + 240
+    while not (run.checkpoints_path / "epoch-0001").exists():
+        assert time.time() < deadline and run.status()["state"] not in TERMINAL
+        time.sleep(0.05)
+    launcher.stop(run)
+    assert wait(run)["state"] == "stopped"
+    launcher.resume(run)
+    assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+
+    a = read_events(completed.events_path)
+    b = read_events(run.events_path)
+    assert b[
+        b.phase == "train"
+    ].step.is_monotonic_increasing  # rewound to the checkpoint
+    for phase in ("train", "eval"):
+        x, y = a[a.phase == phase], b[b.phase == phase]
+        assert x.step.tolist() == y.step.tolist()
+        np.testing.assert_array_equal(y.loss, x.loss)
+    np.testing.assert_array_equal(b[b.phase == "train"].lr, a[a.phase == "train"].lr)
+    with (
+        np.load(completed.checkpoints_path / "epoch-0003" / "optimizer.npz") as want,
+        np.load(run.checkpoints_path / "epoch-0003" / "optimizer.npz") as got,
+    ):
+        for key in want.files:  # step counter and every momentum buffer, bit for bit
+            np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_killed_worker_leaves_a_failed_run_with_events_and_logs(runs):
+    config = from_mapping({**SMALL, "epochs": 50})
+    run = launcher.launch(config, run_id="killed")
+    wait(run, states=("running",))
+    deadline = time.time() + 120
+    while (
+        not run.events_path.exists()
+        or len(run.events_path.read_text().splitlines()) < 3
+    ):
+        assert time.time() < deadline
+        time.sleep(0.1)
+    workers = [
+        p
+        for p in psutil.Process(run.status()["pid"]).children(recursive=True)
+        if "toolkit.train" in " ".join(p.cmdline())
+    ]
+    rank1 = [p for p in workers if p.environ().get("HOROVOD_RANK") == "1"]
+    assert rank1, [p.cmdline() for p in workers]
+    rank1[0].send_signal(signal.SIGKILL)
+    status = wait(run)
+    assert status["state"] == "failed" and status["exit_code"] != 0
+    assert len(read_events(run.events_path)) >= 3
+    assert run.stdout_path.stat().st_size > 0
+
+
+def test_nan_loss_stops_the_run_as_failed_with_a_reason(tmp_path):
+    from toolkit.callbacks import NonFiniteLoss
+    from toolkit.train import train
+
+    config = from_mapping(
+        {
+            **SMALL,
+            "workers": 1,
+            "logging": {"every_steps": 1},
+            "optimizer": {"name": "sgd", "learning_rate": 1e12},
+        }
+    )
+    with pytest.raises(NonFiniteLoss):
+        train(config, tmp_path / "nan", verbose=0)
+    status = RunDir(tmp_path / "nan").status()
+    assert status["state"] == "failed" and "loss became nan" in status["reason"]
+    events = read_events(tmp_path / "nan" / "events.jsonl")
+    assert np.isnan(events.loss.iloc[-1])  # the diverged step is in the log
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--hosts", "localhost:2;touch /tmp/pwned"],
+            "hosts: hosts must be name:slots",
+        ),
+        (["--set", "optimizer.name=adamx"], "unknown optimizer 'adamx'; choose one of"),
+        (["--set", "schedule.warmup.strategy=cubic"], "'linear', 'power2' or 'sqrt'"),
+        (["--name", "../escape"], "must match ^[A-Za-z0-9_.-]{1,64}$"),
+        (["--np", "4", "--hosts", "localhost:2"], "fewer slots than workers=4"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_starts(
+    args, message, runs, subprocess_env
+):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit",
+            "--runs",
+            str(runs),
+            "launch",
+            "experiments/quickstart.yaml",
+            *args,
+        ],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not runs.exists() or not any(runs.iterdir())
