@@ -8,6 +8,7 @@ from collections.abc import Callable
 import keras
 from keras import ops
 
+from toolkit.optimizers.kernels import heavy_ball
 from toolkit.schedules import value_at
 
 Hyperparameter = (
@@ -72,24 +73,16 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
             return gradient
         return gradient + self._hyper(weight_decay, variable.dtype) * variable
 
-    def _heavy_ball_step(self, variable, step, nesterov=False):
-        """Apply ``v = m * v + step; w -= v`` (Nesterov: ``w -= m * v + step``).
-
-        ``step`` already contains the learning rate (MXNet/LARS form). Without momentum this is
-        ``w -= step``.
+    def _heavy_ball_step(self, variable, learning_rate, gradient, nesterov=False):
+        """Apply ``v = m * v + lr * g; w -= v`` (Nesterov: ``w -= m * v + lr * g``): the
+        MXNet/LARS form, where the rate is inside the velocity. Without momentum: ``w -= lr * g``.
         """
         if not self.uses_momentum:
-            self.assign_sub(variable, step)
+            self.assign_sub(variable, learning_rate * gradient)
             return
         velocity = self.velocities[self._get_variable_index(variable)]
         momentum = self._hyper(self.momentum, variable.dtype)
-        new_velocity = (
-            momentum * velocity + step
-        )  # reused below: no re-read after assign
-        self.assign(velocity, new_velocity)
-        self.assign_sub(
-            variable, momentum * new_velocity + step if nesterov else new_velocity
-        )
+        heavy_ball(variable, velocity, learning_rate, gradient, momentum, nesterov)
 
     def get_config(self):
         config = super().get_config()

@@ -9,7 +9,8 @@ import keras
 from keras import ops
 
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
-from toolkit.optimizers.trust_ratio import l2_norm, trust_ratio
+from toolkit.optimizers.kernels import l2_norm
+from toolkit.optimizers.trust_ratio import trust_ratio
 
 
 @keras.saving.register_keras_serializable(package="toolkit")
@@ -114,13 +115,13 @@ class LARS(CoupledDecayOptimizer):
         learning_rate = ops.cast(learning_rate, variable.dtype)
         gradient = ops.cast(gradient, variable.dtype)
         if not self._adapted[self._get_variable_index(variable)]:
-            self._heavy_ball_step(variable, learning_rate * gradient, self.nesterov)
+            self._heavy_ball_step(variable, learning_rate, gradient, self.nesterov)
             return
         rate = learning_rate * self._local_rate(gradient, variable)
         if self.clip:
             rate = ops.minimum(rate, learning_rate)
         gradient = self._l2_regularised(gradient, variable, self.weight_decay)
-        self._heavy_ball_step(variable, rate * gradient, self.nesterov)
+        self._heavy_ball_step(variable, rate, gradient, self.nesterov)
 
     def get_config(self):
         return {

@@ -6,7 +6,8 @@ import keras
 from keras import ops
 
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
-from toolkit.optimizers.trust_ratio import l2_norm, trust_ratio
+from toolkit.optimizers.kernels import l2_norm
+from toolkit.optimizers.trust_ratio import trust_ratio
 from toolkit.schedules import WARMUP_STRATEGIES, warmup_ramp
 
 LBSGD_STRATEGIES = (*WARMUP_STRATEGIES, "lars")
@@ -131,7 +132,7 @@ class LBSGD(CoupledDecayOptimizer):
             multiplier = ops.cast(self.warmup_multiplier(self._iterations + 1), dtype)
         rate = ops.cast(learning_rate, dtype) * multiplier
         gradient = self._l2_regularised(gradient, variable, self.weight_decay)
-        self._heavy_ball_step(variable, rate * gradient)
+        self._heavy_ball_step(variable, rate, gradient)
 
     def get_config(self):
         config = super().get_config()

@@ -10,6 +10,7 @@ from toolkit.optimizers.base import (
     Hyperparameter,
     check_non_negative,
 )
+from toolkit.optimizers.kernels import buffered_momentum
 
 
 @keras.saving.register_keras_serializable(package="toolkit")
@@ -58,27 +59,23 @@ class SGD(CoupledDecayOptimizer):
 
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype
+        learning_rate = ops.cast(learning_rate, dtype)
         gradient = self._l2_regularised(gradient, variable, self.weight_decay)
-        if self.uses_momentum:
-            buffer = self.velocities[self._get_variable_index(variable)]
-            momentum = self._hyper(self.momentum, dtype)
-            # The buffer starts at zero, so `momentum * buffer + g` is `g` on the first step;
-            # only dampening needs the first step told apart.
-            if callable(self.dampening) or self.dampening != 0.0:
-                first = ops.equal(self.iterations, 0)
-                gradient_weight = ops.where(
-                    first, 1.0, 1.0 - self._hyper(self.dampening, dtype)
-                )
-                new_buffer = (
-                    momentum * buffer + ops.cast(gradient_weight, dtype) * gradient
-                )
-            else:
-                new_buffer = momentum * buffer + gradient
-            self.assign(
-                buffer, new_buffer
-            )  # new_buffer is reused: no re-read after assign
-            gradient = gradient + momentum * new_buffer if self.nesterov else new_buffer
-        self.assign_sub(variable, ops.cast(learning_rate, dtype) * gradient)
+        if not self.uses_momentum:
+            self.assign_sub(variable, learning_rate * gradient)
+            return
+        if callable(self.dampening) or self.dampening != 0.0:
+            # The buffer starts at zero, so `momentum * buf + g` is `buf = g` on the first step;
+            # later steps add the dampened gradient (Nesterov, which uses the undampened one,
+            # requires dampening == 0).
+            first = ops.equal(self.iterations, 0)
+            weight = ops.where(first, 1.0, 1.0 - self._hyper(self.dampening, dtype))
+            gradient = ops.cast(weight, dtype) * gradient
+        buffer = self.velocities[self._get_variable_index(variable)]
+        momentum = self._hyper(self.momentum, dtype)
+        buffered_momentum(
+            variable, buffer, learning_rate, gradient, momentum, self.nesterov
+        )
 
     def get_config(self):
         return {**super().get_config(), "nesterov": self.nesterov}

@@ -2,23 +2,7 @@
 
 from __future__ import annotations
 
-import keras
 from keras import ops
-
-
-def l2_norm(x):
-    """Euclidean norm of a whole tensor.
-
-    Keras has no fused squared norm, and ``sqrt(sum(square(x)))`` writes and re-reads a
-    temporary as large as ``x``; on TensorFlow ``tf.nn.l2_loss`` (``sum(x**2) / 2``) reads ``x``
-    once, which halves the cost of LARS's norms (experiments/bench_optimizers.py). Every other
-    backend gets the ``keras.ops`` form.
-    """
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return ops.sqrt(2.0 * tf.nn.l2_loss(x))
-    return ops.sqrt(ops.sum(ops.square(x)))
 
 
 def trust_ratio(weight_norm, grad_norm, weight_decay, *, power: int = 1, epsilon=0.0):
