@@ -40,13 +40,14 @@ def heavy_ball(
     """
     tf = _tensorflow()
     if tf is not None:
-        tf.raw_ops.ResourceApplyKerasMomentum(
-            var=variable.handle,
-            accum=velocity.handle,
-            lr=ops.cast(learning_rate, variable.dtype),
-            grad=gradient,
-            momentum=ops.cast(momentum, variable.dtype),
-            use_nesterov=nesterov,
+        _fused(
+            tf.raw_ops.ResourceApplyKerasMomentum,
+            variable,
+            velocity,
+            learning_rate,
+            gradient,
+            momentum,
+            nesterov,
         )
         return
     step = learning_rate * gradient
@@ -63,17 +64,31 @@ def buffered_momentum(
     ``ResourceApplyMomentum`` is exactly this."""
     tf = _tensorflow()
     if tf is not None:
-        tf.raw_ops.ResourceApplyMomentum(
-            var=variable.handle,
-            accum=buffer.handle,
-            lr=ops.cast(learning_rate, variable.dtype),
-            grad=gradient,
-            momentum=ops.cast(momentum, variable.dtype),
-            use_nesterov=nesterov,
+        _fused(
+            tf.raw_ops.ResourceApplyMomentum,
+            variable,
+            buffer,
+            learning_rate,
+            gradient,
+            momentum,
+            nesterov,
         )
         return
     new_buffer = momentum * buffer + gradient
     buffer.assign(new_buffer)
     variable.assign_sub(
         learning_rate * (gradient + momentum * new_buffer if nesterov else new_buffer)
+    )
+
+
+def _fused(
+    kernel, variable, slot, learning_rate, gradient, momentum, nesterov: bool
+) -> None:
+    kernel(
+        var=variable.handle,
+        accum=slot.handle,
+        lr=ops.cast(learning_rate, variable.dtype),
+        grad=gradient,
+        momentum=ops.cast(momentum, variable.dtype),
+        use_nesterov=nesterov,
     )
