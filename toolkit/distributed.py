@@ -1,56 +1,107 @@
 """Horovod for Keras 3: the thin glue over ``horovod.tensorflow`` ops.
 
 Horovod's own ``horovod.tensorflow.keras`` targets Keras 2. This module gives the same recipe
-(init, wrap the optimizer, broadcast the initial state, average metrics, side effects on rank 0)
-for Keras 3 on the TensorFlow backend. With one process and no ``horovodrun`` everything works
-unchanged: ``size() == 1`` and no collective op is added.
+for Keras 3 on the TensorFlow backend::
 
-Where the allreduce sits: Keras's ``Optimizer.apply`` ends in ``_backend_apply_gradients``,
-which calls ``_clip_gradients(grads)`` right before the update, once per update (with Keras's
-``gradient_accumulation_steps`` only on the step that applies the accumulated mean). The
-wrapper overrides exactly that hook: ``grouped_allreduce`` (average) of all gradients in one
-fused collective, then the wrapped optimizer's own clipping and update. So local accumulation
-over N steps costs one allreduce per N steps, and every optimizer (the toolkit's and Keras's)
-is wrapped the same way. Under mixed precision the loss-scale optimizer's finite-gradient check
-is made global (a ``Min`` allreduce), so all workers skip or apply the same steps.
+    distributed.init()
+    optimizer = distributed.DistributedOptimizer(optimizer)   # before model.compile
+    model.compile(optimizer=optimizer, loss=..., jit_compile=False)
+    model.fit(..., callbacks=[distributed.BroadcastInitialState(),
+                              distributed.MetricAverageCallback(), ...])
+    if distributed.is_rank0(): ...                            # files, progress output
 
-Horovod's ops cannot run inside an XLA cluster on CPU: compile with ``jit_compile=False``.
+With one process and no ``horovodrun`` everything works unchanged: ``size() == 1`` and no
+collective op is added. If Horovod cannot be imported at all, the module logs it and runs as a
+single process (and refuses to, under ``horovodrun``).
+
+Where the allreduce sits: Keras's ``Optimizer.apply`` unscales the gradients and ends in
+``_backend_apply_gradients``, which accumulates them when ``gradient_accumulation_steps`` is
+set and, once per update, calls ``_clip_gradients(grads)`` right before weight decay and the
+update step. :func:`DistributedOptimizer` replaces exactly that hook *on the instance*: one
+``grouped_allreduce`` (average) of all gradients, then the optimizer's own clipping and update.
+So local accumulation over N steps costs one allreduce per N steps, clipping and LARS-style
+trust ratios see the global gradient, and the optimizer's class, config and saved form are
+untouched (a dynamic subclass would not do: Keras serialises a registered class by its
+registered name, which a subclass lacks, so ``model.save`` could not be loaded back).
+
+Mixed precision: wrap the ``LossScaleOptimizer``, not the other way round. Its finite-gradient
+check runs on the local, still-scaled gradients before the inner optimizer is called; the
+wrapper makes it global (a ``Min`` allreduce), so all workers skip or apply the same steps, and
+the inner optimizer allreduces the unscaled gradients. If Keras wraps a distributed optimizer
+itself (``compile`` under ``mixed_float16``), :func:`check_model` refuses: a local check lets
+one worker skip an allreduce the others wait in.
+
+Horovod's ops cannot run inside an XLA cluster on CPU: compile with ``jit_compile=False``
+(:func:`check_model` refuses ``jit_compile=True`` when ``size() > 1``).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import keras
+import numpy as np
 import tensorflow as tf
 
-import horovod.tensorflow as hvd
+_log = logging.getLogger(__name__)
 
-COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+try:
+    import horovod.tensorflow as hvd
+except ImportError as error:  # a build without Horovod: one process
+    hvd = None
+    _log.warning(
+        "horovod.tensorflow cannot be imported (%s): running as a single process", error
+    )
+
+T = TypeVar("T")
+COMPRESSIONS = ("none", "fp16")
 
 
 def init() -> None:
-    """Start Horovod (idempotent) and, on GPU machines, pin one GPU per local rank."""
-    if not hvd.is_initialized():
-        hvd.init()
+    """Start Horovod (idempotent) and, on GPU machines, pin one GPU per local rank.
+
+    Call it before TensorFlow touches a GPU: once the GPUs are initialised the pinning cannot
+    be changed and is skipped with a warning.
+    """
+    if hvd is None:
+        if "HOROVOD_RANK" in os.environ:
+            raise RuntimeError(
+                "started by horovodrun, but horovod.tensorflow cannot be imported"
+            )
+        return
+    if hvd.is_initialized():
+        return
+    hvd.init()
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
-        for gpu in gpus:
+        gpu = gpus[hvd.local_rank() % len(gpus)]
+        try:
             tf.config.experimental.set_memory_growth(gpu, True)
-        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+            tf.config.set_visible_devices(gpu, "GPU")
+        except RuntimeError as error:  # TensorFlow already initialised its GPUs
+            _log.warning("GPU not pinned to local rank: %s", error)
 
 
 def rank() -> int:
+    """This worker's rank, 0 .. size() - 1."""
     init()
-    return hvd.rank()
+    return hvd.rank() if hvd else 0
 
 
 def size() -> int:
+    """The number of workers."""
     init()
-    return hvd.size()
+    return hvd.size() if hvd else 1
 
 
 def local_rank() -> int:
+    """This worker's rank on its machine (which GPU it uses)."""
     init()
-    return hvd.local_rank()
+    return hvd.local_rank() if hvd else 0
 
 
 def is_rank0() -> bool:
@@ -58,115 +109,197 @@ def is_rank0() -> bool:
     return rank() == 0
 
 
-def broadcast_object(value, root_rank: int = 0):
+def on_rank0(fn: Callable[..., T]) -> Callable[..., T | None]:
+    """Decorator: ``fn`` runs on rank 0 only; other ranks skip it and get ``None``.
+
+    For side effects (writing files, printing). Never put a collective op (allreduce,
+    broadcast) inside: the other ranks would not join it.
+    """
+
+    @functools.wraps(fn)
+    def on_rank0_only(*args: Any, **kwargs: Any) -> T | None:
+        return fn(*args, **kwargs) if is_rank0() else None
+
+    return on_rank0_only
+
+
+def broadcast_object(value: T, root_rank: int = 0) -> T:
     """``value`` as rank ``root_rank`` has it (any picklable object)."""
     return hvd.broadcast_object(value, root_rank) if size() > 1 else value
 
 
-def allreduce_mean(value: float, name: str) -> float:
-    """The mean of a Python number over all workers (``name`` must match across workers)."""
+def allreduce_mean(
+    value: float | np.ndarray, name: str | None = None
+) -> float | np.ndarray:
+    """The mean of a number or array over all workers (in float64), eagerly.
+
+    Every worker must call it, in the same order, with the same shape (and ``name``, if given).
+    """
     if size() == 1:
-        return float(value)
-    averaged = hvd.allreduce(tf.constant(value, tf.float64), op=hvd.Average, name=name)
-    return float(averaged.numpy())
+        return value if isinstance(value, np.ndarray) else float(value)
+    mean = hvd.allreduce(
+        tf.constant(value, tf.float64), op=hvd.Average, name=name
+    ).numpy()
+    return mean if isinstance(value, np.ndarray) else float(mean)
 
 
-def DistributedOptimizer(  # noqa: N802  (named like Horovod's wrapper, which it replaces)
+def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     optimizer: keras.optimizers.Optimizer,
     *,
     compression: str = "none",
     backward_passes_per_step: int = 1,
 ) -> keras.optimizers.Optimizer:
-    """An optimizer like ``optimizer`` whose gradients are averaged over all workers.
+    """Make ``optimizer`` average its gradients over all workers; returns the same object.
 
-    ``backward_passes_per_step=N`` accumulates N local gradients (Keras's
-    ``gradient_accumulation_steps``) and allreduces their mean once. ``compression="fp16"``
-    halves the allreduce's bytes. The result is a fresh, unbuilt optimizer of a subclass of
-    ``type(optimizer)`` (named like it, so configs and saved models name the original class).
+    Wrap before ``model.compile``. Each update does one ``grouped_allreduce`` (average) of all
+    gradients right before the optimizer's clipping and update (see the module docstring).
+    Sparse gradients (``IndexedSlices``, from ``Embedding``) are made dense first.
+    ``compression="fp16"`` sends float16 over the wire (half the bytes, ~3 significant digits).
+    ``backward_passes_per_step=N`` sets Keras's ``gradient_accumulation_steps``: N calls
+    accumulate local gradients, the N-th allreduces their mean once and applies it (so
+    ``optimizer.iterations`` counts updates). With ``size() == 1`` no collective is added.
+
+    A ``LossScaleOptimizer`` is wrapped as a whole: the inner optimizer allreduces and
+    accumulates, and the finite-gradient check becomes global.
     """
     if compression not in COMPRESSIONS:
         raise ValueError(
-            f"compression must be one of {sorted(COMPRESSIONS)}, got {compression!r}"
+            f"compression must be one of {COMPRESSIONS}, got {compression!r}"
+        )
+    if (
+        int(backward_passes_per_step) != backward_passes_per_step
+        or backward_passes_per_step < 1
+    ):
+        raise ValueError(
+            f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}"
         )
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        inner = DistributedOptimizer(
+        DistributedOptimizer(
             optimizer.inner_optimizer,
             compression=compression,
             backward_passes_per_step=backward_passes_per_step,
         )
-        cls = _subclass(
-            keras.optimizers.LossScaleOptimizer, check_finite=_global_check_finite
-        )
-        return cls(
-            inner,
-            initial_scale=float(optimizer.dynamic_scale.numpy()),
-            dynamic_growth_steps=optimizer.dynamic_growth_steps,
-        )
-    config = optimizer.get_config()
+        if size() > 1:
+            _make_finite_check_global(optimizer)
+        return optimizer
+    if _allreduces(optimizer):
+        raise ValueError(f"{optimizer.name} is already a DistributedOptimizer")
     if backward_passes_per_step > 1:
-        if config.get("gradient_accumulation_steps") or "batch_scale" in config:
-            raise ValueError(
-                f"{type(optimizer).__name__} accumulates gradients itself; "
-                "use its own setting (batch_scale / gradient_accumulation_steps) instead"
-            )
-        config["gradient_accumulation_steps"] = backward_passes_per_step
-    if size() == 1:
-        return type(optimizer).from_config(config)
-    cls = _subclass(
-        type(optimizer),
-        _clip_gradients=_allreduce_then_clip,
-        _compression=COMPRESSIONS[compression],
-    )
-    return cls.from_config(config)
+        _accumulate(optimizer, int(backward_passes_per_step))
+    if size() > 1:
+        _allreduce_before_clipping(
+            optimizer,
+            hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
+        )
+    return optimizer
 
 
-def _subclass(base: type, **members) -> type:
-    cls = type(base.__name__, (base,), members)
-    cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
-    return cls
+def _accumulate(optimizer: keras.optimizers.Optimizer, steps: int) -> None:
+    current = optimizer.gradient_accumulation_steps
+    if hasattr(optimizer, "batch_scale") or current not in (None, steps):
+        raise ValueError(
+            f"{type(optimizer).__name__} accumulates gradients itself; use its own setting "
+            "(batch_scale / gradient_accumulation_steps), not backward_passes_per_step"
+        )
+    if current == steps:  # e.g. restored by load_model
+        return
+    if optimizer.built:
+        raise ValueError(
+            "backward_passes_per_step needs an optimizer that is not built yet "
+            "(its accumulators are created when it is built)"
+        )
+    optimizer.gradient_accumulation_steps = steps
 
 
-def _allreduce_then_clip(self, grads):
-    grads = [
-        tf.convert_to_tensor(g) for g in grads
-    ]  # IndexedSlices (Embedding) -> dense
-    grads = hvd.grouped_allreduce(grads, op=hvd.Average, compression=self._compression)
-    return super(type(self), self)._clip_gradients(grads)
+def _allreduce_before_clipping(
+    optimizer: keras.optimizers.Optimizer, compression
+) -> None:
+    clip = optimizer._clip_gradients  # the class's hook, bound
+
+    def allreduce_then_clip(grads: list) -> list:
+        dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices -> dense
+        return clip(
+            hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression)
+        )
+
+    optimizer._clip_gradients = allreduce_then_clip
 
 
-def _global_check_finite(self, grads):
-    finite = super(type(self), self).check_finite(grads)
-    everywhere = hvd.allreduce(
-        tf.cast(finite, tf.float32), op=hvd.Min, name="finite_grads"
-    )
-    return everywhere > 0.5
+def _allreduces(optimizer: keras.optimizers.Optimizer) -> bool:
+    return "_clip_gradients" in vars(optimizer)
 
 
-def broadcast_variables(model: keras.Model, optimizer=None, root_rank: int = 0) -> None:
-    """Make every worker's model (and optimizer state) equal to rank ``root_rank``'s."""
+def _make_finite_check_global(optimizer: keras.optimizers.LossScaleOptimizer) -> None:
+    local_check = optimizer.check_finite
+
+    def finite_on_every_worker(grads: list) -> tf.Tensor:
+        finite = tf.cast(local_check(grads), tf.float32)
+        return hvd.allreduce(finite, op=hvd.Min) > 0.5
+
+    optimizer.check_finite = finite_on_every_worker
+
+
+def check_model(model: keras.Model) -> None:
+    """Raise ``ValueError`` if the compiled ``model`` cannot train with more than one worker:
+    XLA (``jit_compile=True``), or a ``LossScaleOptimizer`` (added by ``compile`` under
+    ``mixed_float16``) around a distributed optimizer, whose local finite check would let
+    workers disagree on which steps to apply and hang. A no-op with one worker."""
     if size() == 1:
         return
-    variables = list(model.variables)
+    if model.jit_compile:
+        raise ValueError(
+            "Horovod's ops cannot run inside XLA: compile the model with jit_compile=False"
+        )
+    optimizer = model.optimizer
+    if (
+        isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        and _allreduces(optimizer.inner_optimizer)
+        and "check_finite" not in vars(optimizer)
+    ):
+        raise ValueError(
+            "the model's LossScaleOptimizer wraps a DistributedOptimizer; wrap the other way "
+            "round: DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))"
+        )
+
+
+def broadcast_variables(
+    model: keras.Model,
+    optimizer: keras.optimizers.Optimizer | None = None,
+    root_rank: int = 0,
+) -> None:
+    """Make every worker's model weights (and ``optimizer``'s variables, building it on the
+    model's trainable variables if needed) equal to rank ``root_rank``'s. Random-number state
+    (dropout seeds) stays per worker. A no-op with one worker."""
+    if size() == 1:
+        return
+    variables = list(model.weights)
     if optimizer is not None:
-        optimizer.build(model.trainable_variables)
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
         variables += list(optimizer.variables)
     hvd.broadcast_variables([v.value for v in variables], root_rank=root_rank)
 
 
 class BroadcastInitialState(keras.callbacks.Callback):
-    """At the start of ``fit``, broadcast model weights and optimizer state from rank 0 (so
-    workers started with different seeds, or a resumed rank 0, agree)."""
+    """At the start of ``fit``: :func:`check_model`, then broadcast the model's and optimizer's
+    variables from rank 0 (so workers started with different seeds, or a resumed rank 0,
+    agree)."""
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        check_model(self.model)
         broadcast_variables(self.model, self.model.optimizer)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Replace each epoch-end metric with its mean over workers (in place, so callbacks after
-    this one, such as the event logger, see global values)."""
+    """Replace each epoch-end log value with its mean over workers (one allreduce per epoch,
+    in place, so the callbacks after this one, ``History`` and the progress bar included, see
+    global values)."""
 
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is None or size() == 1:
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if not logs or size() == 1:
             return
-        for key in sorted(logs):
-            logs[key] = allreduce_mean(float(logs[key]), name=f"metric.{key}.{epoch}")
+        keys = sorted(logs)
+        means = allreduce_mean(
+            np.array([float(logs[k]) for k in keys]), name=f"MetricAverage.{epoch}"
+        )
+        logs.update(zip(keys, means.tolist()))

@@ -1,4 +1,5 @@
-"""Shared by the 2-worker script and the single-process reference in test_distributed.py."""
+"""Data and models shared by the 2-worker script and the single-process references in
+tests/test_distributed.py: whatever both sides build must be built the same way."""
 
 from __future__ import annotations
 
@@ -7,26 +8,39 @@ import numpy as np
 
 from toolkit import distributed
 
-GLOBAL_BATCH = 32
+GLOBAL_BATCH = 32  # per step, over all workers
 STEPS = 5
+LEARNING_RATE = 0.5
+VOCABULARY = 50
 
 
-def global_data(n: int = 512):
+def global_data(n: int = 512) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(42)
     x = rng.standard_normal((n, 12)).astype("float32")
     y = (x[:, :4].sum(axis=1) > 0).astype("int32")
     return x, y
 
 
-def make_model(seed: int, optimizer, **wrap) -> keras.Model:
+def token_data(n: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """Token sequences for the Embedding model (its gradient is ``IndexedSlices``)."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, VOCABULARY, (n, 6)).astype("int32")
+    y = (x[:, 0] < VOCABULARY // 2).astype("int32")
+    return x, y
+
+
+def make_model(seed: int, optimizer, embedding: bool = False, **wrap) -> keras.Model:
+    """A small classifier compiled with ``DistributedOptimizer(optimizer, **wrap)``."""
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential(
-        [
-            keras.Input((12,)),
-            keras.layers.Dense(16, activation="tanh"),
-            keras.layers.Dense(2),
+    if embedding:
+        layers = [
+            keras.Input((6,), dtype="int32"),
+            keras.layers.Embedding(VOCABULARY, 8),
+            keras.layers.GlobalAveragePooling1D(),
         ]
-    )
+    else:
+        layers = [keras.Input((12,)), keras.layers.Dense(16, activation="tanh")]
+    model = keras.Sequential([*layers, keras.layers.Dense(2)])
     model.compile(
         optimizer=distributed.DistributedOptimizer(optimizer, **wrap),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -35,16 +49,5 @@ def make_model(seed: int, optimizer, **wrap) -> keras.Model:
     return model
 
 
-SCENARIOS = {
-    "sgd": dict(optimizer=lambda: keras.optimizers.SGD(0.5), wrap={}, steps=STEPS),
-    "accumulate2": dict(
-        optimizer=lambda: keras.optimizers.SGD(0.5),
-        wrap={"backward_passes_per_step": 2},
-        steps=2 * STEPS,
-    ),
-    "fp16": dict(
-        optimizer=lambda: keras.optimizers.SGD(0.5),
-        wrap={"compression": "fp16"},
-        steps=STEPS,
-    ),
-}
+def sgd() -> keras.optimizers.Optimizer:
+    return keras.optimizers.SGD(LEARNING_RATE)

@@ -1,7 +1,9 @@
 """Run under ``horovodrun -np 2``: the checks of tests/test_distributed.py that need workers.
 
-Each rank writes ``<out>/rank<r>.npz`` with the weights each scenario ended with and the epoch
-logs ``fit`` reported after metric averaging.
+Every scenario starts the ranks from different seeds, so only the broadcast makes them agree.
+Each rank writes ``<out>/rank<r>.npz`` (the weights each scenario ended with, as
+``<scenario>/<index>``) and ``<out>/rank<r>.json`` (epoch logs, loss scale, ...); rank 0 also
+saves the ``fit`` model to ``<out>/fit.keras``.
 """
 
 from __future__ import annotations
@@ -10,35 +12,92 @@ import json
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 
 from toolkit import distributed
+from toolkit.optimizers import SGD
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scenarios import GLOBAL_BATCH, SCENARIOS, global_data, make_model  # noqa: E402
+from scenarios import (
+    GLOBAL_BATCH,
+    STEPS,
+    global_data,
+    make_model,
+    sgd,
+    token_data,
+)
+
+
+class LocalLogs(keras.callbacks.Callback):
+    """Epoch logs as this rank saw them before MetricAverageCallback (placed before it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epochs: list[dict[str, float]] = []
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.epochs.append({k: float(v) for k, v in logs.items()})
+
+
+def train(model: keras.Model, x, y, steps: int, first_step: int = 0) -> None:
+    """Step s: this rank's half of global batch s (rows s*B .. (s+1)*B)."""
+    rank, half = distributed.rank(), GLOBAL_BATCH // distributed.size()
+    for step in range(first_step, first_step + steps):
+        start = step * GLOBAL_BATCH + rank * half
+        model.train_on_batch(x[start : start + half], y[start : start + half])
 
 
 def main(out: Path) -> None:
     distributed.init()
     rank, size = distributed.rank(), distributed.size()
     x, y = global_data()
-    half = GLOBAL_BATCH // size
-    results, logs = {}, {}
-    for name, scenario in SCENARIOS.items():
-        # A different seed on every rank: only the broadcast makes the workers agree.
-        model = make_model(
-            seed=100 + rank, optimizer=scenario["optimizer"](), **scenario["wrap"]
-        )
-        distributed.broadcast_variables(model, model.optimizer)
-        for step in range(scenario["steps"]):
-            rows = slice(
-                step * GLOBAL_BATCH + rank * half,
-                step * GLOBAL_BATCH + (rank + 1) * half,
-            )
-            model.train_on_batch(x[rows], y[rows])
-        results.update({f"{name}/{i}": w for i, w in enumerate(model.get_weights())})
+    weights: dict[str, list[np.ndarray]] = {}
+    info: dict = {
+        "size": size,
+        "on_rank0": distributed.on_rank0(lambda: rank)(),
+        "mean_rank": distributed.allreduce_mean(rank),
+    }
 
-    model = make_model(seed=100 + rank, optimizer=SCENARIOS["sgd"]["optimizer"]())
+    for name, wrap, steps in [
+        ("sgd", {}, STEPS),
+        ("accumulate2", {"backward_passes_per_step": 2}, 2 * STEPS),
+        ("fp16", {"compression": "fp16"}, STEPS),
+    ]:
+        model = make_model(100 + rank, sgd(), **wrap)
+        distributed.broadcast_variables(model, model.optimizer)
+        train(model, x, y, steps)
+        weights[name] = model.get_weights()
+
+    model = make_model(100 + rank, sgd(), embedding=True)
+    distributed.broadcast_variables(model, model.optimizer)
+    train(model, *token_data(), STEPS)
+    weights["sparse"] = model.get_weights()
+
+    # Mixed precision: rank 1 alone gets non-finite gradients on the first step; both ranks
+    # must skip it (global finite check) instead of one waiting in the allreduce forever.
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = make_model(100 + rank, keras.optimizers.LossScaleOptimizer(sgd()))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    distributed.broadcast_variables(model, model.optimizer)
+    weights["mixed_initial"] = model.get_weights()
+    half = GLOBAL_BATCH // size
+    poisoned = x[:half] if rank == 0 else np.full_like(x[:half], np.inf)
+    model.train_on_batch(poisoned, y[:half])
+    weights["mixed_skipped"] = model.get_weights()
+    info["mixed_scale_after_skip"] = float(model.optimizer.dynamic_scale.numpy())
+    train(model, x, y, STEPS)
+    weights["mixed"] = model.get_weights()
+
+    # model.fit with the callbacks; rank-dependent momentum buffers, so the workers only agree
+    # if BroadcastInitialState broadcasts the optimizer's state too.
+    model = make_model(100 + rank, SGD(0.1, momentum=0.9))
+    model.optimizer.build(model.trainable_variables)
+    for velocity in model.optimizer.velocities:
+        velocity.assign(np.full(velocity.shape, 0.01 * (rank + 1), "float32"))
+    local = LocalLogs()
     history = model.fit(
         x[rank::size],
         y[rank::size],
@@ -47,13 +106,20 @@ def main(out: Path) -> None:
         verbose=0,
         callbacks=[
             distributed.BroadcastInitialState(),
+            local,
             distributed.MetricAverageCallback(),
         ],
     )
-    results.update({f"fit/{i}": w for i, w in enumerate(model.get_weights())})
-    logs = {k: [float(v) for v in vs] for k, vs in history.history.items()}
-    np.savez(out / f"rank{rank}.npz", **results)
-    (out / f"rank{rank}.json").write_text(json.dumps({"size": size, "logs": logs}))
+    weights["fit"] = model.get_weights()
+    info["local_logs"] = local.epochs
+    info["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+    distributed.on_rank0(model.save)(out / "fit.keras")
+
+    np.savez(
+        out / f"rank{rank}.npz",
+        **{f"{n}/{i}": w for n, ws in weights.items() for i, w in enumerate(ws)},
+    )
+    (out / f"rank{rank}.json").write_text(json.dumps(info))
 
 
 if __name__ == "__main__":
