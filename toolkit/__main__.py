@@ -20,18 +20,12 @@ from toolkit.rundir import TERMINAL, list_runs, summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m toolkit", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m toolkit", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", help="runs root (default $LBL_RUNS or ./runs)")
     sub = parser.add_subparsers(dest="command", required=True)
-    start = sub.add_parser(
-        "launch", help="validate a config and start it under horovodrun"
-    )
+    start = sub.add_parser("launch", help="validate a config and start it under horovodrun")
     start.add_argument("config")
-    start.add_argument(
-        "--np", type=int, help="number of workers (default: the config's)"
-    )
+    start.add_argument("--np", type=int, help="number of workers (default: the config's)")
     start.add_argument("--hosts", help="name:slots,... (default localhost:NP)")
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     start.add_argument("--name", help="run id (default <name>-<time>-<hex>)")

@@ -73,9 +73,7 @@ class EventLogger(keras.callbacks.Callback):
             "phase": "train",
             "lr": learning_rate_at(self.model.optimizer, step - 1),
             "momentum": momentum_at(self.model.optimizer, step - 1),
-            "samples_per_sec": self.samples_per_step
-            * (step - last_step)
-            / (now - last_time),
+            "samples_per_sec": self.samples_per_step * (step - last_step) / (now - last_time),
         }
         record.update({k: float(v) for k, v in (logs or {}).items()})
         self.writer.write(record)
@@ -84,9 +82,7 @@ class EventLogger(keras.callbacks.Callback):
         logs = logs or {}
         record = {"step": self.counter.step, "epoch": epoch + 1, "phase": "eval"}
         for key, value in logs.items():
-            name = (
-                key.removeprefix("val_") if key.startswith("val_") else f"train_{key}"
-            )
+            name = key.removeprefix("val_") if key.startswith("val_") else f"train_{key}"
             record[name] = float(value)
         self.writer.write(record)
 
@@ -95,9 +91,7 @@ class TrustRatioLogger(keras.callbacks.Callback):
     """Every ``every_steps`` steps, the per-layer trust ratios of LARS (or LBSGD's ``lars``
     warmup) on a fixed probe batch, as a ``trust_ratio`` event with ``trust_ratio/<path>`` keys."""
 
-    def __init__(
-        self, writer: EventWriter, counter: StepCounter, probe, *, every_steps: int
-    ):
+    def __init__(self, writer: EventWriter, counter: StepCounter, probe, *, every_steps: int):
         super().__init__()
         self.writer, self.counter = writer, counter
         self.probe_x, self.probe_y = probe
@@ -128,9 +122,7 @@ class TrustRatioLogger(keras.callbacks.Callback):
 class Checkpointer(keras.callbacks.Callback):
     """Saves a checkpoint every ``every_epochs`` epochs and after the last one."""
 
-    def __init__(
-        self, directory, counter: StepCounter, *, every_epochs: int, last_epoch: int
-    ):
+    def __init__(self, directory, counter: StepCounter, *, every_epochs: int, last_epoch: int):
         super().__init__()
         self.directory, self.counter = directory, counter
         self.every_epochs, self.last_epoch = every_epochs, last_epoch
@@ -155,6 +147,4 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(np.asarray(loss))):
-            raise NonFiniteLoss(
-                f"loss became {float(loss)} at step {self.counter.step}"
-            )
+            raise NonFiniteLoss(f"loss became {float(loss)} at step {self.counter.step}")

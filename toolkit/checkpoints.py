@@ -26,9 +26,7 @@ class Position:
     step: int
 
 
-def save(
-    directory: Path, model: keras.Model, position: Position, keep: int = 2
-) -> Path:
+def save(directory: Path, model: keras.Model, position: Position, keep: int = 2) -> Path:
     """Write a checkpoint of ``model`` and its optimizer at ``position``; keep the last ``keep``."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"epoch-{position.epoch:04d}"
@@ -63,7 +61,7 @@ def restore(checkpoint: Path, model: keras.Model) -> Position:
             f"{checkpoint} holds {len(values)} optimizer variables, the optimizer has "
             f"{len(optimizer.variables)}: was the optimizer config changed?"
         )
-    for variable, value in zip(optimizer.variables, values):
+    for variable, value in zip(optimizer.variables, values, strict=True):
         variable.assign(value)
     return Position(**json.loads((checkpoint / "position.json").read_text()))
 

@@ -84,9 +84,7 @@ class OptimizerConfig(Component):
     def _buildable(self):
         from toolkit.optimizers import OPTIMIZERS
 
-        _check_component(
-            OPTIMIZERS, self.name, self.params, reserved=("learning_rate",)
-        )
+        _check_component(OPTIMIZERS, self.name, self.params, reserved=("learning_rate",))
         OPTIMIZERS.get(self.name, learning_rate=self.learning_rate, **self.params)
         return self
 
@@ -134,9 +132,7 @@ class ScheduleConfig(_Section):
 
 class BatchConfig(_Section):
     per_worker: int = Field(32, ge=1, description="examples per worker per step")
-    accumulation: int = Field(
-        1, ge=1, description="local steps summed before one allreduce"
-    )
+    accumulation: int = Field(1, ge=1, description="local steps summed before one allreduce")
 
 
 class ScalingConfig(_Section):
@@ -148,9 +144,7 @@ class ScalingConfig(_Section):
 
 class LoggingConfig(_Section):
     every_steps: int = Field(10, ge=1, description="train event interval")
-    trust_ratio_every_steps: int = Field(
-        50, ge=1, description="LARS/LBSGD-lars ratio interval"
-    )
+    trust_ratio_every_steps: int = Field(50, ge=1, description="LARS/LBSGD-lars ratio interval")
 
 
 class CheckpointConfig(_Section):
@@ -201,22 +195,13 @@ class ExperimentConfig(_Section):
 
     @model_validator(mode="after")
     def _enough_slots(self):
-        if (
-            self.hosts
-            and sum(int(h.split(":")[1]) for h in self.hosts.split(",")) < self.workers
-        ):
-            raise ValueError(
-                f"hosts {self.hosts!r} have fewer slots than workers={self.workers}"
-            )
+        if self.hosts and sum(int(h.split(":")[1]) for h in self.hosts.split(",")) < self.workers:
+            raise ValueError(f"hosts {self.hosts!r} have fewer slots than workers={self.workers}")
         return self
 
     def global_batch(self, world_size: int | None = None) -> int:
         """Examples per optimizer update across all workers."""
-        size = (
-            self.batch.per_worker
-            * (world_size or self.workers)
-            * self.batch.accumulation
-        )
+        size = self.batch.per_worker * (world_size or self.workers) * self.batch.accumulation
         if self.optimizer.name == "lbsgd":
             size *= int(self.optimizer.params.get("batch_scale", 1))
         return size
@@ -232,15 +217,11 @@ class ExperimentConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _check_component(
-    registry, name: str, params: dict, reserved: tuple[str, ...]
-) -> None:
+def _check_component(registry, name: str, params: dict, reserved: tuple[str, ...]) -> None:
     registry.constructor(name)  # unknown name: lists the known ones
     taken = sorted(set(params) & set(reserved))
     if taken:
-        raise ValueError(
-            f"{', '.join(map(repr, taken))} is set by the experiment, not in params"
-        )
+        raise ValueError(f"{', '.join(map(repr, taken))} is set by the experiment, not in params")
     registry.check_params(name, params)
 
 

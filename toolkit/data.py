@@ -52,12 +52,8 @@ class Dataset:
 def _dataset(name: str, num_classes: int, x_train, y_train, x_test, y_test) -> Dataset:
     """A :class:`Dataset` with float32 inputs and int32 labels."""
     x_train, x_test = (np.asarray(x, dtype=np.float32) for x in (x_train, x_test))
-    y_train, y_test = (
-        np.asarray(y, dtype=np.int32).reshape(-1) for y in (y_train, y_test)
-    )
-    return Dataset(
-        x_train, y_train, x_test, y_test, num_classes, x_train.shape[1:], name
-    )
+    y_train, y_test = (np.asarray(y, dtype=np.int32).reshape(-1) for y in (y_train, y_test))
+    return Dataset(x_train, y_train, x_test, y_test, num_classes, x_train.shape[1:], name)
 
 
 def cache_dir() -> Path:
@@ -66,9 +62,7 @@ def cache_dir() -> Path:
     return Path(root).expanduser() / "datasets"
 
 
-def load_mnist1d(
-    seed: int = 0, num_samples: int = 5000, test_fraction: float = 0.2
-) -> Dataset:
+def load_mnist1d(seed: int = 0, num_samples: int = 5000, test_fraction: float = 0.2) -> Dataset:
     """MNIST-1D (Greydanus 2020) generated locally with the package's default arguments.
 
     ``seed`` replaces the package's default 42. The arrays are cached as ``.npz`` under
@@ -83,9 +77,7 @@ def load_mnist1d(
     if not path.exists():
         arrays = _generate_mnist1d(args)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            dir=path.parent, suffix=".npz", delete=False
-        ) as f:
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as f:
             np.savez(f, **arrays)
         os.replace(f.name, path)
     with np.load(path) as arrays:
@@ -130,9 +122,7 @@ def load_synthetic(
     x = rng.random((num_samples, *image_shape), dtype=np.float32)
     y = rng.integers(num_classes, size=num_samples)
     split = num_samples - int(num_samples * test_fraction)
-    return _dataset(
-        "synthetic", num_classes, x[:split], y[:split], x[split:], y[split:]
-    )
+    return _dataset("synthetic", num_classes, x[:split], y[:split], x[split:], y[split:])
 
 
 def _keras_loader(name: str, num_classes: int) -> Callable[..., Dataset]:
@@ -146,12 +136,8 @@ def _keras_loader(name: str, num_classes: int) -> Callable[..., Dataset]:
         previous_timeout = socket.getdefaulttimeout()
         socket.setdefaulttimeout(30)  # fail rather than hang on an unreachable network
         try:
-            (x_train, y_train), (x_test, y_test) = getattr(
-                keras.datasets, name
-            ).load_data()
-        except (
-            Exception
-        ) as error:  # Keras raises a bare Exception for download failures
+            (x_train, y_train), (x_test, y_test) = getattr(keras.datasets, name).load_data()
+        except Exception as error:  # Keras raises a bare Exception for download failures
             raise RuntimeError(
                 f"dataset {name!r} could not be loaded: it is downloaded by Keras on first use "
                 f"and needs internet ({error}). Offline, use one of {list(OFFLINE)}."
@@ -160,9 +146,7 @@ def _keras_loader(name: str, num_classes: int) -> Callable[..., Dataset]:
             socket.setdefaulttimeout(previous_timeout)
         if x_train.ndim == 3:  # greyscale: add the channel axis
             x_train, x_test = x_train[..., None], x_test[..., None]
-        return _dataset(
-            name, num_classes, x_train / 255.0, y_train, x_test / 255.0, y_test
-        )
+        return _dataset(name, num_classes, x_train / 255.0, y_train, x_test / 255.0, y_test)
 
     load.__name__ = f"load_{name}"
     return load

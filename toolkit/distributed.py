@@ -53,9 +53,7 @@ try:
     import horovod.tensorflow as hvd
 except ImportError as error:  # a build without Horovod: one process
     hvd = None
-    _log.warning(
-        "horovod.tensorflow cannot be imported (%s): running as a single process", error
-    )
+    _log.warning("horovod.tensorflow cannot be imported (%s): running as a single process", error)
 
 T = TypeVar("T")
 COMPRESSIONS = ("none", "fp16")
@@ -69,9 +67,7 @@ def init() -> None:
     """
     if hvd is None:
         if "HOROVOD_RANK" in os.environ:
-            raise RuntimeError(
-                "started by horovodrun, but horovod.tensorflow cannot be imported"
-            )
+            raise RuntimeError("started by horovodrun, but horovod.tensorflow cannot be imported")
         return
     if hvd.is_initialized():
         return
@@ -128,18 +124,14 @@ def broadcast_object(value: T, root_rank: int = 0) -> T:
     return hvd.broadcast_object(value, root_rank) if size() > 1 else value
 
 
-def allreduce_mean(
-    value: float | np.ndarray, name: str | None = None
-) -> float | np.ndarray:
+def allreduce_mean(value: float | np.ndarray, name: str | None = None) -> float | np.ndarray:
     """The mean of a number or array over all workers (in float64), eagerly.
 
     Every worker must call it, in the same order, with the same shape (and ``name``, if given).
     """
     if size() == 1:
         return value if isinstance(value, np.ndarray) else float(value)
-    mean = hvd.allreduce(
-        tf.constant(value, tf.float64), op=hvd.Average, name=name
-    ).numpy()
+    mean = hvd.allreduce(tf.constant(value, tf.float64), op=hvd.Average, name=name).numpy()
     return mean if isinstance(value, np.ndarray) else float(mean)
 
 
@@ -163,13 +155,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     accumulates, and the finite-gradient check becomes global.
     """
     if compression not in COMPRESSIONS:
-        raise ValueError(
-            f"compression must be one of {COMPRESSIONS}, got {compression!r}"
-        )
-    if (
-        int(backward_passes_per_step) != backward_passes_per_step
-        or backward_passes_per_step < 1
-    ):
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
         raise ValueError(
             f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}"
         )
@@ -211,16 +198,12 @@ def _accumulate(optimizer: keras.optimizers.Optimizer, steps: int) -> None:
     optimizer.gradient_accumulation_steps = steps
 
 
-def _allreduce_before_clipping(
-    optimizer: keras.optimizers.Optimizer, compression
-) -> None:
+def _allreduce_before_clipping(optimizer: keras.optimizers.Optimizer, compression) -> None:
     clip = optimizer._clip_gradients  # the class's hook, bound
 
     def allreduce_then_clip(grads: list) -> list:
         dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices -> dense
-        return clip(
-            hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression)
-        )
+        return clip(hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression))
 
     optimizer._clip_gradients = allreduce_then_clip
 
@@ -302,4 +285,4 @@ class MetricAverageCallback(keras.callbacks.Callback):
         means = allreduce_mean(
             np.array([float(logs[k]) for k in keys]), name=f"MetricAverage.{epoch}"
         )
-        logs.update(zip(keys, means.tolist()))
+        logs.update(zip(keys, means.tolist(), strict=True))

@@ -82,9 +82,7 @@ class EventWriter:
         Adds ``"wall"`` (``time.time()``) unless the record has it.
         """
         record = {"wall": time.time(), **record}
-        line = json.dumps(
-            {key: _encode(value) for key, value in record.items()}, allow_nan=False
-        )
+        line = json.dumps({key: _encode(value) for key, value in record.items()}, allow_nan=False)
         self._file.write(line.encode() + b"\n")
 
     def close(self) -> None:

@@ -28,9 +28,7 @@ def steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -
     return min(steps, config.steps_per_epoch or steps)
 
 
-def learning_rate_schedule(
-    config: ExperimentConfig, steps_per_epoch: int, world_size: int
-):
+def learning_rate_schedule(config: ExperimentConfig, steps_per_epoch: int, world_size: int):
     """The learning-rate schedule: the scaled base rate, the named decay, then the warmup."""
     base = config.scaled_learning_rate(world_size)
     total = config.epochs * steps_per_epoch
@@ -47,9 +45,7 @@ def learning_rate_schedule(
         case "exponential":
             schedule = ExponentialDecay(
                 base,
-                decay_steps=max(
-                    1, round(params.get("decay_epochs", 1) * steps_per_epoch)
-                ),
+                decay_steps=max(1, round(params.get("decay_epochs", 1) * steps_per_epoch)),
                 decay_rate=params.get("decay_rate", 0.1),
                 staircase=params.get("staircase", False),
             )
@@ -85,9 +81,7 @@ def learning_rate_at(optimizer: keras.optimizers.Optimizer, step) -> float:
     (its ``lars`` strategy is per layer: the scheduled base rate is reported)."""
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
     rate = optimizer.learning_rate
-    if isinstance(
-        optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule
-    ):
+    if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
         rate = optimizer._learning_rate(step)
     rate = float(keras.ops.convert_to_numpy(rate))
     if isinstance(optimizer, optimizers.LBSGD) and optimizer.warmup_strategy != "lars":
@@ -97,9 +91,7 @@ def learning_rate_at(optimizer: keras.optimizers.Optimizer, step) -> float:
 
 def momentum_at(optimizer: keras.optimizers.Optimizer, step) -> float | None:
     """The momentum at ``step`` (``None`` for optimizers without one)."""
-    momentum = getattr(
-        getattr(optimizer, "inner_optimizer", optimizer), "momentum", None
-    )
+    momentum = getattr(getattr(optimizer, "inner_optimizer", optimizer), "momentum", None)
     if momentum is None:
         return None
     value = momentum(step) if callable(momentum) else momentum

@@ -44,9 +44,7 @@ def launch(
         config = config_lib.load(config, overrides)
         overrides = ()
     changes = {k: v for k, v in (("workers", np), ("hosts", hosts)) if v is not None}
-    config = config_lib.from_mapping(
-        {**config.model_dump(mode="json"), **changes}, overrides
-    )
+    config = config_lib.from_mapping({**config.model_dump(mode="json"), **changes}, overrides)
     run = RunDir.create(runs_root_dir, run_id or new_run_id(config.name))
     run.write_config(config)
     _start(run, config, resume=False)
@@ -64,14 +62,10 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
     return run
 
 
-def horovodrun_argv(
-    config: config_lib.ExperimentConfig, run: RunDir, resume: bool
-) -> list[str]:
+def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bool) -> list[str]:
     """The horovodrun command line for ``run``."""
     bin_dir = Path(sys.executable).parent
-    horovodrun = shutil.which(
-        "horovodrun", path=f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
-    )
+    horovodrun = shutil.which("horovodrun", path=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     if horovodrun is None:
         raise FileNotFoundError("horovodrun not found: run scripts/setup.sh first")
     hosts = config.hosts or f"localhost:{config.workers}"
@@ -103,9 +97,7 @@ def _start(run: RunDir, config: config_lib.ExperimentConfig, resume: bool) -> No
         seed=config.seed,
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(_package_root()), env.get("PYTHONPATH")])
-    )
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_package_root()), env.get("PYTHONPATH")]))
     with open(run.stdout_path, "ab") as log:
         supervisor = subprocess.Popen(
             [
@@ -129,9 +121,7 @@ def _start(run: RunDir, config: config_lib.ExperimentConfig, resume: bool) -> No
 def supervise(run: RunDir, argv: list[str]) -> int:
     """Run ``argv`` and record the final state if training did not (the supervisor's job)."""
     run.set_status("queued", pid=os.getpid())
-    signal.signal(
-        signal.SIGTERM, lambda *_: None
-    )  # outlive the child to record the state
+    signal.signal(signal.SIGTERM, lambda *_: None)  # outlive the child to record the state
     child = subprocess.Popen(argv)
     while True:
         try:
@@ -151,9 +141,7 @@ def supervise(run: RunDir, argv: list[str]) -> int:
             reason=reason or f"horovodrun exited with code {code}; see stdout.log",
         )
     elif status.get("state") != "completed":
-        run.set_status(
-            "failed", exit_code=code, reason="training exited without finishing"
-        )
+        run.set_status("failed", exit_code=code, reason="training exited without finishing")
     return code
 
 
@@ -184,9 +172,7 @@ def delete(run: RunDir | str, runs_root_dir: str | Path | None = None) -> None:
     """Remove a finished run's directory (stop it first if it is live)."""
     run = _as_run(run, runs_root_dir)
     if run.status()["state"] not in TERMINAL:
-        raise ValueError(
-            f"run {run.run_id} is {run.status()['state']}: stop it before deleting"
-        )
+        raise ValueError(f"run {run.run_id} is {run.status()['state']}: stop it before deleting")
     shutil.rmtree(run.path)
 
 
@@ -212,9 +198,7 @@ def _package_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
-if (
-    __name__ == "__main__"
-):  # the supervisor: python -m toolkit.launch supervise RUN_DIR -- ARGV
+if __name__ == "__main__":  # the supervisor: python -m toolkit.launch supervise RUN_DIR -- ARGV
     parser = argparse.ArgumentParser(prog="python -m toolkit.launch")
     parser.add_argument("command", choices=["supervise"])
     parser.add_argument("run_dir")

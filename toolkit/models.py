@@ -39,9 +39,7 @@ def mlp(
     return keras.Model(inputs, outputs, name="mlp")
 
 
-def cnn1d(
-    input_shape: Sequence[int], num_classes: int, channels: int = 25
-) -> keras.Model:
+def cnn1d(input_shape: Sequence[int], num_classes: int, channels: int = 25) -> keras.Model:
     """The 1-D CNN of the MNIST-1D paper (Greydanus 2020, ``ConvBase``).
 
     Three stride-2 ReLU convolutions of ``channels`` filters (kernel sizes 5, 3, 3), then a
@@ -78,9 +76,7 @@ def _conv_bn(x, filters: int, kernel_size: int, strides: int, name: str, suffix=
         kernel_initializer="he_normal",
         name=f"{name}_conv{suffix}",
     )(x)
-    return layers.BatchNormalization(
-        momentum=0.9, epsilon=1e-5, name=f"{name}_bn{suffix}"
-    )(x)
+    return layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name=f"{name}_bn{suffix}")(x)
 
 
 def _basic_block(x, filters: int, strides: int, name: str):
@@ -95,9 +91,7 @@ def _basic_block(x, filters: int, strides: int, name: str):
     return layers.ReLU(name=f"{name}_relu2")(y)
 
 
-def resnet20(
-    input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10
-) -> keras.Model:
+def resnet20(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10) -> keras.Model:
     """ResNet-20 for CIFAR-sized images (He et al. 2016, section 4.2).
 
     A 3x3 convolution of 16 filters, three stages of three basic blocks with 16, 32 and 64
@@ -118,9 +112,7 @@ def resnet20(
     return keras.Model(inputs, outputs, name="resnet20")
 
 
-def resnet50(
-    input_shape: Sequence[int] = (224, 224, 3), num_classes: int = 1000
-) -> keras.Model:
+def resnet50(input_shape: Sequence[int] = (224, 224, 3), num_classes: int = 1000) -> keras.Model:
     """Keras's ResNet-50 (randomly initialised) with average pooling and a logits layer."""
     backbone = keras.applications.ResNet50(
         include_top=False, weights=None, input_shape=tuple(input_shape), pooling="avg"

@@ -37,13 +37,8 @@ class Registry:
         found: dict[str, Any] = {}
         for init in _init_chain(self.constructor(name)):
             for p in inspect.signature(init).parameters.values():
-                if (
-                    p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                    and p.name != "self"
-                ):
-                    found.setdefault(
-                        p.name, None if p.default is p.empty else p.default
-                    )
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
+                    found.setdefault(p.name, None if p.default is p.empty else p.default)
         return found
 
     def check_params(self, name: str, params: Mapping[str, Any]) -> None:

@@ -151,9 +151,7 @@ def summary(run: RunDir) -> dict[str, Any]:
             meta.get("global_batch"),
         )
     events = read_events(run.events_path)
-    train = (
-        events[events["phase"] == "train"] if "phase" in events else events.iloc[0:0]
-    )
+    train = events[events["phase"] == "train"] if "phase" in events else events.iloc[0:0]
     evals = events[events["phase"] == "eval"] if "phase" in events else events.iloc[0:0]
     started = status.get("started") or meta.get("created")
     finished = status.get("finished") or (time.time() if started else None)

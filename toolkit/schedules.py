@@ -16,6 +16,7 @@ as the ``momentum``/``weight_decay`` of the toolkit's optimizers.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import keras
@@ -44,9 +45,7 @@ def warmup_ramp(strategy: str, progress):
         return ops.square(progress)
     if strategy == "sqrt":
         return ops.sqrt(progress)
-    raise ValueError(
-        f"warmup strategy must be one of {WARMUP_STRATEGIES}, got {strategy!r}"
-    )
+    raise ValueError(f"warmup strategy must be one of {WARMUP_STRATEGIES}, got {strategy!r}")
 
 
 def value_at(hyperparameter: float | Callable, step, dtype="float32"):
@@ -96,9 +95,7 @@ class Warmup(LearningRateSchedule):
             return target
         progress = ops.minimum(step / self.warmup_steps, 1.0)
         ramp = warmup_ramp(self.strategy, progress)
-        return target * (
-            self.initial_multiplier + (1.0 - self.initial_multiplier) * ramp
-        )
+        return target * (self.initial_multiplier + (1.0 - self.initial_multiplier) * ramp)
 
     def get_config(self):
         return {
@@ -125,7 +122,7 @@ class MultiFactor(LearningRateSchedule):
 
     def __init__(self, base: float, steps: list[int], factor: float = 0.1):
         steps = [int(s) for s in steps]
-        if not steps or any(b <= a for a, b in zip(steps, steps[1:])) or steps[0] < 0:
+        if not steps or any(b <= a for a, b in itertools.pairwise(steps)) or steps[0] < 0:
             raise ValueError(
                 f"MultiFactor steps must be a non-empty, strictly increasing list of "
                 f"non-negative integers, got {steps}"
@@ -138,9 +135,7 @@ class MultiFactor(LearningRateSchedule):
 
     def __call__(self, step):
         step = ops.cast(step, "float32")
-        passed = ops.sum(
-            ops.cast(ops.greater(step, ops.array(self.steps, "float32")), "float32")
-        )
+        passed = ops.sum(ops.cast(ops.greater(step, ops.array(self.steps, "float32")), "float32"))
         return self.base * ops.power(self.factor, passed)
 
     def get_config(self):

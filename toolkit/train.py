@@ -1,4 +1,4 @@
-"""Train one experiment: ``python -m toolkit.train CONFIG [--set k=v ...] [--run-dir DIR] [--resume]``.
+"""Train one experiment: ``python -m toolkit.train CONFIG [--set k=v] [--run-dir D] [--resume]``.
 
 Under ``horovodrun -np N`` this is data-parallel: every worker reads its own shard, gradients
 are averaged with one grouped allreduce per update, and rank 0 alone writes the run directory
@@ -19,21 +19,13 @@ import time
 import traceback
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
 
-import keras  # noqa: E402
-
-from toolkit import (
-    callbacks,
-    checkpoints,
-    config as config_lib,
-    data,
-    distributed,
-    models,
-)  # noqa: E402
-from toolkit.events import EventWriter, truncate_after  # noqa: E402
-from toolkit.experiment import build_optimizer, steps_per_epoch  # noqa: E402
-from toolkit.rundir import RunDir, new_run_id  # noqa: E402
+from toolkit import callbacks, checkpoints, data, distributed, models
+from toolkit import config as config_lib
+from toolkit.events import EventWriter, truncate_after
+from toolkit.experiment import build_optimizer, steps_per_epoch
+from toolkit.rundir import RunDir, new_run_id
 
 
 def train(
@@ -56,9 +48,7 @@ def train(
     run = _prepare_run_dir(config, run_dir, runs_root) if rank0 else None
     try:
         if run:
-            run.set_status(
-                "running", train_pid=os.getpid(), world_size=world, started=time.time()
-            )
+            run.set_status("running", train_pid=os.getpid(), world_size=world, started=time.time())
             run.update_meta(run_id=run.run_id, **_meta(config, world))
         previous_policy = keras.config.dtype_policy()
         keras.config.set_dtype_policy(config.precision)
@@ -77,12 +67,8 @@ def train(
     except BaseException as error:
         if run:
             stopped = isinstance(error, KeyboardInterrupt)
-            reason = "".join(
-                traceback.format_exception_only(type(error), error)
-            ).strip()
-            run.set_status(
-                "stopped" if stopped else "failed", reason=reason, finished=time.time()
-            )
+            reason = "".join(traceback.format_exception_only(type(error), error)).strip()
+            run.set_status("stopped" if stopped else "failed", reason=reason, finished=time.time())
         raise
     if run:
         run.set_status("completed", exit_code=0, finished=time.time())
@@ -101,9 +87,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
         **config.model.params,
     )
     optimizer = build_optimizer(config, spe, world)
-    if (
-        config.precision == "mixed_float16"
-    ):  # loss scaling outside, so its check is global
+    if config.precision == "mixed_float16":  # loss scaling outside, so its check is global
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     optimizer = distributed.DistributedOptimizer(
         optimizer,
@@ -191,9 +175,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
                     every_steps=config.logging.trust_ratio_every_steps,
                 )
             )
-    hooks.append(
-        callbacks.StopOnNonFiniteLoss(counter)
-    )  # after the logger: the NaN is logged
+    hooks.append(callbacks.StopOnNonFiniteLoss(counter))  # after the logger: the NaN is logged
     if verbose == "auto":
         verbose = (1 if sys.stdout.isatty() else 2) if rank0 else 0
     model.fit(
@@ -210,9 +192,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
 
 def _has_trust_ratios(config) -> bool:
     name, params = config.optimizer.name, config.optimizer.params
-    return name == "lars" or (
-        name == "lbsgd" and params.get("warmup_strategy") == "lars"
-    )
+    return name == "lars" or (name == "lbsgd" and params.get("warmup_strategy") == "lars")
 
 
 def _prepare_run_dir(config, run_dir, runs_root) -> RunDir:
@@ -273,9 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         help="override a field, e.g. optimizer.params.momentum=0.95",
     )
     parser.add_argument("--run-dir", help="run directory (default: runs/<name>-<time>)")
-    parser.add_argument(
-        "--resume", action="store_true", help="continue from the last checkpoint"
-    )
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     args = parser.parse_args(argv)
     try:
         config = config_lib.load(args.config, args.set)

@@ -11,9 +11,7 @@ from keras import ops
 from toolkit.optimizers.kernels import heavy_ball
 from toolkit.schedules import value_at
 
-Hyperparameter = (
-    float | Callable
-)  # a constant, or a schedule called with the optimizer step
+Hyperparameter = float | Callable  # a constant, or a schedule called with the optimizer step
 
 
 def check_non_negative(name: str, value: Hyperparameter) -> Hyperparameter:
@@ -21,9 +19,7 @@ def check_non_negative(name: str, value: Hyperparameter) -> Hyperparameter:
     if callable(value):
         return value
     if not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(
-            f"`{name}` must be a non-negative float or a schedule, got {value!r}"
-        )
+        raise ValueError(f"`{name}` must be a non-negative float or a schedule, got {value!r}")
     return float(value)
 
 
@@ -58,9 +54,7 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
             return
         super().build(variables)
         self.velocities = (
-            self.add_optimizer_variables(variables, "velocity")
-            if self.uses_momentum
-            else []
+            self.add_optimizer_variables(variables, "velocity") if self.uses_momentum else []
         )
 
     def _hyper(self, value: Hyperparameter, dtype):

@@ -30,9 +30,7 @@ def l2_norm(x):
     return ops.sqrt(ops.sum(ops.square(x)))
 
 
-def heavy_ball(
-    variable, velocity, learning_rate, gradient, momentum, nesterov: bool
-) -> None:
+def heavy_ball(variable, velocity, learning_rate, gradient, momentum, nesterov: bool) -> None:
     """``v = momentum * v - lr * g; w += v`` (Nesterov: ``w += momentum * v - lr * g``).
 
     The velocity is stored negated, as in Keras's SGD, which is what TensorFlow's fused
@@ -56,9 +54,7 @@ def heavy_ball(
     variable.assign_add(momentum * new_velocity - step if nesterov else new_velocity)
 
 
-def buffered_momentum(
-    variable, buffer, learning_rate, gradient, momentum, nesterov: bool
-) -> None:
+def buffered_momentum(variable, buffer, learning_rate, gradient, momentum, nesterov: bool) -> None:
     """PyTorch's momentum without dampening: ``buf = momentum * buf + g``, then
     ``w -= lr * buf`` (Nesterov: ``w -= lr * (g + momentum * buf)``); TensorFlow's fused
     ``ResourceApplyMomentum`` is exactly this."""
@@ -81,9 +77,7 @@ def buffered_momentum(
     )
 
 
-def _fused(
-    kernel, variable, slot, learning_rate, gradient, momentum, nesterov: bool
-) -> None:
+def _fused(kernel, variable, slot, learning_rate, gradient, momentum, nesterov: bool) -> None:
     kernel(
         var=variable.handle,
         accum=slot.handle,

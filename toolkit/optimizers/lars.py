@@ -58,18 +58,14 @@ class LARS(CoupledDecayOptimizer):
     ):
         super().__init__(learning_rate, momentum, weight_decay, name, **kwargs)
         if trust_coefficient <= 0:
-            raise ValueError(
-                f"`trust_coefficient` must be > 0, got {trust_coefficient}"
-            )
+            raise ValueError(f"`trust_coefficient` must be > 0, got {trust_coefficient}")
         if epsilon < 0:
             raise ValueError(f"`epsilon` must be >= 0, got {epsilon}")
         self.trust_coefficient = float(trust_coefficient)
         self.epsilon = float(epsilon)
         self.nesterov = bool(nesterov)
         self.exclude_from_layer_adaptation = (
-            None
-            if exclude_from_layer_adaptation is None
-            else list(exclude_from_layer_adaptation)
+            None if exclude_from_layer_adaptation is None else list(exclude_from_layer_adaptation)
         )
         self.clip = bool(clip)
 
@@ -77,9 +73,7 @@ class LARS(CoupledDecayOptimizer):
         """Whether ``variable`` gets the trust ratio (and weight decay)."""
         if self.exclude_from_layer_adaptation is None:
             return len(variable.shape) > 1
-        return not any(
-            re.search(p, variable.path) for p in self.exclude_from_layer_adaptation
-        )
+        return not any(re.search(p, variable.path) for p in self.exclude_from_layer_adaptation)
 
     def build(self, variables):
         if self.built:
@@ -93,7 +87,7 @@ class LARS(CoupledDecayOptimizer):
         variable path (adapted variables only); eager, for logging and plots."""
         return {
             v.path: float(self._local_rate(ops.cast(g, v.dtype), v))
-            for g, v in zip(gradients, variables)
+            for g, v in zip(gradients, variables, strict=True)
             if self.is_adapted(v)
         }
 
@@ -107,9 +101,7 @@ class LARS(CoupledDecayOptimizer):
             epsilon=self.epsilon,
         )
         both_positive = ops.logical_and(weight_norm > 0, grad_norm > 0)
-        return ops.where(
-            both_positive, self.trust_coefficient * ratio, ops.ones_like(ratio)
-        )
+        return ops.where(both_positive, self.trust_coefficient * ratio, ops.ones_like(ratio))
 
     def update_step(self, gradient, variable, learning_rate):
         learning_rate = ops.cast(learning_rate, variable.dtype)

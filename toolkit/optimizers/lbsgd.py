@@ -65,8 +65,7 @@ class LBSGD(CoupledDecayOptimizer):
     ):
         if kwargs.get("gradient_accumulation_steps"):
             raise ValueError(
-                "LBSGD accumulates with `batch_scale`; do not pass "
-                "`gradient_accumulation_steps`"
+                "LBSGD accumulates with `batch_scale`; do not pass `gradient_accumulation_steps`"
             )
         kwargs.pop("gradient_accumulation_steps", None)
         if warmup_strategy not in LBSGD_STRATEGIES:
@@ -80,9 +79,7 @@ class LBSGD(CoupledDecayOptimizer):
             ("begin_epoch", begin_epoch, 0),
         ):
             if int(value) != value or value < least:
-                raise ValueError(
-                    f"`{arg}` must be an integer >= {least}, got {value!r}"
-                )
+                raise ValueError(f"`{arg}` must be an integer >= {least}, got {value!r}")
         super().__init__(
             learning_rate,
             momentum,
@@ -120,7 +117,7 @@ class LBSGD(CoupledDecayOptimizer):
             raise ValueError("trust ratios exist only with warmup_strategy='lars'")
         return {
             v.path: float(self._lars_multiplier(ops.cast(g, v.dtype), v))
-            for g, v in zip(gradients, variables)
+            for g, v in zip(gradients, variables, strict=True)
         }
 
     def update_step(self, gradient, variable, learning_rate):

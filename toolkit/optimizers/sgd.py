@@ -73,9 +73,7 @@ class SGD(CoupledDecayOptimizer):
             gradient = ops.cast(weight, dtype) * gradient
         buffer = self.velocities[self._get_variable_index(variable)]
         momentum = self._hyper(self.momentum, dtype)
-        buffered_momentum(
-            variable, buffer, learning_rate, gradient, momentum, self.nesterov
-        )
+        buffered_momentum(variable, buffer, learning_rate, gradient, momentum, self.nesterov)
 
     def get_config(self):
         return {**super().get_config(), "nesterov": self.nesterov}
