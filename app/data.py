@@ -1,0 +1,160 @@
+"""Reading run directories for the dashboard, cached on each file's (size, mtime).
+
+Every reader here takes the file's stamp as part of the ``st.cache_data`` key, so an unchanged
+file is parsed once per server process and a changed one (a live run appending events) is
+re-read on the next render. Nothing here raises on a half-written or crashed run directory:
+missing files read as empty, unreadable configs as ``None``.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from toolkit import config as config_lib
+from toolkit import rundir
+from toolkit.events import EventTail, read_events
+from toolkit.rundir import RunDir
+
+
+def root() -> Path:
+    """The runs root: ``$LBL_RUNS`` or ``./runs``."""
+    return rundir.runs_root()
+
+
+def stamp(path: Path) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of ``path``; ``(-1, -1)`` when it does not exist."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return (-1, -1)
+    return (stat.st_size, stat.st_mtime_ns)
+
+
+def runs() -> list[RunDir]:
+    """All runs under the root, newest first (a directory listing, so not cached)."""
+    try:
+        return rundir.list_runs(root())
+    except OSError:  # a run deleted while listing
+        return []
+
+
+def find(run_id: str | None) -> RunDir | None:
+    return next((r for r in runs() if r.run_id == run_id), None)
+
+
+@st.cache_data(max_entries=400, show_spinner=False)
+def _events(path: str, file_stamp: tuple[int, int]) -> pd.DataFrame:
+    return read_events(path)
+
+
+def events(run: RunDir) -> pd.DataFrame:
+    """All complete event records of ``run`` (a torn last line is skipped)."""
+    return _events(str(run.events_path), stamp(run.events_path))
+
+
+def phase(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The rows of one phase (``train``, ``eval``, ``trust_ratio``), without all-empty columns."""
+    if "phase" not in frame:
+        return frame.iloc[0:0]
+    return frame[frame["phase"] == name].dropna(axis=1, how="all")
+
+
+@st.cache_data(max_entries=2000, show_spinner=False)
+def _summary(path: str, stamps: tuple, state: str) -> dict:
+    run = RunDir(Path(path))
+    try:
+        return rundir.summary(run)
+    except Exception as error:  # noqa: BLE001 -- one broken run must not break the table
+        return {"run_id": run.run_id, "state": state, "reason": f"unreadable: {error}"}
+
+
+def summary(run: RunDir) -> dict:
+    """``toolkit.rundir.summary(run)``, re-computed when any of the run's files or its
+    liveness (a dead process reads as failed) changes."""
+    files = (run.status_path, run.config_path, run.meta_path, run.events_path)
+    return _summary(str(run.path), tuple(map(stamp, files)), status(run).get("state"))
+
+
+def status(run: RunDir) -> dict:
+    try:
+        return run.status()
+    except OSError as error:
+        return {"state": "failed", "reason": f"status unreadable: {error}"}
+
+
+@st.cache_data(max_entries=1000, show_spinner=False)
+def _config(path: str, file_stamp: tuple[int, int]) -> config_lib.ExperimentConfig | None:
+    try:
+        return config_lib.load(path)
+    except (config_lib.ConfigError, OSError):
+        return None
+
+
+def config(run: RunDir) -> config_lib.ExperimentConfig | None:
+    """The run's validated config, or ``None`` if it is missing or does not validate."""
+    return _config(str(run.config_path), stamp(run.config_path))
+
+
+def text(path: Path) -> str:
+    """A text file's content ('' if missing), undecodable bytes replaced."""
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def tail(path: Path, max_bytes: int = 32_000) -> str:
+    """The end of a (possibly large, growing) log file, starting at a line boundary."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, io.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            data = f.read(max_bytes)
+    except OSError:
+        return ""
+    if size > max_bytes:
+        data = data[data.find(b"\n") + 1 :]
+    return data.decode("utf-8", errors="replace")
+
+
+@st.cache_data(max_entries=20, show_spinner=False)
+def _events_csv(paths: tuple[str, ...], stamps: tuple) -> bytes:
+    frames = [events(RunDir(Path(p))).assign(run_id=Path(p).name) for p in paths]
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if "run_id" in frame:
+        frame = frame[["run_id", *(c for c in frame.columns if c != "run_id")]]
+    return frame.to_csv(index=False).encode()
+
+
+def events_csv(selected: list[RunDir]) -> bytes:
+    """One CSV of the runs' events, with a leading ``run_id`` column."""
+    paths = tuple(str(r.path) for r in selected)
+    return _events_csv(paths, tuple(stamp(r.events_path) for r in selected))
+
+
+def md_escape(text: str) -> str:
+    """``text`` as literal Markdown: every ASCII punctuation character backslash-escaped, so
+    user strings shown by ``st.error``/``st.success`` cannot become links, HTML or directives."""
+    return "".join(
+        "\\" + c if c.isascii() and not c.isalnum() and not c.isspace() else c for c in str(text)
+    )
+
+
+def live_events(run: RunDir) -> pd.DataFrame:
+    """The run's events, reading only the bytes appended since this session's last call: an
+    :class:`~toolkit.events.EventTail` and the rows so far are kept in ``st.session_state``
+    (for the run shown last only, so a long session does not hoard every run it opened)."""
+    key = str(run.path)
+    kept = st.session_state.get("event_tails", {}).get(key)
+    tail, frame = kept or (EventTail(run.events_path), pd.DataFrame())
+    new = tail.read_new()
+    if tail.restarted or frame.empty:
+        frame = new
+    elif not new.empty:
+        frame = pd.concat([frame, new], ignore_index=True)
+    st.session_state.event_tails = {key: (tail, frame)}
+    return frame

@@ -1,0 +1,100 @@
+"""Synthetic run directories (for the dashboard's tests, its benchmark, or a demo without
+training): a config, a status and an events file with train, eval and trust-ratio rows, written
+with the toolkit's own writers."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+
+from toolkit.config import from_mapping
+from toolkit.events import EventWriter
+from toolkit.rundir import RunDir
+
+LAYERS = ("conv1/kernel", "conv2/kernel", "conv3/kernel", "dense/kernel", "dense/bias")
+
+
+def fake_run(
+    root: str | Path,
+    run_id: str,
+    *,
+    events: int = 1000,
+    state: str = "completed",
+    optimizer: str = "lars",
+    epochs: int = 10,
+    eval_every: int = 100,
+    trust_every: int = 200,
+    seed: int = 0,
+    pid: int | None = None,
+) -> RunDir:
+    """A run with ``events`` event lines (train rows, an eval row every ``eval_every`` steps,
+    a trust-ratio row every ``trust_every``) spread evenly over ``epochs``."""
+    rng = random.Random(seed)
+    run = RunDir.create(root, run_id)
+    config = from_mapping(
+        {
+            "name": run_id[:40].strip("-") or "run",
+            "optimizer": {
+                "name": optimizer,
+                "learning_rate": 0.1,
+                "params": {"momentum": 0.9},
+            },
+            "batch": {"per_worker": 32},
+            "epochs": epochs,
+            "workers": 2,
+        }
+    )
+    run.write_config(config)
+    start = time.time() - events * 0.05
+    run.update_meta(run_id=run_id, created=start, world_size=2, seed=seed)
+    steps = max(1, events - events // eval_every - events // trust_every)
+    per_epoch = steps / epochs
+    with EventWriter(run.events_path) as writer:
+        for step in range(steps):
+            wall, epoch = start + step * 0.05, step / per_epoch
+            decay = math.exp(-step / (steps / 3))
+            writer.write(
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "wall": wall,
+                    "phase": "train",
+                    "lr": 0.1 * (1 - step / steps),
+                    "momentum": 0.9,
+                    "loss": 2.3 * decay + 0.1 + 0.05 * rng.random(),
+                    "accuracy": 0.95 - 0.85 * decay + 0.02 * rng.random(),
+                    "samples_per_sec": 3000 + 200 * rng.random(),
+                }
+            )
+            if step % eval_every == eval_every - 1:
+                writer.write(
+                    {
+                        "step": step,
+                        "epoch": epoch,
+                        "wall": wall,
+                        "phase": "eval",
+                        "loss": 2.3 * decay + 0.2,
+                        "accuracy": 0.9 - 0.8 * decay,
+                    }
+                )
+            if step % trust_every == trust_every - 1:
+                writer.write(
+                    {"step": step, "epoch": epoch, "wall": wall, "phase": "trust_ratio"}
+                    | {f"trust_ratio/{layer}": rng.uniform(0.001, 0.05) for layer in LAYERS}
+                )
+    finished = start + steps * 0.05
+    if state in ("queued", "running"):
+        run.set_status(state, pid=pid, started=start)
+    else:
+        run.set_status(
+            state,
+            pid=pid,
+            started=start,
+            finished=finished,
+            exit_code=0 if state == "completed" else 1,
+        )
+    with open(run.stdout_path, "w") as log:
+        log.write(f"[1,0]<stdout>:training {run_id}\n[1,0]<stdout>:done\n")
+    return run

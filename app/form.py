@@ -1,0 +1,169 @@
+"""Building blocks of the Launch form: widgets generated from the config schema and the
+registries, error slots next to fields, and the cached schedule preview."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+import yaml
+
+from app.data import md_escape
+from toolkit import config as config_lib
+from toolkit import data as datasets
+from toolkit.experiment import schedule_preview, steps_per_epoch
+from toolkit.optimizers import OPTIMIZERS
+
+PRESETS = Path(__file__).resolve().parents[1] / "experiments"
+BLANK = "(blank)"
+_COMMON = set.intersection(*(set(OPTIMIZERS.parameters(n)) for n in OPTIMIZERS.names()))
+KERAS_BASE = _COMMON - {"learning_rate", "weight_decay"}
+"""Parameters all optimizers take from Keras's base class (clipping, EMA...): under 'more'."""
+
+
+@st.cache_data(show_spinner=False)
+def schema() -> dict:
+    return config_lib.json_schema()
+
+
+def field(section: str | None, name: str) -> dict:
+    """The JSON schema of one field (``section`` is a ``$defs`` name, None for the top level)."""
+    node = schema()["$defs"][section] if section else schema()
+    return node["properties"][name]
+
+
+def choices(section: str | None, name: str) -> list[str]:
+    """The allowed values of an enum field."""
+    return list(field(section, name)["enum"])
+
+
+def presets() -> list[str]:
+    return [BLANK] + sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def preset_mapping(name: str) -> dict:
+    """The raw (unvalidated) mapping of a preset; ``{}`` for blank or an unreadable file."""
+    if name == BLANK:
+        return {}
+    try:
+        raw = yaml.safe_load((PRESETS / f"{name}.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def get(mapping: dict, path: str, default: Any = None) -> Any:
+    """``mapping['a']['b']`` for ``path='a.b'``, else ``default``."""
+    node = mapping
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+class Slots:
+    """Placeholders under form fields; :meth:`show` puts each schema error in the slot of its
+    field, or of the nearest enclosing section, or the general ``config`` slot."""
+
+    def __init__(self):
+        self.slots: dict[str, Any] = {}
+
+    def add(self, path: str) -> None:
+        self.slots[path] = st.empty()
+
+    def show(self, errors: dict[str, str]) -> None:
+        grouped: dict[str, list[str]] = {}
+        for path, message in errors.items():
+            target = path
+            while target not in self.slots and "." in target:
+                target = target.rsplit(".", 1)[0]
+            grouped.setdefault(target if target in self.slots else "config", []).append(
+                f"{path}: {message}"
+            )
+        for target, messages in grouped.items():
+            self.slots[target].error("\n\n".join(map(md_escape, messages)), icon="⚠️")
+
+
+def value_input(
+    label: str, default: Any, key: str, help: str | None = None
+) -> tuple[Any, str | None]:
+    """A widget matching ``default``'s type; returns ``(value, local error)``. Values that are
+    not bools or numbers (tuples, lists, None) are edited as YAML."""
+    if isinstance(default, bool):
+        return st.checkbox(label, value=default, key=key, help=help), None
+    if isinstance(default, int):
+        return int(st.number_input(label, value=default, step=1, key=key, help=help)), None
+    if isinstance(default, float):
+        return st.number_input(
+            label, value=default, format="%g", step=None, key=key, help=help
+        ), None
+    if isinstance(default, str):
+        return st.text_input(label, value=default, key=key, help=help), None
+    shown = (
+        "" if default is None else yaml.safe_dump(_plain(default), default_flow_style=True).strip()
+    )
+    typed = st.text_input(label, value=shown, key=key, help=help or "YAML; empty: not set")
+    if not typed.strip():
+        return None, None
+    try:
+        return yaml.safe_load(typed), None
+    except yaml.YAMLError:
+        return None, f"not valid YAML: {typed!r}"
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def param_inputs(
+    registry,
+    name: str,
+    given: dict,
+    key: str,
+    skip: tuple[str, ...] = (),
+    more: set[str] = frozenset(),
+) -> tuple[dict, dict[str, str]]:
+    """Widgets for ``registry``'s parameters of ``name`` (defaults from the constructor,
+    overridden by ``given``). Returns the params that differ from the constructor's defaults
+    or were given, and local (YAML) errors by parameter; ``more`` go into an expander."""
+    defaults = {p: d for p, d in registry.parameters(name).items() if p not in skip}
+    params, errors = {}, {}
+    main = [p for p in defaults if p not in more]
+    extra = [p for p in defaults if p in more]
+    for names, where in (
+        (main, st.container()),
+        (extra, st.expander("More parameters") if extra else None),
+    ):
+        if not names:
+            continue
+        with where:
+            columns = st.columns(2)
+            for i, param in enumerate(names):
+                start = _plain(given.get(param, defaults[param]))
+                with columns[i % 2]:
+                    value, error = value_input(param, start, key=f"{key}.{name}.{param}")
+                if error:
+                    errors[param] = error
+                elif param in given or value != _plain(defaults[param]):
+                    params[param] = value
+    return params, errors
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def num_train(name: str, seed: int, params_json: str) -> int:
+    """Training-set size of a dataset (loads it once per server process)."""
+    return len(datasets.load(name, seed=seed, **json.loads(params_json)).x_train)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def preview(config_yaml: str) -> tuple[pd.DataFrame, int]:
+    """``schedule_preview`` of a validated config (given as its YAML) and its steps per epoch;
+    raises ``ConfigError`` when the batch does not fit the dataset, or the dataset's error."""
+    config = config_lib.from_mapping(yaml.safe_load(config_yaml))
+    dataset = config.dataset
+    n = num_train(dataset.name, config.seed, json.dumps(dataset.params, sort_keys=True))
+    return schedule_preview(config, n), steps_per_epoch(config, n, config.workers)

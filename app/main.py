@@ -1,0 +1,34 @@
+"""Large-Batch Lab dashboard. From the repository root: ``streamlit run app/main.py``.
+
+Pages (app/views/, not pages/, so Streamlit's automatic pages/ navigation never takes over):
+Runs, Launch, Run detail, Compare.
+
+The app only reads run directories under the runs root (``$LBL_RUNS``, default ``./runs``) and
+starts, stops and deletes runs through ``toolkit.launch``.
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# `streamlit run app/main.py` puts app/ on the path; the app imports `app.*` and `toolkit`.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import data  # noqa: E402
+
+st.set_page_config(page_title="Large-Batch Lab", page_icon="📈", layout="wide")
+page = st.navigation(
+    [
+        st.Page("views/runs.py", title="Runs", icon=":material/table_rows:", default=True),
+        st.Page("views/launch.py", title="Launch", icon=":material/rocket_launch:"),
+        st.Page("views/detail.py", title="Run detail", icon=":material/monitoring:"),
+        st.Page("views/compare.py", title="Compare", icon=":material/stacked_line_chart:"),
+    ]
+)
+with st.sidebar:
+    st.text("Runs root")
+    st.code(str(data.root().resolve()), language=None, wrap_lines=True)
+page.run()

@@ -1,0 +1,80 @@
+"""Run detail: status, progress and curves of one run, refreshed every few seconds while it is
+live by a fragment that reads only the new bytes of its events file."""
+
+import streamlit as st
+
+from app import charts, data
+from app.charts import Series
+from toolkit.rundir import TERMINAL
+
+REFRESH_S = 2.0
+
+st.title("Run detail")
+runs = data.runs()
+if not runs:
+    st.info("No runs yet. Start one on the Launch page.")
+    st.stop()
+ids = [r.run_id for r in runs]
+wanted = st.session_state.get("current_run") or st.query_params.get("run")
+run_id = st.selectbox("Run", ids, index=ids.index(wanted) if wanted in ids else 0)
+st.session_state.current_run = run_id
+st.query_params["run"] = run_id
+run = runs[ids.index(run_id)]
+config = data.config(run)
+live = data.status(run).get("state") not in TERMINAL
+
+
+def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
+    series = []
+    for name in phases:
+        rows = data.phase(frame, name)
+        if {"step", metric} <= set(rows.columns):
+            series.append(Series(name, rows["step"], rows[metric]))
+    if series:
+        st.plotly_chart(charts.lines(series, title, height=300))
+    else:
+        st.text(f"{title}: no data yet")
+
+
+@st.fragment(run_every=REFRESH_S if live else None)
+def panel() -> None:
+    status = data.status(run)
+    state = status.get("state")
+    if live and state in TERMINAL:
+        st.rerun()  # it just ended: redraw the page once more, without the timer
+    frame = data.live_events(run)
+    details = [f"state: {state}"] + [
+        f"{key}: {status[key]}"
+        for key in ("pid", "exit_code", "reason")
+        if status.get(key) is not None
+    ]
+    st.text("    ".join(details))
+    if config is None:
+        st.text("config.yaml is missing or not valid: no progress to show")
+    else:
+        epochs = frame["epoch"].dropna() if "epoch" in frame else frame.index[:0]
+        epoch = float(epochs.iloc[-1]) if len(epochs) else 0.0
+        done = 1.0 if state == "completed" else min(1.0, max(0.0, epoch / config.epochs))
+        st.progress(done, text=f"epoch {epoch:.2f} of {config.epochs}")
+    if frame.empty:
+        st.text("No events yet.")
+        return
+    left, right = st.columns(2)
+    with left:
+        curves(frame, "loss", "loss")
+        curves(frame, "lr", "learning rate", phases=("train",))
+    with right:
+        curves(frame, "accuracy", "accuracy")
+        curves(frame, "samples_per_sec", "samples/sec", phases=("train",))
+    ratios = data.phase(frame, "trust_ratio")
+    if not ratios.empty or (config and config.optimizer.name in ("lars", "lbsgd")):
+        figure = charts.trust_heatmap(ratios)
+        if figure is None:
+            st.text("Per-layer trust ratio: no trust_ratio events yet")
+        else:
+            st.plotly_chart(figure)
+    with st.expander("Latest events"):
+        st.dataframe(frame.tail(50), hide_index=True)
+
+
+panel()

@@ -1,0 +1,257 @@
+"""Launch: a form generated from the config schema and registries (prefilled from a preset),
+the run's schedule and batch/learning-rate scaling before it starts, and validation messages
+next to the fields. Runs start only through ``toolkit.launch.launch``."""
+
+import streamlit as st
+import yaml
+
+from app import charts, data, form
+from app.data import md_escape
+from toolkit import config as config_lib
+from toolkit import launch as launcher
+from toolkit.config import SCHEDULES, ConfigError, field_errors
+from toolkit.data import DATASETS
+from toolkit.models import MODELS
+from toolkit.optimizers import OPTIMIZERS
+
+st.title("Launch a run")
+preset = st.selectbox(
+    "Start from", form.presets(), help="experiments/*.yaml, or the schema's defaults"
+)
+given = form.preset_mapping(preset)
+slots, local = form.Slots(), {}
+
+
+def key(path: str) -> str:
+    return f"{preset}:{path}"  # another preset gets fresh widgets holding its values
+
+
+def default(path: str, section: str | None = None):
+    """The preset's value for ``path``, else the schema's default (``section``: the ``$defs``
+    name of a nested field's section)."""
+    return form.get(given, path, form.field(section, path.rsplit(".", 1)[-1]).get("default"))
+
+
+def number(label: str, path: str, section: str | None = None, **kwargs):
+    """A number input of the schema's type, without bounds (the schema checks them), with the
+    field's error slot under it."""
+    start = default(path, section)
+    if form.field(section, path.rsplit(".", 1)[-1]).get("type") == "number":
+        value = st.number_input(
+            label, value=float(start), format="%g", step=None, key=key(path), **kwargs
+        )
+    else:
+        value = st.number_input(
+            label,
+            value=None if start is None else int(start),
+            step=1,
+            key=key(path),
+            **kwargs,
+        )
+    slots.add(path)
+    return value
+
+
+def text(label: str, path: str, section: str | None = None, **kwargs) -> str:
+    value = st.text_input(label, value=default(path, section) or "", key=key(path), **kwargs)
+    slots.add(path)
+    return value
+
+
+def select(label: str, options: list[str], path: str, section: str | None = None) -> str:
+    start = default(path, section)
+    return st.selectbox(
+        label,
+        options,
+        index=options.index(start) if start in options else 0,
+        key=key(path),
+    )
+
+
+def component(title: str, registry, path: str, section: str, skip=(), more=frozenset()) -> dict:
+    """A registry entry: its name and a widget per constructor parameter."""
+    name = select(title, registry.names(), f"{path}.name", section)
+    params, errors = form.param_inputs(
+        registry,
+        name,
+        form.get(given, f"{path}.params", {}) or {},
+        key(f"{path}.params"),
+        skip,
+        more,
+    )
+    local.update({f"{path}.params.{p}": e for p, e in errors.items()})
+    slots.add(f"{path}.params")
+    slots.add(path)
+    return {"name": name, "params": params}
+
+
+slots.add("config")
+raw = {}
+top = st.columns([2, 1, 1, 2])
+with top[0]:
+    raw["name"] = text("Run name", "name")
+with top[1]:
+    raw["seed"] = number("Seed", "seed")
+with top[2]:
+    raw["workers"] = number("Workers", "workers")
+with top[3]:
+    raw["hosts"] = (
+        text("Hosts", "hosts", help="name:slots,... (empty: localhost:workers)").strip() or None
+    )
+
+left, right = st.columns(2)
+with left, st.container(border=True):
+    raw["dataset"] = component("Dataset", DATASETS, "dataset", "DatasetConfig", skip=("seed",))
+with right, st.container(border=True):
+    raw["model"] = component(
+        "Model",
+        MODELS,
+        "model",
+        "ModelConfig",
+        skip=("input_shape", "num_classes", "seed"),
+    )
+
+left, right = st.columns(2)
+with left, st.container(border=True):
+    st.subheader("Optimizer")
+    learning_rate = number("Base learning rate", "optimizer.learning_rate", "OptimizerConfig")
+    raw["optimizer"] = component(
+        "Optimizer",
+        OPTIMIZERS,
+        "optimizer",
+        "OptimizerConfig",
+        skip=("learning_rate", "name"),
+        more=form.KERAS_BASE,
+    )
+    raw["optimizer"]["learning_rate"] = learning_rate
+with right, st.container(border=True):
+    st.subheader("Schedule")
+    schedule = {"name": select("Schedule", list(SCHEDULES), "schedule.name", "ScheduleConfig")}
+    shown = yaml.safe_dump(
+        form.get(given, "schedule.params", {}) or {}, default_flow_style=True
+    ).strip()
+    typed = st.text_input(
+        "Schedule params (YAML mapping)",
+        value=shown,
+        key=key("schedule.params"),
+        help=config_lib.ScheduleConfig.__doc__,
+    )
+    try:
+        schedule["params"] = yaml.safe_load(typed) or {}
+    except yaml.YAMLError:
+        local["schedule.params"] = f"not valid YAML: {typed!r}"
+    slots.add("schedule.params")
+    slots.add("schedule")
+    cells = st.columns(3)
+    with cells[0]:
+        epochs = number("Warmup epochs", "schedule.warmup.epochs", "WarmupConfig")
+    with cells[1]:
+        strategy = select(
+            "Warmup strategy",
+            form.choices("WarmupConfig", "strategy"),
+            "schedule.warmup.strategy",
+            "WarmupConfig",
+        )
+    with cells[2]:
+        initial = number("Initial multiplier", "schedule.warmup.initial_multiplier", "WarmupConfig")
+    schedule["warmup"] = {
+        "epochs": epochs,
+        "strategy": strategy,
+        "initial_multiplier": initial,
+    }
+    raw["schedule"] = schedule
+
+with st.container(border=True):
+    st.subheader("Batch, scaling and length")
+    cells = st.columns(4)
+    with cells[0]:
+        per_worker = number("Batch per worker", "batch.per_worker", "BatchConfig")
+    with cells[1]:
+        accumulation = number("Accumulation steps", "batch.accumulation", "BatchConfig")
+    with cells[2]:
+        rule = select(
+            "LR scaling rule",
+            form.choices("ScalingConfig", "rule"),
+            "lr_scaling.rule",
+            "ScalingConfig",
+        )
+    with cells[3]:
+        base_batch = number("Base batch", "lr_scaling.base_batch", "ScalingConfig")
+    raw["batch"] = {"per_worker": per_worker, "accumulation": accumulation}
+    raw["lr_scaling"] = {"rule": rule, "base_batch": base_batch}
+    cells = st.columns(4)
+    with cells[0]:
+        raw["epochs"] = number("Epochs", "epochs")
+    with cells[1]:
+        raw["steps_per_epoch"] = number(
+            "Steps per epoch cap", "steps_per_epoch", help="empty: the whole shard"
+        )
+    with cells[2]:
+        raw["precision"] = select("Precision", form.choices(None, "precision"), "precision")
+    with cells[3]:
+        raw["compression"] = select(
+            "Allreduce compression", form.choices(None, "compression"), "compression"
+        )
+
+with st.expander("Logging and checkpoints"):
+    cells = st.columns(3)
+    with cells[0]:
+        every = number("Train event every (steps)", "logging.every_steps", "LoggingConfig")
+    with cells[1]:
+        ratio_every = number(
+            "Trust ratios every (steps)",
+            "logging.trust_ratio_every_steps",
+            "LoggingConfig",
+        )
+    with cells[2]:
+        raw["checkpoint"] = {
+            "every_epochs": number(
+                "Checkpoint every (epochs)",
+                "checkpoint.every_epochs",
+                "CheckpointConfig",
+            )
+        }
+    raw["logging"] = {"every_steps": every, "trust_ratio_every_steps": ratio_every}
+
+config, errors = None, dict(local)
+try:
+    config = config_lib.from_mapping(raw)
+except ConfigError as error:
+    errors.update(field_errors(error))
+
+st.subheader("Before it starts")
+preview = None
+if config is not None and not errors:
+    try:
+        with st.spinner("Computing the schedule…"):
+            preview, steps = form.preview(config.to_yaml())
+    except ConfigError as error:  # the batch does not fit the dataset's shards
+        errors["batch.per_worker"] = str(error)
+    except Exception as error:  # noqa: BLE001 -- e.g. a dataset that needs internet
+        st.warning(md_escape(f"No schedule preview: {error}"))
+slots.show(errors)
+if errors:
+    st.error("Fix the fields marked above: nothing can be launched until the config is valid.")
+elif config is not None:
+    figures = st.columns(4)
+    figures[0].metric("Global batch", f"{config.global_batch():,}")
+    figures[1].metric("Scaled learning rate", f"{config.scaled_learning_rate():.4g}")
+    if preview is not None:
+        figures[2].metric("Steps per epoch", f"{steps:,}")
+        figures[3].metric("Total steps", f"{steps * config.epochs:,}")
+        st.plotly_chart(charts.schedule(preview))
+    with st.expander("Resolved config (YAML)"):
+        st.code(config.to_yaml(), language="yaml")
+
+if st.button("Launch", type="primary"):
+    if errors or config is None:
+        st.error("Nothing was launched: the config is not valid.")
+    else:
+        try:
+            run = launcher.launch(config, runs_root_dir=data.root())
+        except (ConfigError, ValueError, OSError) as error:
+            st.error(md_escape(f"Nothing was launched: {error}"))
+        else:
+            st.session_state.current_run = run.run_id
+            st.success(md_escape(f"Launched {run.run_id} in {run.path}"))
+            st.page_link("views/detail.py", label="Follow it live", icon=":material/monitoring:")

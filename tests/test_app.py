@@ -1,0 +1,587 @@
+"""The dashboard (app/), page by page, through Streamlit's AppTest.
+
+Runs are fabricated with app.fabricate (the toolkit's own event writer and run directory), and
+launches go through a fake ``toolkit.launch.launch`` except in the one real-launch test.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app import charts, data
+from app.fabricate import fake_run
+from toolkit import config as config_lib
+from toolkit import launch as launcher
+from toolkit.events import EventWriter, read_events
+from toolkit.rundir import RunDir
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "app" / "main.py"
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch) -> Path:
+    """An empty runs root, as ``$LBL_RUNS``."""
+    path = tmp_path / "runs"
+    path.mkdir()
+    monkeypatch.setenv("LBL_RUNS", str(path))
+    return path
+
+
+@pytest.fixture
+def launches(monkeypatch, root):
+    """Replace ``toolkit.launch.launch`` with a recorder that creates the run directory only."""
+    calls = []
+
+    def fake(config, **kwargs):
+        calls.append((config, kwargs))
+        run = RunDir.create(kwargs.get("runs_root_dir"), f"{config.name}-fake{len(calls)}")
+        run.write_config(config)
+        return run
+
+    monkeypatch.setattr(launcher, "launch", fake)
+    return calls
+
+
+def page(name: str | None = None, timeout: float = 60) -> AppTest:
+    """The app, run once, switched to ``views/<name>.py`` and run again."""
+    at = AppTest.from_file(str(MAIN), default_timeout=timeout).run()
+    assert not at.exception, at.exception
+    if name:
+        at.switch_page(f"views/{name}.py").run()
+        assert not at.exception, at.exception
+    return at
+
+
+def by_label(widgets, label: str):
+    found = [w for w in widgets if w.label == label]
+    assert len(found) == 1, f"{label!r} in {[w.label for w in widgets]}"
+    return found[0]
+
+
+def flat(node) -> list:
+    """Every element under ``node`` in document order."""
+    children = getattr(node, "children", None)
+    if children is None:
+        return [node]
+    return [leaf for key in sorted(children) for leaf in flat(children[key])]
+
+
+def after(at: AppTest, widget) -> object:
+    """The first element after ``widget`` in document order (empty placeholders skipped)."""
+    elements = flat(at.main)
+    index = next(i for i, e in enumerate(elements) if getattr(e, "id", None) == widget.id)
+    return next(e for e in elements[index + 1 :] if e.type != "empty")
+
+
+def decode(array) -> np.ndarray:
+    """A Plotly JSON array: a list, or a typed array ``{"dtype", "bdata"}``."""
+    if isinstance(array, dict):
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=np.dtype(array["dtype"]))
+    return np.asarray(array)
+
+
+def figures(at: AppTest) -> list[dict]:
+    return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+
+
+# --- Launch -------------------------------------------------------------------------------
+
+
+def test_launch_blank_form_previews_scaling_and_schedule(root, launches):
+    at = page("launch")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Global batch"] == "32" and metrics["Steps per epoch"] == "125"
+    workers = by_label(at.number_input, "Workers").set_value(4)
+    by_label(at.selectbox, "LR scaling rule").set_value("linear")
+    by_label(at.number_input, "Base batch").set_value(64)
+    at.run()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Global batch"] == "128"  # 32 x 4 workers
+    assert metrics["Scaled learning rate"] == "0.2"  # 0.1 x 128 / 64
+    assert workers.value == 4 and not at.error
+    assert launches == []  # previewing starts nothing
+
+
+def test_launch_preview_is_the_toolkit_schedule(root, launches):
+    at = page("launch")
+    by_label(at.selectbox, "Start from").set_value("quickstart").run()
+    assert not at.error, [e.value for e in at.error]
+    config = config_lib.load(ROOT / "experiments" / "quickstart.yaml")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Global batch"] == f"{config.global_batch():,}"
+    assert metrics["Scaled learning rate"] == f"{config.scaled_learning_rate():.4g}"
+    (figure,) = figures(at)
+    lr, momentum = figure["data"]
+    from toolkit import data as datasets
+    from toolkit.experiment import schedule_preview
+
+    n = len(datasets.load("mnist1d", seed=config.seed).x_train)
+    expected = schedule_preview(config, n)
+    np.testing.assert_allclose(decode(lr["y"]), expected["lr"], rtol=1e-6)
+    np.testing.assert_allclose(decode(lr["x"]), expected["epoch"], rtol=1e-6)
+    np.testing.assert_allclose(decode(momentum["y"]), expected["momentum"])
+    assert decode(lr["x"])[-1] > config.epochs - 0.1  # the whole run
+
+
+def test_launch_invalid_fields_show_schema_messages_next_to_them_and_launch_nothing(root, launches):
+    at = page("launch")
+    name = by_label(at.text_input, "Run name").set_value("my run!")
+    per_worker = by_label(at.number_input, "Batch per worker").set_value(0)
+    warmup = by_label(at.number_input, "Warmup epochs").set_value(-1.0)
+    at.run()
+    for widget, field in (
+        (name, "name"),
+        (per_worker, "batch.per_worker"),
+        (warmup, "schedule.warmup.epochs"),
+    ):
+        message = after(at, widget)
+        assert message.type == "error", message
+        assert message.value.startswith(data.md_escape(f"{field}: ")), message.value
+    assert "greater than or equal to 1" in after(at, per_worker).value
+    assert "run names must match" in after(at, name).value
+    assert not at.get("plotly_chart") and not at.metric  # no preview of an invalid config
+    by_label(at.button, "Launch").click().run()
+    assert any("Nothing was launched" in e.value for e in at.error)
+    assert launches == [] and list(root.iterdir()) == []
+
+
+def test_launch_section_and_cross_field_errors_are_reported(root, launches):
+    at = page("launch")
+    by_label(at.text_input, "Hosts").set_value("h1:1")
+    by_label(at.number_input, "Workers").set_value(2)
+    params = by_label(at.text_input, "Schedule params (YAML mapping)").set_value("{power: 2}")
+    at.run()
+    assert "has no parameter" in after(at, params).value  # schedule 'constant' takes none
+    by_label(at.selectbox, "Schedule").set_value("poly").run()
+    (first, *_) = at.error  # whole-config errors go to the slot above the form
+    assert first.value.startswith("config\\:") and "fewer slots than workers" in first.value
+    by_label(at.button, "Launch").click().run()
+    assert launches == []
+    by_label(at.text_input, "Hosts").set_value("h1:1,h2:1").run()
+    assert not at.error
+    assert [m.value for m in at.metric][:2] == ["64", "0.1"]
+
+
+def test_launch_batch_larger_than_the_dataset_is_stopped_before_launch(root, launches):
+    at = page("launch")
+    per_worker = by_label(at.number_input, "Batch per worker").set_value(100_000)
+    at.run()
+    assert "larger than each" in after(at, per_worker).value
+    by_label(at.button, "Launch").click().run()
+    assert launches == []
+
+
+def test_launch_preset_through_the_launcher(root, launches):
+    at = page("launch")
+    by_label(at.selectbox, "Start from").set_value("large_batch_lars").run()
+    by_label(at.number_input, "momentum").set_value(0.95)
+    by_label(at.number_input, "Epochs").set_value(3)
+    at.run()
+    assert not at.error
+    by_label(at.button, "Launch").click().run()
+    assert not at.exception
+    ((config, kwargs),) = launches
+    preset = config_lib.load(ROOT / "experiments" / "large_batch_lars.yaml")
+    assert kwargs == {"runs_root_dir": root}
+    assert config.optimizer.name == "lars" and config.optimizer.params["momentum"] == 0.95
+    assert config.epochs == 3
+    assert config.model_dump(exclude={"epochs", "optimizer"}) == preset.model_dump(
+        exclude={"epochs", "optimizer"}
+    )
+    assert config.optimizer.params == {**preset.optimizer.params, "momentum": 0.95}
+    assert at.session_state["current_run"] == "large-batch-lars-fake1"
+    assert "large\\-batch\\-lars\\-fake1" in at.success[0].value
+
+
+# --- Runs ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def three_runs(root):
+    fake_run(root, "alpha-lars", events=300, optimizer="lars")
+    fake_run(root, "beta-sgd", events=200, optimizer="sgd", state="failed", seed=1)
+    fake_run(root, "gamma-live", events=100, state="running", pid=os.getpid(), seed=2)
+    return root
+
+
+def test_runs_table_lists_summaries_and_filters(three_runs):
+    at = page()
+    table = at.dataframe[0].value
+    assert set(table["run_id"]) == {"alpha-lars", "beta-sgd", "gamma-live"}
+    rows = table.set_index("run_id")
+    assert (
+        rows.loc["beta-sgd", "state"] == "failed" and rows.loc["gamma-live", "state"] == "running"
+    )
+    assert (
+        rows.loc["alpha-lars", "optimizer"] == "lars"
+        and rows.loc["alpha-lars", "global_batch"] == 64
+    )
+    events = read_events(three_runs / "alpha-lars" / "events.jsonl")
+    train = events[events["phase"] == "train"]
+    assert rows.loc["alpha-lars", "last_loss"] == pytest.approx(train["loss"].iloc[-1])
+    assert rows.loc["alpha-lars", "best_eval_accuracy"] == pytest.approx(
+        events[events["phase"] == "eval"]["accuracy"].max()
+    )
+    by_label(at.multiselect, "State").set_value(["failed", "running"]).run()
+    assert set(at.dataframe[0].value["run_id"]) == {"beta-sgd", "gamma-live"}
+    by_label(at.text_input, "Run name contains").set_value("GAMMA").run()
+    assert list(at.dataframe[0].value["run_id"]) == ["gamma-live"]
+    by_label(at.multiselect, "State").set_value([])
+    by_label(at.text_input, "Run name contains").set_value("")
+    by_label(at.multiselect, "Optimizer").set_value(["sgd"]).run()
+    assert list(at.dataframe[0].value["run_id"]) == ["beta-sgd"]
+
+
+def test_runs_selected_run_output_config_and_diff(three_runs):
+    (three_runs / "beta-sgd" / "stdout.log").write_text(
+        "".join(f"line {i}\n" for i in range(20_000))
+    )
+    at = page()
+    by_label(at.selectbox, "Selected run").set_value("beta-sgd").run()
+    log, config, diff = at.main.code
+    assert log.value.endswith("line 19999") and not log.value.startswith("line 0\n")
+    assert len(log.value) <= 32_000
+    assert config.value == (three_runs / "beta-sgd" / "config.yaml").read_text().strip()
+    by_label(at.selectbox, "Compare with").set_value("alpha-lars").run()
+    diff = at.main.code[2].value
+    assert "--- beta-sgd/config.yaml" in diff and "+++ alpha-lars/config.yaml" in diff
+    assert "-  name: sgd" in diff and "+  name: lars" in diff
+
+
+def test_runs_stop_and_rerun_use_the_launcher(three_runs, launches, monkeypatch):
+    stopped = []
+    monkeypatch.setattr(launcher, "stop", lambda run_id, root: stopped.append((run_id, root)))
+    at = page()
+    by_label(at.selectbox, "Selected run").set_value("gamma-live").run()
+    assert by_label(at.button, "Delete…").disabled  # a live run cannot be deleted
+    by_label(at.button, "Stop").click().run()
+    assert stopped == [("gamma-live", three_runs)]
+    assert "Stopped gamma\\-live" in at.success[0].value
+    by_label(at.selectbox, "Selected run").set_value("alpha-lars").run()
+    assert by_label(at.button, "Stop").disabled
+    by_label(at.button, "Rerun with the same config").click().run()
+    ((config, kwargs),) = launches
+    assert config == RunDir(three_runs / "alpha-lars").config() and kwargs == {
+        "runs_root_dir": three_runs
+    }
+    assert at.session_state["current_run"] == f"{config.name}-fake1"
+
+
+def test_runs_delete_needs_confirmation(three_runs):
+    at = page()
+    by_label(at.selectbox, "Selected run").set_value("alpha-lars").run()
+    by_label(at.button, "Delete…").click().run()
+    assert (three_runs / "alpha-lars").is_dir()
+    assert "cannot be undone" in at.warning[0].value
+    by_label(at.button, "Cancel").click().run()
+    assert (three_runs / "alpha-lars").is_dir() and not at.warning
+    by_label(at.button, "Delete…").click().run()
+    by_label(at.button, "Yes, delete it").click().run()
+    assert not (three_runs / "alpha-lars").exists()
+    assert set(at.dataframe[0].value["run_id"]) == {"beta-sgd", "gamma-live"}
+    assert "Deleted alpha\\-lars" in at.success[0].value
+
+
+def test_run_names_and_messages_are_never_markup(root):
+    run = fake_run(root, "x_y", events=50, state="failed")
+    run.set_status("failed", reason="<script>alert(1)</script> [link](javascript:x) **bold**")
+    at = page()
+    assert any("<script>alert(1)</script>" in t.value for t in at.text)  # st.text: literal
+    assert data.md_escape("<b>[x](y)</b>") == "\\<b\\>\\[x\\]\\(y\\)\\<\\/b\\>"
+    assert charts.label("<b>x</b>") == "&lt;b&gt;x&lt;/b&gt;"
+    source = "\n".join(p.read_text() for p in (ROOT / "app").rglob("*.py"))
+    assert "unsafe_allow_html" not in source and "st.html" not in source
+
+
+# --- Half-written and crashed runs ----------------------------------------------------------
+
+
+@pytest.fixture
+def broken_runs(root):
+    """A run directory with nothing in it, one with a torn config and events, and a crash."""
+    (root / "empty").mkdir()
+    torn = root / "torn"
+    torn.mkdir()
+    (torn / "config.yaml").write_text("optimizer: {name: lars\n")
+    (torn / "status.json").write_text('{"state": "runn')
+    (torn / "events.jsonl").write_bytes(
+        b'{"step": 1, "phase": "train", "loss": 1.0, "epoch": 0.1}\nnot json\n'
+        b'{"step": 2, "phase": "train", "loss": "NaN", "epoch": 0.2}\n[1, 2]\n'
+        b'{"step": 3, "phase": "eval", "loss": 0.7, "accuracy": 0.4}\n{"step": 4, "pha'
+    )
+    crashed = fake_run(root, "crashed", events=120, state="running", pid=2**22 + 12345)
+    (crashed.path / "stdout.log").write_bytes(b"Traceback \xff\xfe (most recent call last)\n")
+    with EventWriter(crashed.events_path) as writer:  # odd values and keys must not break pages
+        writer.write({"step": 999, "phase": "train", "loss": "n/a", "extra": [1], "epoch": None})
+    return root
+
+
+def test_half_written_and_crashed_runs_are_displayed(broken_runs):
+    at = page()
+    rows = at.dataframe[0].value.set_index("run_id")
+    assert set(rows.index) == {"empty", "torn", "crashed"}
+    assert rows.loc["crashed", "state"] == "failed"  # its process is gone
+    assert rows.loc["torn", "last_step"] == 2
+    for run_id in ("empty", "torn", "crashed"):
+        at.session_state["current_run"] = run_id
+        for name in ("runs", "detail", "compare"):
+            at.switch_page(f"views/{name}.py")
+            at.session_state["compare_runs"] = ["empty", "torn", "crashed"]
+            at.run()
+            assert not at.exception, (run_id, name, at.exception)
+    at.session_state["current_run"] = "torn"
+    at.switch_page("views/detail.py").run()
+    texts = " ".join(t.value for t in at.text)
+    assert "config.yaml is missing or not valid" in texts
+    frame = at.session_state["event_tails"][str(broken_runs / "torn")][1]
+    assert list(frame["step"]) == [
+        1,
+        2,
+        3,
+    ]  # the torn last line and the junk lines skipped
+    assert np.isnan(frame["loss"].iloc[1])
+    at.switch_page("views/runs.py")
+    at.session_state["current_run"] = "crashed"
+    at.run()
+    assert "Traceback \ufffd\ufffd" in at.main.code[0].value
+
+
+# --- Run detail ---------------------------------------------------------------------------
+
+
+def test_detail_shows_status_progress_curves_and_trust_ratios(root):
+    fake_run(root, "lars-run", events=600, epochs=4)
+    at = page("detail")
+    assert "state: completed" in at.text[0].value
+    assert at.get("progress")[0].proto.value == 100
+    specs = figures(at)
+    assert [f["layout"]["title"]["text"] for f in specs] == [
+        "loss",
+        "learning rate",
+        "accuracy",
+        "samples/sec",
+        "Per-layer trust ratio",
+    ]
+    loss = specs[0]
+    assert [t["name"] for t in loss["data"]] == ["train", "eval"]
+    assert all(t["type"] == "scattergl" for t in loss["data"])
+    heatmap = specs[-1]["data"][0]
+    assert heatmap["type"] == "heatmap" and heatmap["y"] == [
+        "conv1/kernel",
+        "conv2/kernel",
+        "conv3/kernel",
+        "dense/kernel",
+        "dense/bias",
+    ]
+
+
+def test_detail_live_run_reads_only_new_events(root):
+    run = fake_run(root, "live", events=100, state="running", pid=os.getpid(), epochs=10)
+    at = page("detail")
+    tail, frame = at.session_state["event_tails"][str(run.path)]
+    assert tail._offset == run.events_path.stat().st_size
+    first = len(frame)
+    with EventWriter(run.events_path) as writer:
+        for step in range(1000, 1005):
+            writer.write({"step": step, "epoch": 5.0, "phase": "train", "loss": 0.1, "lr": 0.01})
+    with open(run.events_path, "ab") as f:
+        f.write(b'{"step": 1005, "pha')  # a line being written
+    at.run()
+    tail, frame = at.session_state["event_tails"][str(run.path)]
+    assert len(frame) == first + 5 and frame["step"].iloc[-1] == 1004
+    assert at.get("progress")[0].proto.value == 50  # epoch 5 of 10
+    assert tail._offset == run.events_path.stat().st_size - len(b'{"step": 1005, "pha')
+
+
+def test_detail_live_run_that_ends_is_redrawn_without_timer(root):
+    run = fake_run(root, "ends", events=100, state="running", pid=os.getpid())
+    at = page("detail")
+    assert "state: running" in at.text[0].value
+    run.set_status("completed", exit_code=0)
+    at.run()
+    assert "state: completed" in at.text[0].value and not at.exception
+
+
+# --- Compare ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def compare_runs(root):
+    for i in range(3):
+        fake_run(
+            root,
+            f"run-{i}",
+            events=500 + 100 * i,
+            seed=i,
+            optimizer=("lars", "sgd")[i % 2],
+        )
+        time.sleep(0.01)
+    return root
+
+
+def test_compare_overlays_runs_with_smoothing_and_axes(compare_runs):
+    at = page()
+    at.session_state["compare_runs"] = ["run-0", "run-1", "run-2"]
+    at.switch_page("views/compare.py").run()
+    assert not at.exception
+    metrics = by_label(at.multiselect, "Metrics")
+    assert metrics.value == ["train/loss", "eval/loss", "eval/accuracy"]
+    assert {"train/lr", "train/samples_per_sec", "eval/accuracy"} <= set(metrics.options)
+    specs = figures(at)
+    assert len(specs) == 3
+    traces = specs[0]["data"]
+    assert len(traces) == 6  # raw (faint) + smoothed per run
+    raw, smooth = traces[0], traces[1]
+    assert raw["opacity"] < 0.5 and raw["showlegend"] is False and smooth["name"] == "run-0"
+    frame = read_events(compare_runs / "run-0" / "events.jsonl")
+    train = frame[frame["phase"] == "train"]
+    np.testing.assert_allclose(decode(raw["y"]), train["loss"])
+    expected = charts.ema(train["loss"].to_numpy(), 0.6)
+    np.testing.assert_allclose(decode(smooth["y"]), expected)
+    assert abs(decode(smooth["y"])[-1] - train["loss"].iloc[-1]) < 0.1
+
+    by_label(at.slider, "EMA smoothing").set_value(0.0)
+    by_label(at.checkbox, "log y").check()
+    by_label(at.radio, "x-axis").set_value("relative time")
+    metrics.set_value(["train/lr"])
+    at.run()
+    (spec,) = figures(at)
+    assert len(spec["data"]) == 3 and spec["layout"]["yaxis"]["type"] == "log"
+    x = decode(spec["data"][0]["x"])
+    assert x[0] == pytest.approx(0.0) and spec["layout"]["xaxis"]["title"]["text"].startswith(
+        "time since"
+    )
+    by_label(at.radio, "x-axis").set_value("epoch").run()
+    assert decode(figures(at)[0]["data"][0]["x"])[-1] == pytest.approx(train["epoch"].iloc[-1])
+
+
+def test_compare_values_at_step_and_min_max_last(compare_runs):
+    at = page()
+    at.session_state["compare_runs"] = ["run-0", "run-2"]
+    at.switch_page("views/compare.py").run()
+    by_label(at.number_input, "Values at step").set_value(150).run()
+    table = at.dataframe[0].value
+    row = table[(table["run"] == "run-2") & (table["metric"] == "train/loss")].iloc[0]
+    frame = read_events(compare_runs / "run-2" / "events.jsonl")
+    train = frame[frame["phase"] == "train"]
+    assert row["at step 150"] == pytest.approx(train.loc[train["step"] == 150, "loss"].iloc[0])
+    assert row["min"] == pytest.approx(train["loss"].min()) and row["max"] == pytest.approx(
+        train["loss"].max()
+    )
+    assert (
+        row["last"] == pytest.approx(train["loss"].iloc[-1])
+        and row["last step"] == train["step"].iloc[-1]
+    )
+    evals = table[(table["run"] == "run-0") & (table["metric"] == "eval/accuracy")].iloc[0]
+    ev = frame = read_events(compare_runs / "run-0" / "events.jsonl")
+    ev = ev[(ev["phase"] == "eval") & (ev["step"] <= 150)]
+    assert evals["at step 150"] == pytest.approx(ev["accuracy"].iloc[-1])
+    assert set(table["run"]) == {"run-0", "run-2"}
+
+
+def test_compare_csv_export_holds_the_selected_runs_events(compare_runs, monkeypatch):
+    import streamlit.testing.v1.app_test as app_test_module
+
+    managers = []
+
+    class Recording(app_test_module.MediaFileManager):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            managers.append(self)
+
+    monkeypatch.setattr(app_test_module, "MediaFileManager", Recording)
+    at = page()
+    at.session_state["compare_runs"] = ["run-0", "run-2"]
+    at.switch_page("views/compare.py").run()
+    (button,) = at.get("download_button")
+    assert button.proto.label.endswith("(CSV)")
+    url = managers[-1].execute_deferred(button.proto.deferred_file_id)  # the click
+    assert url.endswith(".csv")
+    csv = managers[-1].read_file(url.rsplit("/", 1)[-1].split(".")[0]).content
+    exported = pd.read_csv(io.BytesIO(csv))
+    assert list(exported.columns[:2]) == ["run_id", "wall"]
+    expected = [read_events(compare_runs / r / "events.jsonl") for r in ("run-0", "run-2")]
+    assert len(exported) == sum(map(len, expected))
+    assert exported["run_id"].value_counts().to_dict() == {
+        "run-0": len(expected[0]),
+        "run-2": len(expected[1]),
+    }
+    mine = exported[exported["run_id"] == "run-2"].reset_index(drop=True)
+    np.testing.assert_allclose(mine["loss"], expected[1]["loss"])
+    assert data.events_csv([RunDir(compare_runs / "run-0")]).startswith(b"run_id,")
+
+
+def test_downsample_keeps_extremes_and_ends():
+    y = np.sin(np.linspace(0, 20, 10_000))
+    y[4321] = 50.0
+    keep = charts.downsample(y, 500)
+    assert len(keep) <= 502 and keep[0] == 0 and keep[-1] == len(y) - 1
+    assert 4321 in keep and np.all(np.diff(keep) > 0)
+    assert list(charts.downsample(y[:100], 500)) == list(range(100))
+
+
+# --- A real launch --------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_launch_quickstart_for_real_through_the_form(root, monkeypatch):
+    """The quickstart preset, 2 Horovod workers, through the real toolkit.launch.launch."""
+    bin_dir = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    at = page("launch")
+    by_label(at.selectbox, "Start from").set_value("quickstart").run()
+    assert by_label(at.number_input, "Workers").value == 2
+    by_label(at.button, "Launch").click().run(timeout=60)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    (run_dir,) = root.iterdir()
+    run = RunDir(run_dir)
+    deadline = time.time() + 200
+    while (state := run.status()["state"]) not in ("completed", "failed", "stopped"):
+        assert time.time() < deadline, "the quickstart did not finish in time"
+        time.sleep(1)
+    assert state == "completed", data.tail(run.stdout_path)
+    assert run.config() == config_lib.load(ROOT / "experiments" / "quickstart.yaml")
+    at.switch_page("views/runs.py").run()
+    row = at.dataframe[0].value.iloc[0]
+    assert row["run_id"] == run.run_id and row["state"] == "completed" and row["workers"] == 2
+    assert row["best_eval_accuracy"] > 0.5
+    at.switch_page("views/compare.py").run()
+    assert not at.exception and len(at.get("plotly_chart")) == 3
+
+
+def test_event_files_are_parsed_once_until_they_change(root, monkeypatch):
+    run = fake_run(root, "cached", events=300)
+    parsed = []
+    monkeypatch.setattr(data, "read_events", lambda path: parsed.append(path) or read_events(path))
+    at = page()
+    at.session_state["compare_runs"] = ["cached"]
+    at.switch_page("views/compare.py").run()
+    at.run()
+    at.switch_page("views/compare.py").run()
+    assert parsed == [str(run.events_path)]  # three renders, one parse
+    last = at.dataframe[0].value["last step"].max()
+    with EventWriter(run.events_path) as writer:
+        writer.write({"step": last + 7, "phase": "train", "loss": 0.5})
+    at.run()
+    assert len(parsed) == 2 and at.dataframe[0].value["last step"].max() == last + 7
+
+
+def test_streamlit_config_is_local_with_xsrf_and_no_telemetry():
+    import tomllib
+
+    settings = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert settings["server"]["address"] == "127.0.0.1"
+    assert settings["server"]["enableXsrfProtection"] is True
+    assert settings["browser"]["gatherUsageStats"] is False

@@ -1,0 +1,122 @@
+"""End to end in a real browser: the dashboard served by ``streamlit run``, driven by headless
+Chromium (Debian's /usr/bin/chromium) through Playwright: launch the quickstart from the Launch
+page, follow it until it completes, and see the Compare page draw its charts."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path):
+    """``streamlit run app/main.py`` on a free port, with an empty runs root."""
+    port, runs = free_port(), tmp_path / "runs"
+    env = dict(os.environ, LBL_RUNS=str(runs))
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    log = open(tmp_path / "streamlit.log", "wb")  # noqa: SIM115 -- closed after the server
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app/main.py",
+            "--server.port",
+            str(port),
+            "--server.headless",
+            "true",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.read() == b"ok":
+                    break
+        except OSError:
+            pass
+        assert process.poll() is None, (tmp_path / "streamlit.log").read_text()
+        assert time.time() < deadline, "streamlit did not start"
+        time.sleep(0.5)
+    yield url, runs
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+@pytest.mark.timeout(300)
+def test_launch_follow_and_compare_in_chromium(server, tmp_path):
+    url, runs = server
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--enable-unsafe-swiftshader"],
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+
+        page.goto(f"{url}/launch")
+        page.get_by_role("combobox", name="Start from").click(
+            timeout=90_000
+        )  # first load imports TF
+        page.get_by_role("option", name="quickstart", exact=True).click()
+        expect(page.get_by_test_id("stMetricValue").first).to_have_text("64", timeout=60_000)
+        expect(page.locator(".js-plotly-plot").first).to_be_visible(
+            timeout=30_000
+        )  # schedule preview
+        page.get_by_role("button", name="Launch", exact=True).click()
+        expect(page.get_by_text("Launched quickstart-")).to_be_visible(timeout=60_000)
+        (run_dir,) = runs.iterdir()
+
+        page.get_by_role("link", name="Follow it live").click()
+        expect(
+            page.get_by_text("state: running").or_(page.get_by_text("state: completed"))
+        ).to_be_visible(timeout=60_000)
+        expect(page.get_by_text("state: completed")).to_be_visible(timeout=180_000)  # live fragment
+        expect(page.get_by_text("Per-layer trust ratio")).to_be_visible(timeout=30_000)
+
+        page.get_by_role("link", name="Compare").click()
+        expect(page.get_by_role("heading", name="Compare runs")).to_be_visible(timeout=30_000)
+        expect(
+            page.get_by_text("Runs root")
+        ).to_be_visible()  # main.py ran: st.navigation, not pages/ discovery
+        expect(page.get_by_role("link", name="Run detail")).to_be_visible()
+        charts = page.locator(".js-plotly-plot")
+        expect(charts).to_have_count(3, timeout=30_000)
+        expect(charts.first.locator(".main-svg").first).to_be_visible()
+        expect(charts.first.locator(".legendtext").first).to_have_text(run_dir.name)
+        page.wait_for_timeout(1000)  # let WebGL paint before the screenshot
+        shot = tmp_path / "compare.png"
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    assert shot.stat().st_size > 20_000
+    assert (run_dir / "status.json").read_text().count('"completed"') == 1
+    assert not errors, errors
