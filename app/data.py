@@ -67,7 +67,7 @@ def phase(frame: pd.DataFrame, name: str) -> pd.DataFrame:
 def _summary(path: str, stamps: tuple, state: str) -> dict:
     run = RunDir(Path(path))
     try:
-        return rundir.summary(run)
+        return rundir.summary(run, events(run))
     except Exception as error:  # noqa: BLE001 -- one broken run must not break the table
         return {"run_id": run.run_id, "state": state, "reason": f"unreadable: {error}"}
 

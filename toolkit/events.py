@@ -42,15 +42,24 @@ def _decode(value: Any) -> Any:
 
 
 def _records(data: bytes) -> list[dict[str, Any]]:
-    """The JSON objects among the newline-separated lines of ``data``; other lines are skipped."""
-    records = []
-    for line in data.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # torn line, or not UTF-8
-            continue
-        if isinstance(record, dict):
-            records.append({key: _decode(value) for key, value in record.items()})
+    """The JSON objects among the newline-separated lines of ``data``; other lines are skipped.
+
+    The common case, every line valid, is parsed in one ``json.loads`` (about twice as fast as
+    line by line); only a file with a bad line pays for the per-line fallback.
+    """
+    lines = [line for line in data.splitlines() if line.strip()]
+    try:
+        parsed = json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:  # a torn line, or not UTF-8: parse line by line and skip the bad ones
+        parsed = []
+        for line in lines:
+            try:
+                parsed.append(json.loads(line))
+            except ValueError:
+                continue
+    records = [record for record in parsed if isinstance(record, dict)]
+    if any(word.encode() in data for word in _NONFINITE):
+        records = [{key: _decode(value) for key, value in r.items()} for r in records]
     return records
 
 

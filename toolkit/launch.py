@@ -45,6 +45,7 @@ def launch(
         overrides = ()
     changes = {k: v for k, v in (("workers", np), ("hosts", hosts)) if v is not None}
     config = config_lib.from_mapping({**config.model_dump(mode="json"), **changes}, overrides)
+    check_fits_dataset(config)
     run = RunDir.create(runs_root_dir, run_id or new_run_id(config.name))
     run.write_config(config)
     _start(run, config, resume=False)
@@ -60,6 +61,19 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
         raise ValueError(f"run {run.run_id} has no checkpoint to resume from")
     _start(run, run.config(), resume=True)
     return run
+
+
+def check_fits_dataset(config: config_lib.ExperimentConfig) -> None:
+    """Raise :class:`~toolkit.config.ConfigError` if each worker's shard of the training set is
+    smaller than one batch (checked here so it fails before any process starts)."""
+    from toolkit import data
+    from toolkit.experiment import steps_per_epoch
+
+    try:
+        dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
+    except RuntimeError as error:  # a downloadable dataset while offline: say so now
+        raise config_lib.ConfigError(f"dataset: {error}") from None
+    steps_per_epoch(config, len(dataset.x_train), config.workers)
 
 
 def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bool) -> list[str]:

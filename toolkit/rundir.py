@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import psutil
 
 from toolkit.config import RUN_NAME, ExperimentConfig, load
@@ -105,9 +106,15 @@ class RunDir:
         write_json(self.meta_path, {**self.meta(), **fields})
 
     def status(self) -> dict[str, Any]:
-        """The recorded status, with a dead run's ``queued``/``running`` reported as failed."""
+        """The recorded status, with a dead run's ``queued``/``running`` reported as failed
+        (a run that has no process yet is given 30 s to start one)."""
         status = read_json(self.status_path) or {"state": "queued"}
-        if status.get("state") not in TERMINAL and not pid_alive(status.get("pid")):
+        starting = not status.get("pid") and time.time() - status.get("updated", 0) < 30
+        if (
+            status.get("state") not in TERMINAL
+            and not starting
+            and not pid_alive(status.get("pid"))
+        ):
             status = {
                 **status,
                 "state": "failed",
@@ -135,8 +142,9 @@ def list_runs(root: str | Path | None = None) -> list[RunDir]:
     return sorted(runs, key=lambda r: r.path.stat().st_mtime, reverse=True)
 
 
-def summary(run: RunDir) -> dict[str, Any]:
-    """One row of the runs table: identity, state, set-up, and the headline numbers."""
+def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
+    """One row of the runs table: identity, state, set-up, and the headline numbers
+    (``events``: the run's events if the caller has already read them)."""
     from toolkit.events import read_events
 
     status, meta = run.status(), run.meta()
@@ -150,11 +158,12 @@ def summary(run: RunDir) -> dict[str, Any]:
             meta.get("world_size"),
             meta.get("global_batch"),
         )
-    events = read_events(run.events_path)
+    events = read_events(run.events_path) if events is None else events
     train = events[events["phase"] == "train"] if "phase" in events else events.iloc[0:0]
     evals = events[events["phase"] == "eval"] if "phase" in events else events.iloc[0:0]
     started = status.get("started") or meta.get("created")
-    finished = status.get("finished") or (time.time() if started else None)
+    ended = status.get("state") in TERMINAL
+    finished = status.get("finished") or (status.get("updated") if ended else time.time())
 
     def column(frame, name, how):
         if name not in frame or frame[name].dropna().empty:
