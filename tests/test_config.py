@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from conftest import ROOT
 
 from toolkit import config as config_lib
 from toolkit.config import ConfigError, from_mapping, load
 from toolkit.experiment import schedule_preview, steps_per_epoch
-
-from conftest import ROOT
 
 PRESETS = sorted((ROOT / "experiments").glob("*.yaml"))
 

@@ -64,13 +64,9 @@ def test_digits_scaled_and_split_by_seed():
 
 
 def test_synthetic_any_image_shape():
-    ds = data.load(
-        "synthetic", image_shape=(224, 224, 3), num_classes=1000, num_samples=5
-    )
+    ds = data.load("synthetic", image_shape=(224, 224, 3), num_classes=1000, num_samples=5)
     _check(ds, (224, 224, 3), 4, 1, num_classes=1000)
-    again = data.load(
-        "synthetic", image_shape=(224, 224, 3), num_classes=1000, num_samples=5
-    )
+    again = data.load("synthetic", image_shape=(224, 224, 3), num_classes=1000, num_samples=5)
     np.testing.assert_array_equal(ds.x_train, again.x_train)
 
 
@@ -82,15 +78,11 @@ def test_synthetic_any_image_shape():
         ("cifar10", (3, 32, 32, 3), (3, 1), (32, 32, 3)),
     ],
 )
-def test_keras_datasets_are_converted(
-    monkeypatch, name, raw_shape, raw_labels_shape, input_shape
-):
+def test_keras_datasets_are_converted(monkeypatch, name, raw_shape, raw_labels_shape, input_shape):
     # No internet here: stand in for the download with arrays shaped like Keras's.
     x = np.full(raw_shape, 255, dtype=np.uint8)
     y = np.arange(3, dtype=np.uint8).reshape(raw_labels_shape)
-    monkeypatch.setattr(
-        getattr(keras.datasets, name), "load_data", lambda: ((x, y), (x, y))
-    )
+    monkeypatch.setattr(getattr(keras.datasets, name), "load_data", lambda: ((x, y), (x, y)))
     ds = data.load(name)
     _check(ds, input_shape, 3, 3)
     assert ds.x_train.max() == 1.0
@@ -170,9 +162,7 @@ def test_order_is_deterministic_per_epoch_and_differs_across_epochs():
     def order(epoch, seed=0):
         return _epoch(X, Y, batch_size=1, epoch=epoch, seed=seed)[1]
 
-    np.testing.assert_array_equal(
-        order(3), order(3)
-    )  # a resumed run sees the same data
+    np.testing.assert_array_equal(order(3), order(3))  # a resumed run sees the same data
     assert not np.array_equal(order(3), order(4))
     assert not np.array_equal(order(3), order(3, seed=1))
     assert sorted(order(3)) == list(range(103))

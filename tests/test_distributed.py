@@ -81,9 +81,7 @@ def test_really_two_workers(two_workers):
     assert [i["mean_rank"] for i in infos] == [0.5, 0.5]
 
 
-@pytest.mark.parametrize(
-    "scenario", ["sgd", "accumulate2", "fp16", "sparse", "mixed", "fit"]
-)
+@pytest.mark.parametrize("scenario", ["sgd", "accumulate2", "fp16", "sparse", "mixed", "fit"])
 def test_workers_started_with_different_seeds_end_identical(two_workers, scenario):
     ranks, _, _ = two_workers
     for a, b in zip(weights(ranks[0], scenario), weights(ranks[1], scenario)):
@@ -243,9 +241,7 @@ def test_check_model_refuses_xla_and_a_loss_scale_optimizer_outside(monkeypatch)
 
 def test_argument_errors():
     with pytest.raises(ValueError, match="batch_scale"):
-        distributed.DistributedOptimizer(
-            LBSGD(batch_scale=2), backward_passes_per_step=2
-        )
+        distributed.DistributedOptimizer(LBSGD(batch_scale=2), backward_passes_per_step=2)
     with pytest.raises(ValueError, match="compression must be one of"):
         distributed.DistributedOptimizer(sgd(), compression="int8")
     with pytest.raises(ValueError, match="integer >= 1"):

@@ -17,9 +17,7 @@ def test_round_trip_with_varying_keys(tmp_path):
     with EventWriter(path) as writer:
         writer.write({"step": 1, "phase": "train", "loss": 2.5, "lr": 0.1})
         writer.write({"step": 1, "phase": "eval", "accuracy": 0.5, "wall": 123.0})
-        writer.write(
-            {"step": 2, "phase": "train", "trust_ratio/conv1": np.float32(0.25)}
-        )
+        writer.write({"step": 2, "phase": "train", "trust_ratio/conv1": np.float32(0.25)})
 
     events = read_events(path)
     assert list(events["step"]) == [1, 1, 2]

@@ -11,9 +11,7 @@ from toolkit.optimizers import LARS
 STEPS = 30
 
 
-def lars_reference(
-    w, grads, lr, *, momentum, weight_decay, eta, eps, adapted, clip, nesterov
-):
+def lars_reference(w, grads, lr, *, momentum, weight_decay, eta, eps, adapted, clip, nesterov):
     """One variable's trajectory under LARS (paper's Algorithm 1, plus LARC and Nesterov)."""
     w = w.astype(np.float64)
     v = np.zeros_like(w)
@@ -45,13 +43,9 @@ class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
 def make_variables(rng):
     """A 2-D kernel, a 1-D bias, a 4-D conv kernel and an all-zero kernel (norm 0)."""
     return [
-        keras.Variable(
-            rng.standard_normal((6, 4)).astype("float32"), name="dense_kernel"
-        ),
+        keras.Variable(rng.standard_normal((6, 4)).astype("float32"), name="dense_kernel"),
         keras.Variable(rng.standard_normal((4,)).astype("float32"), name="dense_bias"),
-        keras.Variable(
-            rng.standard_normal((3, 3, 2, 4)).astype("float32"), name="conv_kernel"
-        ),
+        keras.Variable(rng.standard_normal((3, 3, 2, 4)).astype("float32"), name="conv_kernel"),
         keras.Variable(np.zeros((5, 2), "float32"), name="zero_kernel"),
     ]
 
@@ -81,8 +75,7 @@ def test_matches_published_rule(options):
     variables = make_variables(rng)
     initial = [keras.ops.convert_to_numpy(v) for v in variables]
     grads = [
-        [rng.standard_normal(v.shape).astype("float32") for v in variables]
-        for _ in range(STEPS)
+        [rng.standard_normal(v.shape).astype("float32") for v in variables] for _ in range(STEPS)
     ]
     opt = LARS(learning_rate=StepSchedule(), **options)
     for step_grads in grads:
@@ -90,9 +83,7 @@ def test_matches_published_rule(options):
 
     patterns = options.get("exclude_from_layer_adaptation")
     for i, v in enumerate(variables):
-        adapted = (
-            v.ndim > 1 if patterns is None else not any(p in v.path for p in patterns)
-        )
+        adapted = v.ndim > 1 if patterns is None else not any(p in v.path for p in patterns)
         expected = lars_reference(
             initial[i],
             [g[i] for g in grads],
@@ -105,9 +96,7 @@ def test_matches_published_rule(options):
             clip=options.get("clip", False),
             nesterov=options.get("nesterov", False),
         )
-        np.testing.assert_allclose(
-            keras.ops.convert_to_numpy(v), expected, rtol=1e-5, atol=1e-6
-        )
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(v), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_default_exclusions_are_one_dimensional_variables():
@@ -140,9 +129,7 @@ def test_clip_caps_the_rate_at_the_global_rate():
     for g in grads:
         v = 0.9 * v + 0.1 * (g + 1e-3 * w)
         w = w - v
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(variable), w, rtol=1e-5, atol=1e-6
-    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), w, rtol=1e-5, atol=1e-6)
 
 
 def test_trust_ratios_report_the_trust_ratio():

@@ -73,9 +73,7 @@ def test_matches_mxnet_update(strategy, batch_scale):
     shapes = [(5, 3), (3,)]
     initial = [rng.standard_normal(s).astype("float32") for s in shapes]
     calls = 48
-    grads = [
-        [rng.standard_normal(s).astype("float32") for s in shapes] for _ in range(calls)
-    ]
+    grads = [[rng.standard_normal(s).astype("float32") for s in shapes] for _ in range(calls)]
     variables = [keras.Variable(w) for w in initial]
     options = dict(
         momentum=0.9,
@@ -101,9 +99,7 @@ def test_matches_mxnet_update(strategy, batch_scale):
             upe=12,
             batch_scale=batch_scale,
         )
-        np.testing.assert_allclose(
-            keras.ops.convert_to_numpy(v), expected, rtol=2e-5, atol=1e-6
-        )
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(v), expected, rtol=2e-5, atol=1e-6)
 
 
 def test_batch_scale_four_is_one_step_on_the_mean_of_four_gradients():
@@ -123,34 +119,22 @@ def test_batch_scale_four_is_one_step_on_the_mean_of_four_gradients():
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), w0)
     opt.apply([grads[3]], [variable])
     mean = np.mean(grads, axis=0, dtype=np.float64)
-    expected = w0 - 0.1 * 4 * (
-        mean + 0.01 * w0
-    )  # after warmup the multiplier is batch_scale
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(variable), expected, rtol=1e-5, atol=1e-6
-    )
+    expected = w0 - 0.1 * 4 * (mean + 0.01 * w0)  # after warmup the multiplier is batch_scale
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("strategy", ["linear", "power2", "sqrt"])
 @pytest.mark.parametrize("n", [1, 25, 50, 99, 100, 101, 500])
 def test_warmup_multiplier_at_the_ends_and_middle(strategy, n):
-    opt = LBSGD(
-        warmup_strategy=strategy, warmup_epochs=4, updates_per_epoch=25, batch_scale=8
-    )
-    assert float(opt.warmup_multiplier(n)) == pytest.approx(
-        multiplier(strategy, n, 100, 8), 1e-6
-    )
+    opt = LBSGD(warmup_strategy=strategy, warmup_epochs=4, updates_per_epoch=25, batch_scale=8)
+    assert float(opt.warmup_multiplier(n)) == pytest.approx(multiplier(strategy, n, 100, 8), 1e-6)
 
 
 def test_begin_epoch_resumes_the_warmup_position():
     fresh = LBSGD(warmup_epochs=4, updates_per_epoch=10, batch_scale=8)
     resumed = LBSGD(warmup_epochs=4, updates_per_epoch=10, batch_scale=8, begin_epoch=2)
-    assert float(resumed.warmup_multiplier(5)) == pytest.approx(
-        float(fresh.warmup_multiplier(25))
-    )
-    assert float(resumed.warmup_multiplier(5)) == pytest.approx(
-        multiplier("linear", 25, 40, 8)
-    )
+    assert float(resumed.warmup_multiplier(5)) == pytest.approx(float(fresh.warmup_multiplier(25)))
+    assert float(resumed.warmup_multiplier(5)) == pytest.approx(multiplier("linear", 25, 40, 8))
 
 
 def test_begin_epoch_in_the_update():
@@ -180,9 +164,7 @@ def test_begin_epoch_in_the_update():
         batch_scale=2,
         begin_epoch=1,
     )
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(variable), expected, rtol=2e-5, atol=1e-6
-    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), expected, rtol=2e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

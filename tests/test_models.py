@@ -65,9 +65,7 @@ def test_resnet20_structure():
     assert model.get_layer("stage3_block3_relu2").output.shape == (None, 8, 8, 64)
     paths = {w.path for w in model.weights}
     assert {"stem_conv/kernel", "stage2_block1_bn1/gamma", "logits/bias"} <= paths
-    assert len(paths) == len(
-        model.weights
-    )  # unique paths, for LARS exclusions and logging
+    assert len(paths) == len(model.weights)  # unique paths, for LARS exclusions and logging
 
 
 def test_resnet50():

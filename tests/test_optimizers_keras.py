@@ -3,26 +3,20 @@ gradients, and a second Keras backend."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from toolkit import optimizers
 from toolkit.schedules import MultiFactor, Warmup
 
-from conftest import ROOT
-
 CONFIGS = {
-    "sgd": dict(
-        learning_rate=Warmup(0.1, 8), momentum=0.9, dampening=0.1, weight_decay=1e-4
-    ),
-    "sgd-nesterov": dict(
-        learning_rate=0.05, momentum=MultiFactor(0.9, [4], 0.5), nesterov=True
-    ),
+    "sgd": dict(learning_rate=Warmup(0.1, 8), momentum=0.9, dampening=0.1, weight_decay=1e-4),
+    "sgd-nesterov": dict(learning_rate=0.05, momentum=MultiFactor(0.9, [4], 0.5), nesterov=True),
     "lars": dict(
         learning_rate=Warmup(1.0, 8, "sqrt"),
         weight_decay=MultiFactor(1e-3, [6], 0.1),
@@ -87,18 +81,14 @@ def test_fit_reduces_the_loss(name):
 def test_config_round_trip(name):
     optimizer = build(name)
     config = optimizer.get_config()
-    restored = type(optimizer).from_config(
-        keras.saving.serialize_keras_object(optimizer)["config"]
-    )
+    restored = type(optimizer).from_config(keras.saving.serialize_keras_object(optimizer)["config"])
     assert restored.get_config() == config
     for key in ("momentum", "weight_decay"):
         assert type(getattr(restored, key)) is type(getattr(optimizer, key))
 
 
 def test_registry_lists_the_names():
-    with pytest.raises(
-        ValueError, match=r"unknown optimizer 'lbfgs'; choose one of \['adagrad'"
-    ):
+    with pytest.raises(ValueError, match=r"unknown optimizer 'lbfgs'; choose one of \['adagrad'"):
         optimizers.get("lbfgs")
     with pytest.raises(ValueError, match="'lars' has no parameter 'trust_coef'"):
         optimizers.get("lars", trust_coef=0.1)

@@ -19,9 +19,7 @@ def value(schedule, step):
 @pytest.mark.parametrize("step", [0, 1, 49, 50, 51, 99, 100, 150, 151, 400])
 def test_multifactor(step):
     expected = 0.8 * 0.1 ** sum(step > s for s in (50, 100, 150))
-    assert value(MultiFactor(0.8, [50, 100, 150], 0.1), step) == pytest.approx(
-        expected, rel=1e-6
-    )
+    assert value(MultiFactor(0.8, [50, 100, 150], 0.1), step) == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.parametrize("power", [1.0, 2.0, 0.5])
@@ -40,9 +38,7 @@ RAMPS = {"linear": lambda p: p, "power2": lambda p: p * p, "sqrt": math.sqrt}
 @pytest.mark.parametrize("step", [0, 1, 20, 40, 79, 80, 81, 300])
 def test_warmup_over_staircase_exponential(strategy, step):
     inner = keras.optimizers.schedules.ExponentialDecay(3.2, 100, 0.5, staircase=True)
-    schedule = Warmup(
-        inner, warmup_steps=80, strategy=strategy, initial_multiplier=0.125
-    )
+    schedule = Warmup(inner, warmup_steps=80, strategy=strategy, initial_multiplier=0.125)
     base = 3.2 * 0.5 ** (step // 100)
     progress = min(step / 80, 1.0)
     expected = base * (0.125 + 0.875 * RAMPS[strategy](progress))
@@ -105,9 +101,7 @@ def test_keras_schedules_by_name(name, params, formula):
     ],
 )
 def test_serialization_round_trip(schedule):
-    restored = keras.saving.deserialize_keras_object(
-        keras.saving.serialize_keras_object(schedule)
-    )
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
     assert type(restored) is type(schedule)
     assert restored.get_config() == schedule.get_config()
     steps = np.arange(0, 120, 7)

@@ -23,9 +23,7 @@ def learning_rate(t: int) -> float:
 
 def gradients(seed: int):
     rng = np.random.default_rng(seed)
-    return [
-        [rng.standard_normal(s).astype("float32") for s in SHAPES] for _ in range(STEPS)
-    ]
+    return [[rng.standard_normal(s).astype("float32") for s in SHAPES] for _ in range(STEPS)]
 
 
 def initial_weights(seed: int):
@@ -56,16 +54,12 @@ def run_toolkit(weights, grads, momentum, **hyper):
 
 VALID = [
     dict(momentum=m, dampening=d, nesterov=n, weight_decay=wd)
-    for m, d, n, wd in itertools.product(
-        [0.0, 0.9], [0.0, 0.3], [False, True], [0.0, 1e-2]
-    )
+    for m, d, n, wd in itertools.product([0.0, 0.9], [0.0, 0.3], [False, True], [0.0, 1e-2])
     if not (n and (m == 0 or d != 0))
 ]
 
 
-@pytest.mark.parametrize(
-    "hyper", VALID, ids=lambda h: "-".join(f"{k}={v}" for k, v in h.items())
-)
+@pytest.mark.parametrize("hyper", VALID, ids=lambda h: "-".join(f"{k}={v}" for k, v in h.items()))
 def test_matches_torch_sgd(hyper):
     seed = hash(tuple(hyper.values())) % 1000
     weights, grads = initial_weights(seed), gradients(seed)

@@ -13,13 +13,12 @@ import time
 import numpy as np
 import psutil
 import pytest
+from conftest import ROOT
 
 from toolkit import launch as launcher
-from toolkit.config import ConfigError, from_mapping
+from toolkit.config import from_mapping
 from toolkit.events import read_events
 from toolkit.rundir import TERMINAL, RunDir
-
-from conftest import ROOT
 
 SMALL = {
     "name": "small",
@@ -105,13 +104,9 @@ def test_events_written_once_by_rank0_with_the_scheduled_lr(completed):
     assert (train.samples_per_sec > 0).all() and train.loss.notna().all()
     evals = events[events.phase == "eval"]
     assert evals.epoch.tolist() == [1, 2, 3]
-    assert (
-        evals.accuracy.iloc[-1] > 0.3
-    )  # it learned something (10 classes: chance 0.1)
+    assert evals.accuracy.iloc[-1] > 0.3  # it learned something (10 classes: chance 0.1)
     ratios = events[events.phase == "trust_ratio"].filter(like="trust_ratio/")
-    assert (
-        ratios.shape[1] == 4 and (ratios > 0).all().all()
-    )  # 3 conv kernels + logits kernel
+    assert ratios.shape[1] == 4 and (ratios > 0).all().all()  # 3 conv kernels + logits kernel
 
 
 def test_resumed_run_matches_an_uninterrupted_one(completed, runs):
@@ -127,9 +122,7 @@ def test_resumed_run_matches_an_uninterrupted_one(completed, runs):
 
     a = read_events(completed.events_path)
     b = read_events(run.events_path)
-    assert b[
-        b.phase == "train"
-    ].step.is_monotonic_increasing  # rewound to the checkpoint
+    assert b[b.phase == "train"].step.is_monotonic_increasing  # rewound to the checkpoint
     for phase in ("train", "eval"):
         x, y = a[a.phase == phase], b[b.phase == phase]
         assert x.step.tolist() == y.step.tolist()
@@ -148,10 +141,7 @@ def test_killed_worker_leaves_a_failed_run_with_events_and_logs(runs):
     run = launcher.launch(config, run_id="killed")
     wait(run, states=("running",))
     deadline = time.time() + 120
-    while (
-        not run.events_path.exists()
-        or len(run.events_path.read_text().splitlines()) < 3
-    ):
+    while not run.events_path.exists() or len(run.events_path.read_text().splitlines()) < 3:
         assert time.time() < deadline
         time.sleep(0.1)
     workers = [
@@ -201,9 +191,7 @@ def test_nan_loss_stops_the_run_as_failed_with_a_reason(tmp_path):
         (["--np", "4", "--hosts", "localhost:2"], "fewer slots than workers=4"),
     ],
 )
-def test_bad_input_is_refused_before_anything_starts(
-    args, message, runs, subprocess_env
-):
+def test_bad_input_is_refused_before_anything_starts(args, message, runs, subprocess_env):
     result = subprocess.run(
         [
             sys.executable,
