@@ -54,8 +54,8 @@ def test_presets_are_valid(path):
         (["model.name=vgg"], "model: unknown model 'vgg'; choose one of"),
         (["dataset.params.seed=1"], "'seed' is set by the experiment, not in params"),
         (
-            ["lr_scaling.rule=sqrt"],
-            "lr_scaling.rule: Input should be 'none' or 'linear'",
+            ["lr_scaling.rule=cubic"],
+            "lr_scaling.rule: Input should be 'none', 'linear' or 'sqrt'",
         ),
         (["epochs=zero"], "epochs: Input should be a valid integer"),
         (["surprise=1"], "surprise: Extra inputs are not permitted"),
@@ -111,6 +111,9 @@ def test_global_batch_and_linear_scaling():
         }
     )
     assert lbsgd.global_batch() == 256
+    raw = {**config.model_dump(), "lr_scaling": {"rule": "sqrt", "base_batch": 128}}
+    sqrt_rule = from_mapping(raw)
+    assert sqrt_rule.scaled_learning_rate() == pytest.approx(0.1 * 2.0)  # sqrt(512 / 128)
 
 
 def test_yaml_round_trip(tmp_path):

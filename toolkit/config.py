@@ -9,6 +9,7 @@ Quantities that depend on the number of workers ``W``::
 
     global_batch = batch.per_worker * W * batch.accumulation (* batch_scale for LBSGD)
     learning rate = optimizer.learning_rate * global_batch / lr_scaling.base_batch  (rule linear)
+    learning rate = optimizer.learning_rate * sqrt(global_batch / lr_scaling.base_batch)  (sqrt)
 """
 
 from __future__ import annotations
@@ -136,9 +137,10 @@ class BatchConfig(_Section):
 
 
 class ScalingConfig(_Section):
-    """``linear``: Goyal et al.'s rule, ``lr * global_batch / base_batch``."""
+    """``linear``: Goyal et al.'s rule, ``lr * global_batch / base_batch``; ``sqrt``:
+    ``lr * sqrt(global_batch / base_batch)`` (Krizhevsky 2014; often better for LARS)."""
 
-    rule: Literal["none", "linear"] = "none"
+    rule: Literal["none", "linear", "sqrt"] = "none"
     base_batch: int = Field(256, ge=1)
 
 
@@ -208,10 +210,9 @@ class ExperimentConfig(_Section):
 
     def scaled_learning_rate(self, world_size: int | None = None) -> float:
         """The base learning rate after the scaling rule."""
-        if self.lr_scaling.rule == "linear":
-            factor = self.global_batch(world_size) / self.lr_scaling.base_batch
-            return self.optimizer.learning_rate * factor
-        return self.optimizer.learning_rate
+        ratio = self.global_batch(world_size) / self.lr_scaling.base_batch
+        factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[self.lr_scaling.rule]
+        return self.optimizer.learning_rate * factor
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -48,7 +48,10 @@ def train(
     run = _prepare_run_dir(config, run_dir, runs_root) if rank0 else None
     try:
         if run:
-            run.set_status("running", train_pid=os.getpid(), world_size=world, started=time.time())
+            started = run.status().get("started") if resume else None  # a resumed run's clock
+            run.set_status(
+                "running", train_pid=os.getpid(), world_size=world, started=started or time.time()
+            )
             run.update_meta(run_id=run.run_id, **_meta(config, world))
         previous_policy = keras.config.dtype_policy()
         keras.config.set_dtype_policy(config.precision)
