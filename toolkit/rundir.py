@@ -134,12 +134,22 @@ class RunDir:
 
 
 def list_runs(root: str | Path | None = None) -> list[RunDir]:
-    """Every run directory under the root, newest first."""
+    """Every run directory under the root, newest first (by when its config was written,
+    which happens once, at creation)."""
     base = runs_root(root)
     if not base.is_dir():
         return []
     runs = [RunDir(p) for p in base.iterdir() if p.is_dir() and RUN_NAME.match(p.name)]
-    return sorted(runs, key=lambda r: r.path.stat().st_mtime, reverse=True)
+    return sorted(runs, key=_created, reverse=True)
+
+
+def _created(run: RunDir) -> float:
+    for path in (run.config_path, run.path):
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            continue
+    return 0.0
 
 
 def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
