@@ -208,3 +208,20 @@ def test_lbsgd_preview_includes_its_warmup_multiplier():
         n = step + 1
         mult = 4.0 if n >= n_warm else 1 + 3 * (n / n_warm) ** 0.5
         assert preview.loc[step, "lr"] == pytest.approx(0.1 * mult, rel=1e-5)
+
+
+def test_fixed_global_batch_derives_the_per_worker_batch():
+    config = from_mapping({"batch": {"global_size": 128, "accumulation": 2}, "workers": 2})
+    assert [config.per_worker_batch(w) for w in (1, 2, 4)] == [64, 32, 16]
+    assert {config.global_batch(w) for w in (1, 2, 4)} == {128}
+    assert steps_per_epoch(config, 4000, 1) == steps_per_epoch(config, 4000, 4) == 62
+    with pytest.raises(ConfigError, match="batch.global_size=100 must be a multiple of"):
+        from_mapping({"batch": {"global_size": 100}, "workers": 3})
+    lbsgd = from_mapping(
+        {
+            "optimizer": {"name": "lbsgd", "params": {"batch_scale": 4}},
+            "batch": {"global_size": 256},
+            "workers": 2,
+        }
+    )
+    assert lbsgd.per_worker_batch() == 32 and lbsgd.global_batch() == 256

@@ -132,8 +132,12 @@ class ScheduleConfig(_Section):
 
 
 class BatchConfig(_Section):
+    """Batch sizes. ``global_size``, if set, fixes the global batch whatever the number of
+    workers (``per_worker`` is then derived), so a config gives the same run on 1 or N workers."""
+
     per_worker: int = Field(32, ge=1, description="examples per worker per step")
     accumulation: int = Field(1, ge=1, description="local steps summed before one allreduce")
+    global_size: int | None = Field(None, ge=1, description="fixed global batch (optional)")
 
 
 class ScalingConfig(_Section):
@@ -196,17 +200,41 @@ class ExperimentConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _global_size_divides(self):
+        try:
+            self.per_worker_batch()
+        except ConfigError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+    @model_validator(mode="after")
     def _enough_slots(self):
         if self.hosts and sum(int(h.split(":")[1]) for h in self.hosts.split(",")) < self.workers:
             raise ValueError(f"hosts {self.hosts!r} have fewer slots than workers={self.workers}")
         return self
 
+    def per_worker_batch(self, world_size: int | None = None) -> int:
+        """Examples per worker per step: ``batch.per_worker``, or derived from
+        ``batch.global_size`` (which must divide evenly)."""
+        if self.batch.global_size is None:
+            return self.batch.per_worker
+        splits = self._batches_per_update(world_size)
+        if self.batch.global_size % splits:
+            raise ConfigError(
+                f"batch.global_size={self.batch.global_size} must be a multiple of workers x "
+                f"accumulation (x batch_scale for lbsgd) = {splits}"
+            )
+        return self.batch.global_size // splits
+
     def global_batch(self, world_size: int | None = None) -> int:
         """Examples per optimizer update across all workers."""
-        size = self.batch.per_worker * (world_size or self.workers) * self.batch.accumulation
+        return self.per_worker_batch(world_size) * self._batches_per_update(world_size)
+
+    def _batches_per_update(self, world_size: int | None) -> int:
+        count = (world_size or self.workers) * self.batch.accumulation
         if self.optimizer.name == "lbsgd":
-            size *= int(self.optimizer.params.get("batch_scale", 1))
-        return size
+            count *= int(self.optimizer.params.get("batch_scale", 1))
+        return count
 
     def scaled_learning_rate(self, world_size: int | None = None) -> float:
         """The base learning rate after the scaling rule."""

@@ -19,10 +19,11 @@ from toolkit.schedules import MultiFactor, Poly, Warmup
 
 def steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -> int:
     """Batches per worker and epoch (capped by ``config.steps_per_epoch``)."""
-    steps = data.shard_size(num_train, world_size) // config.batch.per_worker
+    per_worker = config.per_worker_batch(world_size)
+    steps = data.shard_size(num_train, world_size) // per_worker
     if steps < 1:
         raise ConfigError(
-            f"batch.per_worker={config.batch.per_worker} is larger than each of the "
+            f"batch.per_worker={per_worker} is larger than each of the "
             f"{world_size} workers' {data.shard_size(num_train, world_size)} training examples"
         )
     return min(steps, config.steps_per_epoch or steps)

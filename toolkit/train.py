@@ -82,6 +82,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
     keras.utils.set_random_seed(config.seed)
     dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
     spe = steps_per_epoch(config, len(dataset.x_train), world)
+    per_worker = config.per_worker_batch(world)
     model = models.build(
         config.model.name,
         input_shape=dataset.input_shape,
@@ -126,7 +127,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
             data.epoch_dataset(
                 dataset.x_train,
                 dataset.y_train,
-                batch_size=config.batch.per_worker,
+                batch_size=per_worker,
                 epoch=epoch,
                 seed=config.seed,
                 num_shards=world,
@@ -156,7 +157,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
                 counter,
                 every_steps=config.logging.every_steps,
                 steps_per_epoch=spe,
-                samples_per_step=config.batch.per_worker * world,
+                samples_per_step=per_worker * world,
             ),
             callbacks.Checkpointer(
                 run.checkpoints_path,
@@ -167,8 +168,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
         ]
         if _has_trust_ratios(config):
             probe = (
-                dataset.x_train[: config.batch.per_worker],
-                dataset.y_train[: config.batch.per_worker],
+                dataset.x_train[:per_worker],
+                dataset.y_train[:per_worker],
             )
             hooks.append(
                 callbacks.TrustRatioLogger(
