@@ -183,6 +183,19 @@ def test_launch_batch_larger_than_the_dataset_is_stopped_before_launch(root, lau
     assert launches == []
 
 
+def test_launch_fixed_global_batch_derives_per_worker_or_is_refused(root, launches):
+    at = page("launch")
+    by_label(at.number_input, "Workers").set_value(2)
+    by_label(at.number_input, "Global batch (optional)").set_value(101).run()
+    (first, *_) = at.error
+    assert "batch\\.global\\_size\\=101 must be a multiple of workers" in first.value
+    by_label(at.button, "Launch").click().run()
+    assert launches == []
+    by_label(at.number_input, "Global batch (optional)").set_value(128).run()
+    assert not at.error
+    assert at.metric[0].value == "128"
+
+
 def test_launch_preset_through_the_launcher(root, launches):
     at = page("launch")
     by_label(at.selectbox, "Start from").set_value("large_batch_lars").run()

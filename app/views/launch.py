@@ -163,7 +163,7 @@ with right, st.container(border=True):
 
 with st.container(border=True):
     st.subheader("Batch, scaling and length")
-    cells = st.columns(4)
+    cells = st.columns(5)
     with cells[0]:
         per_worker = number("Batch per worker", "batch.per_worker", "BatchConfig")
     with cells[1]:
@@ -177,7 +177,18 @@ with st.container(border=True):
         )
     with cells[3]:
         base_batch = number("Base batch", "lr_scaling.base_batch", "ScalingConfig")
-    raw["batch"] = {"per_worker": per_worker, "accumulation": accumulation}
+    with cells[4]:
+        global_size = number(
+            "Global batch (optional)",
+            "batch.global_size",
+            "BatchConfig",
+            help="fixes the global batch on any number of workers; per worker is then derived",
+        )
+    raw["batch"] = {
+        "per_worker": per_worker,
+        "accumulation": accumulation,
+        "global_size": global_size,
+    }
     raw["lr_scaling"] = {"rule": rule, "base_batch": base_batch}
     cells = st.columns(4)
     with cells[0]:
