@@ -212,3 +212,21 @@ def test_bad_input_is_refused_before_anything_starts(args, message, runs, subpro
     assert result.returncode == 2
     assert message in result.stderr
     assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_runs_table_shows_times_and_numbers_a_person_can_read(completed, tmp_path):
+    from toolkit.__main__ import runs_table
+    from toolkit.rundir import summary
+
+    row = summary(completed)
+    table = runs_table(completed.path.parent)
+    started = time.strftime("%Y-%m-%d %H:%M", time.gmtime(row["started"]))
+    assert "started (UTC)" in table and started in table
+    assert f" {round(row['duration_s'])} " in table
+    assert f" {row['last_eval_accuracy']:.4g} " in table
+    assert "e+" not in table  # no epoch seconds or counts in scientific notation
+
+    RunDir.create(tmp_path, "bare")  # no config, status or events: still a row, with gaps
+    header, bare = runs_table(tmp_path).splitlines()
+    assert bare.split()[0] == "bare" and bare.split().count("-") >= 8
+    assert runs_table(tmp_path / "none") == "no runs"

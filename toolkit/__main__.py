@@ -9,6 +9,7 @@ python -m toolkit resume RUN
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -49,12 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.wait:
                 return _wait(run)
         elif args.command == "runs":
-            rows = [summary(r) for r in list_runs(args.runs)]
-            print(
-                pd.DataFrame(rows).drop(columns=["reason"]).to_string(index=False)
-                if rows
-                else "no runs"
-            )
+            print(runs_table(args.runs))
         elif args.command == "stop":
             print(f"{launcher.stop(args.run, args.runs).run_id}: stopped")
         elif args.command == "resume":
@@ -63,6 +59,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def runs_table(root: str | None = None) -> str:
+    """The runs as a terminal table: start time in UTC to the minute, durations in whole
+    seconds, measurements to four significant digits, ``-`` where a run has no value yet (the
+    failure reason is left to the dashboard)."""
+    rows = [summary(r) for r in list_runs(root)]
+    if not rows:
+        return "no runs"
+    table = pd.DataFrame(rows).drop(columns=["reason"])
+    started = pd.to_datetime(pd.to_numeric(table.pop("started")), unit="s")
+    table.insert(5, "started (UTC)", started.dt.strftime("%Y-%m-%d %H:%M"))
+    table["duration_s"] = pd.to_numeric(table["duration_s"]).round()
+    return table.map(_cell).to_string(index=False)
+
+
+def _cell(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.0f}" if value.is_integer() or abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
 
 
 def _wait(run) -> int:
