@@ -59,9 +59,10 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from toolkit import monitor  # noqa: E402
 from toolkit.config import ExperimentConfig, from_mapping  # noqa: E402
 from toolkit.events import read_events  # noqa: E402
-from toolkit.rundir import TERMINAL, RunDir  # noqa: E402
+from toolkit.rundir import RunDir  # noqa: E402
 
 STUDY_DIR = ROOT / "experiments" / "study"
 METHODS = (
@@ -371,55 +372,6 @@ def run_in_process(cell: Cell, runs_root: Path) -> RunDir:
         return RunDir(run_dir)
 
 
-def watch(
-    run: RunDir,
-    total_steps: int | None = None,
-    poll_s: float = 0.5,
-    timeout_s: float | None = None,
-    progress: bool = True,
-) -> dict:
-    """Wait for a launched run to end, with a progress bar (``keras.utils.Progbar``) fed from
-    the run's events file; returns its final status."""
-    import keras
-
-    from toolkit.events import EventTail
-
-    tail, step, bar = EventTail(run.events_path), 0, None
-    if progress and total_steps:
-        bar = keras.utils.Progbar(
-            total_steps, stateful_metrics=["loss", "test_acc"], unit_name="step"
-        )
-    deadline = time.time() + timeout_s if timeout_s else None
-    while True:
-        status = run.status()
-        new = tail.read_new()
-        if bar is not None and len(new) and "step" in new:
-            step = max(step, int(new["step"].max()))
-            values = []
-            train = new[new["phase"] == "train"] if "phase" in new else new.iloc[0:0]
-            evals = new[new["phase"] == "eval"] if "phase" in new else new.iloc[0:0]
-            if "loss" in train and train["loss"].notna().any():
-                values.append(("loss", float(train["loss"].dropna().iloc[-1])))
-            if "accuracy" in evals and evals["accuracy"].notna().any():
-                values.append(("test_acc", float(evals["accuracy"].dropna().iloc[-1])))
-            bar.update(min(step, total_steps), values=values)
-        if status["state"] in TERMINAL:
-            if bar is not None and status["state"] == "completed" and step < total_steps:
-                bar.update(total_steps, finalize=True)
-            return status
-        if deadline and time.time() > deadline:
-            raise TimeoutError(f"{run.run_id} still {status['state']} after {timeout_s} s")
-        time.sleep(poll_s)
-
-
-def total_steps(config: ExperimentConfig) -> int:
-    """Steps (optimizer calls) the run will make: what its events' ``step`` counts to."""
-    from toolkit.data import shard_size
-
-    num_train = int(config.dataset.params.get("num_samples", 5000) * 0.8)
-    return config.epochs * (shard_size(num_train, config.workers) // config.batch.per_worker)
-
-
 def run_launched(
     cell: Cell, runs_root: Path, np_workers: int, progress: bool = True, timeout_s: float = 3600
 ) -> RunDir:
@@ -428,7 +380,7 @@ def run_launched(
     from toolkit import launch as launcher
 
     run = launcher.launch(cell.config, np=np_workers, runs_root_dir=runs_root)
-    watch(run, total_steps(run.config()), timeout_s=timeout_s, progress=progress)
+    monitor.follow(run, progress=progress, timeout_s=timeout_s)
     return run
 
 

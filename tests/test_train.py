@@ -82,6 +82,8 @@ def test_run_directory_is_complete(completed):
     meta = completed.meta()
     assert meta["world_size"] == 2 and meta["global_batch"] == 64
     assert meta["versions"]["horovod"] == "0.28.1"
+    last_step = read_events(completed.events_path)["step"].max()
+    assert meta["total_steps"] == 3 * (2000 // 32) == last_step  # what progress bars count to
     assert completed.status()["exit_code"] == 0
     assert "Epoch 3/3" in completed.stdout_path.read_text()
     assert completed.config() == from_mapping(SMALL)
@@ -230,3 +232,20 @@ def test_runs_table_shows_times_and_numbers_a_person_can_read(completed, tmp_pat
     header, bare = runs_table(tmp_path).splitlines()
     assert bare.split()[0] == "bare" and bare.split().count("-") >= 8
     assert runs_table(tmp_path / "none") == "no runs"
+
+
+def test_cli_launch_wait_shows_progress_and_the_final_state(runs, subprocess_env):
+    result = subprocess.run(
+        [sys.executable, "-m", "toolkit", "--runs", str(runs), "launch"]
+        + ["experiments/quickstart.yaml", "--np", "2", "--set", "epochs=1", "--wait"],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = [RunDir(p) for p in runs.iterdir()]
+    total = run.meta()["total_steps"]
+    assert f"{total}/{total}" in result.stdout and "test_acc:" in result.stdout
+    assert result.stdout.rstrip().endswith(f"{run.run_id}: completed")

@@ -3,7 +3,7 @@
 python -m toolkit launch CONFIG [--np N] [--hosts h1:2,h2:2] [--set k=v ...] [--wait]
 python -m toolkit runs
 python -m toolkit stop RUN
-python -m toolkit resume RUN
+python -m toolkit resume RUN [--wait]
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 
 import pandas as pd
 
 from toolkit import launch as launcher
 from toolkit.config import ConfigError
-from toolkit.rundir import TERMINAL, list_runs, summary
+from toolkit.monitor import follow
+from toolkit.rundir import list_runs, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--name", help="run id (default <name>-<time>-<hex>)")
     start.add_argument("--wait", action="store_true", help="wait until the run ends")
     sub.add_parser("runs", help="list runs")
-    for name in ("stop", "resume"):
-        sub.add_parser(name, help=f"{name} a run").add_argument("run")
+    sub.add_parser("stop", help="stop a run").add_argument("run")
+    cont = sub.add_parser("resume", help="continue a run from its last checkpoint")
+    cont.add_argument("run")
+    cont.add_argument("--wait", action="store_true", help="wait until the run ends")
     args = parser.parse_args(argv)
 
     try:
@@ -54,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "stop":
             print(f"{launcher.stop(args.run, args.runs).run_id}: stopped")
         elif args.command == "resume":
-            print(f"resumed {launcher.resume(args.run, args.runs).run_id}")
+            run = launcher.resume(args.run, args.runs)
+            print(f"resumed {run.run_id}")
+            if args.wait:
+                return _wait(run)
     except (ConfigError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -84,8 +89,8 @@ def _cell(value) -> str:
 
 
 def _wait(run) -> int:
-    while (state := run.status()["state"]) not in TERMINAL:
-        time.sleep(1)
+    """Follow ``run`` with a progress bar; exit code 0 if it completed."""
+    state = follow(run)["state"]
     print(f"{run.run_id}: {state}")
     return 0 if state == "completed" else 1
 

@@ -82,6 +82,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
     keras.utils.set_random_seed(config.seed)
     dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
     spe = steps_per_epoch(config, len(dataset.x_train), world)
+    if run:  # what a progress bar outside the run counts to
+        run.update_meta(steps_per_epoch=spe, total_steps=config.epochs * spe)
     per_worker = config.per_worker_batch(world)
     model = models.build(
         config.model.name,
