@@ -22,6 +22,10 @@ the whole run (the toolkit's ``Warmup`` wraps it where a method warms up):
   equals ``sgd_linear``'s), the ``lars`` strategy multiplies the base rate ``lbsgd_lars_lr`` by
   a clipped per-layer ``||w|| / ||g||`` instead, with no batch-size factor (MXNet semantics).
 
+``lars_sqrt`` and ``lbsgd_lars`` also run at the batch their rate was tuned at
+(``small_batch_runs``: 32 and 128), so a gain at large batch can be told apart from a better
+optimiser at small batch.
+
 Runs go one at a time, in-process through ``toolkit.train.train`` (default: one worker, which
 uses both CPU cores and avoids horovodrun's start-up and allreduce overhead; the global batch
 and hence the optimisation are the same), or with ``--np N`` through ``toolkit.launch`` under
@@ -108,6 +112,9 @@ class Settings:
     seeds: tuple[int, ...] = (0, 1, 2)
     methods: tuple[str, ...] = METHODS
     paper_size_baseline: bool = True  # also the baseline on 5,000 examples (the paper's size)
+    # (method, batch): also run at the batch its rate was tuned at (TUNE_GRID), to tell a
+    # better optimizer from better scaling
+    small_batch_runs: tuple[tuple[str, int], ...] = (("lars_sqrt", 32), ("lbsgd_lars", 128))
     sgd_lr: float = 0.1  # tuning.csv: 0.03 / 0.1 / 0.3 -> 92.6 / 94.1 / 9.7 % after 5 epochs
     lars_lr: float = 0.3  # 0.1 / 0.3 / 1 / 3 -> 82.8 / 93.7 / 9.3 / 10.9 %
     lbsgd_lars_lr: float = 0.03  # at B=128: 0.003 / 0.01 / 0.03 / 0.1 -> 63.1 / 89.8 / 91.9 / 9.7 %
@@ -263,6 +270,10 @@ def grid(settings: Settings = Settings(), world_size: int = 1) -> list[Cell]:
                 "sgd_paper_size", s.base_batch, seed, s, world_size, num_samples=5000
             )
             cells.append(Cell("sgd_paper_size", s.base_batch, seed, config))
+        for method, batch in s.small_batch_runs:
+            if method in s.methods:
+                config = method_config(method, batch, seed, s, world_size)
+                cells.append(Cell(method, batch, seed, config))
     for method in s.methods:
         if method == "sgd":
             continue
