@@ -151,8 +151,9 @@ def schedule(preview: pd.DataFrame) -> go.Figure:
         legend={"orientation": "h", "y": -0.25},
     )
     figure.update_xaxes(title="epoch")
-    figure.update_yaxes(title="learning rate", secondary_y=False)
-    figure.update_yaxes(title="momentum", secondary_y=True)
+    # both are >= 0: start the axes at 0, so a constant schedule is not drawn around -1..1
+    figure.update_yaxes(title="learning rate", rangemode="tozero", secondary_y=False)
+    figure.update_yaxes(title="momentum", rangemode="tozero", secondary_y=True)
     return figure
 
 
