@@ -89,7 +89,7 @@ def status(run: RunDir) -> dict:
 @st.cache_data(max_entries=1000, show_spinner=False)
 def _config(path: str, file_stamp: tuple[int, int]) -> config_lib.ExperimentConfig | None:
     try:
-        return config_lib.load(path)
+        return config_lib.load(path, stored=True)
     except (config_lib.ConfigError, OSError):
         return None
 

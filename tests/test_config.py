@@ -225,3 +225,32 @@ def test_fixed_global_batch_derives_the_per_worker_batch():
         }
     )
     assert lbsgd.per_worker_batch() == 32 and lbsgd.global_batch() == 256
+
+
+def test_a_stored_config_is_read_without_tensorflow(tmp_path, subprocess_env):
+    """Run directories are read (dashboard, ``toolkit runs``) without the registry checks that
+    import TensorFlow; a config file on its way to a new run still gets them."""
+    import subprocess
+    import sys
+
+    from toolkit.rundir import RunDir
+
+    run = RunDir.create(tmp_path, "stored")
+    run.write_config(load(ROOT / "experiments" / "quickstart.yaml"))
+    reader = (
+        "import sys; from pathlib import Path; from toolkit.rundir import RunDir, summary; "
+        f"run = RunDir(Path({str(run.path)!r})); "
+        "print(run.config().optimizer.name, summary(run)['global_batch']); "
+        "print('tensorflow' in sys.modules, 'keras' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", reader], env=subprocess_env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["lars", "64", "False", "False"]
+
+    raw = load(ROOT / "experiments" / "quickstart.yaml").model_dump(mode="json")
+    raw["optimizer"]["params"]["momentun"] = 0.9  # hand-edited after the run was created
+    assert config_lib.from_mapping(raw, stored=True).optimizer.params["momentun"] == 0.9
+    with pytest.raises(ConfigError, match="has no parameter 'momentun'"):
+        config_lib.from_mapping(raw)

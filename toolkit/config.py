@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -35,6 +36,13 @@ SCHEDULES = ("constant", "poly", "polynomial", "cosine", "exponential", "multifa
 
 class ConfigError(ValueError):
     """A config that cannot run; the message lists every bad field."""
+
+
+def _check_registries(info: ValidationInfo) -> bool:
+    """Whether to check names and parameters against the registries, which import TensorFlow.
+    A config read back from a run directory (``stored=True``) was checked when its run was
+    created, so readers such as the dashboard and ``python -m toolkit runs`` skip this."""
+    return not (info.context or {}).get("stored", False)
 
 
 class _Section(BaseModel):
@@ -52,10 +60,11 @@ class DatasetConfig(Component):
     name: str = "mnist1d"
 
     @model_validator(mode="after")
-    def _known(self):
-        from toolkit.data import DATASETS
+    def _known(self, info: ValidationInfo):
+        if _check_registries(info):
+            from toolkit.data import DATASETS
 
-        _check_component(DATASETS, self.name, self.params, reserved=("seed",))
+            _check_component(DATASETS, self.name, self.params, reserved=("seed",))
         return self
 
 
@@ -63,15 +72,12 @@ class ModelConfig(Component):
     name: str = "cnn1d"
 
     @model_validator(mode="after")
-    def _known(self):
-        from toolkit.models import MODELS
+    def _known(self, info: ValidationInfo):
+        if _check_registries(info):
+            from toolkit.models import MODELS
 
-        _check_component(
-            MODELS,
-            self.name,
-            self.params,
-            reserved=("input_shape", "num_classes", "seed"),
-        )
+            reserved = ("input_shape", "num_classes", "seed")
+            _check_component(MODELS, self.name, self.params, reserved=reserved)
         return self
 
 
@@ -82,11 +88,12 @@ class OptimizerConfig(Component):
     learning_rate: float = Field(0.1, gt=0)
 
     @model_validator(mode="after")
-    def _buildable(self):
-        from toolkit.optimizers import OPTIMIZERS
+    def _buildable(self, info: ValidationInfo):
+        if _check_registries(info):
+            from toolkit.optimizers import OPTIMIZERS
 
-        _check_component(OPTIMIZERS, self.name, self.params, reserved=("learning_rate",))
-        OPTIMIZERS.get(self.name, learning_rate=self.learning_rate, **self.params)
+            _check_component(OPTIMIZERS, self.name, self.params, reserved=("learning_rate",))
+            OPTIMIZERS.get(self.name, learning_rate=self.learning_rate, **self.params)
         return self
 
 
@@ -268,19 +275,23 @@ def set_dotted(raw: dict[str, Any], assignment: str) -> None:
     node[leaf] = yaml.safe_load(text)
 
 
-def from_mapping(raw: dict[str, Any], overrides: list[str] = ()) -> ExperimentConfig:
-    """Validate a mapping (plus overrides); errors become one :class:`ConfigError`."""
+def from_mapping(
+    raw: dict[str, Any], overrides: list[str] = (), *, stored: bool = False
+) -> ExperimentConfig:
+    """Validate a mapping (plus overrides); errors become one :class:`ConfigError`.
+    ``stored``: read back from a run directory, so the registry checks are skipped."""
     raw = yaml.safe_load(yaml.safe_dump(raw or {}))  # deep copy, plain types only
     for assignment in overrides:
         set_dotted(raw, assignment)
     try:
-        return ExperimentConfig.model_validate(raw)
+        return ExperimentConfig.model_validate(raw, context={"stored": stored})
     except ValidationError as error:
         raise ConfigError(format_errors(error)) from None
 
 
-def load(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
-    """Read a YAML experiment file and validate it with ``overrides`` applied."""
+def load(path: str | Path, overrides: list[str] = (), *, stored: bool = False) -> ExperimentConfig:
+    """Read a YAML experiment file and validate it with ``overrides`` applied (``stored``: as
+    for :func:`from_mapping`)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -290,7 +301,7 @@ def load(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return from_mapping(raw, overrides)
+    return from_mapping(raw, overrides, stored=stored)
 
 
 def format_errors(error: ValidationError) -> str:

@@ -59,7 +59,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
         raise ValueError(f"run {run.run_id} is still {run.status()['state']}")
     if not any(run.checkpoints_path.glob("epoch-*")):
         raise ValueError(f"run {run.run_id} has no checkpoint to resume from")
-    _start(run, run.config(), resume=True)
+    _start(run, config_lib.load(run.config_path), resume=True)  # fully checked again
     return run
 
 

@@ -97,7 +97,9 @@ class RunDir:
         self.config_path.write_text(config.to_yaml())
 
     def config(self) -> ExperimentConfig:
-        return load(self.config_path)
+        """The config the run was created with (checked then; read here without importing
+        TensorFlow)."""
+        return load(self.config_path, stored=True)
 
     def meta(self) -> dict[str, Any]:
         return read_json(self.meta_path)
