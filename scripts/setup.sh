@@ -8,6 +8,7 @@
 # and Gloo (no MPI, no PyTorch, no MXNet). The wheel is cached in $LBL_CACHE (default
 # ~/.cache/large-batch-lab) keyed by the TensorFlow version, so later runs and fresh clones
 # reuse it. Set-up ends with `horovodrun --check-build`, which must show TensorFlow and Gloo.
+# Python packages are installed at the exact versions in constraints.txt (scripts/lock.sh).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,11 +55,11 @@ PY="$VENV/bin/python"
 pip_quiet() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
 stamp="$VENV/.lbl-requirements"
-want="$(cat "$ROOT/requirements.txt" "$ROOT/pyproject.toml" | sha1sum | cut -c1-12)"
+want="$(cat "$ROOT/requirements.txt" "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha1sum | cut -c1-12)"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   say "installing requirements (first run: a few minutes)"
   pip_quiet --upgrade pip setuptools wheel
-  pip_quiet -r "$ROOT/requirements.txt"
+  pip_quiet -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
   pip_quiet --no-deps -e "$ROOT"
   echo "$want" >"$stamp"
 fi
@@ -87,10 +88,10 @@ grep -qE '\[X\] TensorFlow' "$VENV/.horovod-check-build" && grep -qE '\[X\] Gloo
 # --- Test dependencies -----------------------------------------------------------------------
 if ((WITH_TESTS)); then
   tstamp="$VENV/.lbl-test-requirements"
-  twant="$(sha1sum "$ROOT/requirements-test.txt" | cut -c1-12)"
+  twant="$(cat "$ROOT/requirements-test.txt" "$ROOT/constraints.txt" | sha1sum | cut -c1-12)"
   if [[ "$(cat "$tstamp" 2>/dev/null)" != "$twant" ]]; then
     say "installing test requirements"
-    pip_quiet -r "$ROOT/requirements-test.txt"
+    pip_quiet -r "$ROOT/requirements-test.txt" -c "$ROOT/constraints.txt"
     echo "$twant" >"$tstamp"
   fi
 fi
