@@ -307,10 +307,7 @@ def result_row(run: RunDir, cell: Cell) -> dict:
     completed = status.get("state") == "completed"
     accuracy = evals["accuracy"].dropna() if "accuracy" in evals else pd.Series(dtype=float)
     started, finished = status.get("started"), status.get("finished")
-    from toolkit.data import shard_size
-
-    num_train = int(config.dataset.params["num_samples"] * 0.8)
-    calls = config.epochs * (shard_size(num_train, config.workers) // config.batch.per_worker)
+    calls = run.meta().get("total_steps", 0)  # batches per worker, recorded by training
     scale = int(config.optimizer.params.get("batch_scale", 1))
     return {
         "method": cell.method,
