@@ -35,11 +35,11 @@ def follow(
     while True:
         status = run.status()
         new = tail.read_new()
-        if progress:
-            bar = bar or _progress_bar(run)
-            if bar is not None and "step" in new and new["step"].notna().any():
-                step = min(int(new["step"].max()), bar.target)
-                bar.update(step, values=latest_values(new))
+        if progress and bar is None:
+            bar = _progress_bar(run)
+        if bar is not None and "step" in new and new["step"].notna().any():
+            step = min(int(new["step"].max()), bar.target)
+            bar.update(step, values=latest_values(new))
         if status["state"] in TERMINAL or (stop_when is not None and stop_when(run)):
             if bar is not None and step < bar.target:  # end the bar; full if it completed
                 bar.update(bar.target if status["state"] == "completed" else step, finalize=True)
