@@ -2,8 +2,9 @@
 
 Every reader here takes the file's stamp as part of the ``st.cache_data`` key, so an unchanged
 file is parsed once per server process and a changed one (a live run appending events) is
-re-read on the next render. Nothing here raises on a half-written or crashed run directory:
-missing files read as empty, unreadable configs as ``None``.
+re-read on the next render. Nothing here raises on a half-written, crashed or malformed run
+directory: missing or unreadable files read as empty (never through a symlink, see
+``toolkit.files``), unreadable configs as ``None``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from toolkit import config as config_lib
-from toolkit import rundir
+from toolkit import files, rundir
 from toolkit.events import EventTail, read_events
 from toolkit.rundir import RunDir
 
@@ -48,11 +49,15 @@ def find(run_id: str | None) -> RunDir | None:
 
 @st.cache_data(max_entries=400, show_spinner=False)
 def _events(path: str, file_stamp: tuple[int, int]) -> pd.DataFrame:
-    return read_events(path)
+    try:
+        return read_events(path)
+    except OSError:  # a directory or a symlink in its place: the Runs table says so
+        return pd.DataFrame()
 
 
 def events(run: RunDir) -> pd.DataFrame:
-    """All complete event records of ``run`` (a torn last line is skipped)."""
+    """All complete event records of ``run`` (a torn last line is skipped; an unreadable
+    file reads as none)."""
     return _events(str(run.events_path), stamp(run.events_path))
 
 
@@ -65,11 +70,7 @@ def phase(frame: pd.DataFrame, name: str) -> pd.DataFrame:
 
 @st.cache_data(max_entries=2000, show_spinner=False)
 def _summary(path: str, stamps: tuple, state: str) -> dict:
-    run = RunDir(Path(path))
-    try:
-        return rundir.summary(run, events(run))
-    except Exception as error:  # noqa: BLE001 -- one broken run must not break the table
-        return {"run_id": run.run_id, "state": state, "reason": f"unreadable: {error}"}
+    return rundir.summary(RunDir(Path(path)))
 
 
 def summary(run: RunDir) -> dict:
@@ -80,29 +81,26 @@ def summary(run: RunDir) -> dict:
 
 
 def status(run: RunDir) -> dict:
-    try:
-        return run.status()
-    except OSError as error:
-        return {"state": "failed", "reason": f"status unreadable: {error}"}
+    return run.status()
 
 
 @st.cache_data(max_entries=1000, show_spinner=False)
 def _config(path: str, file_stamp: tuple[int, int]) -> config_lib.ExperimentConfig | None:
     try:
-        return config_lib.load(path, stored=True)
+        return RunDir(Path(path)).config()
     except (config_lib.ConfigError, OSError):
         return None
 
 
 def config(run: RunDir) -> config_lib.ExperimentConfig | None:
     """The run's validated config, or ``None`` if it is missing or does not validate."""
-    return _config(str(run.config_path), stamp(run.config_path))
+    return _config(str(run.path), stamp(run.config_path))
 
 
 def text(path: Path) -> str:
-    """A text file's content ('' if missing), undecodable bytes replaced."""
+    """A text file's content ('' if missing or unreadable), undecodable bytes replaced."""
     try:
-        return path.read_bytes().decode("utf-8", errors="replace")
+        return files.read_bytes(path).decode("utf-8", errors="replace")
     except OSError:
         return ""
 
@@ -110,7 +108,7 @@ def text(path: Path) -> str:
 def tail(path: Path, max_bytes: int = 32_000) -> str:
     """The end of a (possibly large, growing) log file, starting at a line boundary."""
     try:
-        with open(path, "rb") as f:
+        with files.open_regular(path) as f:
             size = f.seek(0, io.SEEK_END)
             f.seek(max(0, size - max_bytes))
             data = f.read(max_bytes)
@@ -151,7 +149,10 @@ def live_events(run: RunDir) -> pd.DataFrame:
     key = str(run.path)
     kept = st.session_state.get("event_tails", {}).get(key)
     tail, frame = kept or (EventTail(run.events_path), pd.DataFrame())
-    new = tail.read_new()
+    try:
+        new = tail.read_new()
+    except OSError:  # not a regular file: nothing to show
+        return pd.DataFrame()
     if tail.restarted or frame.empty:
         frame = new
     elif not new.empty:

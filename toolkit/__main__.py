@@ -4,6 +4,10 @@ python -m toolkit launch CONFIG [--np N] [--hosts h1:2,h2:2] [--set k=v ...] [--
 python -m toolkit runs
 python -m toolkit stop RUN
 python -m toolkit resume RUN [--wait]
+python -m toolkit delete RUN
+
+Every user error (a bad config, an unknown or invalid run id, a run that is busy or in the wrong
+state, run files that cannot be written) exits with status 2 and one line on stderr.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import sys
 import pandas as pd
 
 from toolkit import launch as launcher
-from toolkit.config import ConfigError
 from toolkit.monitor import follow
 from toolkit.rundir import list_runs, summary
 
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     cont = sub.add_parser("resume", help="continue a run from its last checkpoint")
     cont.add_argument("run")
     cont.add_argument("--wait", action="store_true", help="wait until the run ends")
+    sub.add_parser("delete", help="delete an ended run's directory").add_argument("run")
     args = parser.parse_args(argv)
 
     try:
@@ -54,15 +58,22 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "runs":
             print(runs_table(args.runs))
         elif args.command == "stop":
-            print(f"{launcher.stop(args.run, args.runs).run_id}: stopped")
+            run = launcher.stop(args.run, args.runs)
+            print(f"{run.run_id}: {run.status()['state']}")
         elif args.command == "resume":
             run = launcher.resume(args.run, args.runs)
             print(f"resumed {run.run_id}")
             if args.wait:
                 return _wait(run)
-    except (ConfigError, ValueError, FileNotFoundError) as error:
+        elif args.command == "delete":
+            launcher.delete(args.run, args.runs)
+            print(f"deleted {args.run}")
+    except (ValueError, OSError) as error:  # ConfigError and RunError are ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; the run goes on (`python -m toolkit stop RUN`)", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -4,7 +4,8 @@ A checkpoint is a directory ``checkpoints/epoch-NNNN/`` holding ``model.weights.
 ``optimizer.npz`` (every optimizer variable, in ``optimizer.variables`` order: step counter,
 momentum buffers, gradient accumulators) and ``position.json`` (epoch and step). It is written
 to a temporary directory and renamed into place, so a crash mid-write leaves the previous
-checkpoint as the latest.
+checkpoint as the latest; a failed write (a full disk) removes the temporary directory and
+raises :class:`~toolkit.files.WriteError` naming the checkpoint.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import keras
 import numpy as np
+
+from toolkit.files import writing
 
 
 @dataclass(frozen=True)
@@ -32,13 +35,17 @@ def save(directory: Path, model: keras.Model, position: Position, keep: int = 2)
     final = directory / f"epoch-{position.epoch:04d}"
     tmp = directory / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    model.save_weights(tmp / "model.weights.h5")
-    variables = model.optimizer.variables
-    np.savez(tmp / "optimizer.npz", *[keras.ops.convert_to_numpy(v) for v in variables])
-    (tmp / "position.json").write_text(json.dumps(position.__dict__))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    try:
+        with writing(tmp, name=f"checkpoints/{final.name}"):
+            tmp.mkdir()
+            model.save_weights(tmp / "model.weights.h5")
+            variables = model.optimizer.variables
+            np.savez(tmp / "optimizer.npz", *[keras.ops.convert_to_numpy(v) for v in variables])
+            (tmp / "position.json").write_text(json.dumps(position.__dict__))
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     for old in _checkpoints(directory)[:-keep]:
         shutil.rmtree(old)
     return final

@@ -14,12 +14,14 @@ Quantities that depend on the number of workers ``W``::
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -30,6 +32,17 @@ from pydantic import (
 )
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def run_name_problem(name: object) -> str | None:
+    """Why ``name`` may not name a run (and its directory), or ``None`` if it may: it must
+    match :data:`RUN_NAME` and not start with a dot, so it is never ``.``, ``..`` or a hidden
+    name (staging directories are hidden)."""
+    if not isinstance(name, str) or not RUN_NAME.match(name):
+        return f"must match {RUN_NAME.pattern}"
+    return "must not start with '.'" if name.startswith(".") else None
+
+
 HOSTS = re.compile(r"^[A-Za-z0-9_.-]+:[1-9][0-9]*(,[A-Za-z0-9_.-]+:[1-9][0-9]*)*$")
 SCHEDULES = ("constant", "poly", "polynomial", "cosine", "exponential", "multifactor")
 
@@ -45,15 +58,42 @@ def _check_registries(info: ValidationInfo) -> bool:
     return not (info.context or {}).get("stored", False)
 
 
+def _finite(value: Any, path: str = "") -> Any:
+    """``value`` if no float in it (at any depth) is NaN or infinite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{path or 'value'} must be a finite number (got {value})")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _finite(item, f"{path}.{key}" if path else repr(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _finite(item, f"{path}[{index}]")
+    return value
+
+
+Params = Annotated[dict[str, Any], AfterValidator(_finite)]
+"""Constructor parameters: any YAML values, but no NaN or infinity anywhere in them."""
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """A config section: unknown fields, non-finite floats and booleans given for numbers (YAML's
+    ``true`` would otherwise be taken as 1) are refused."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation is not bool:
+            raise ValueError("Input should not be a boolean")
+        return value
 
 
 class Component(_Section):
     """A registry entry: ``name`` and constructor ``params``."""
 
     name: str
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Params = Field(default_factory=dict)
 
 
 class DatasetConfig(Component):
@@ -116,7 +156,7 @@ class ScheduleConfig(_Section):
     """
 
     name: Literal[SCHEDULES] = "constant"
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Params = Field(default_factory=dict)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
 
     @model_validator(mode="after")
@@ -187,8 +227,8 @@ class ExperimentConfig(_Section):
     @field_validator("name")
     @classmethod
     def _run_name(cls, value: str) -> str:
-        if not RUN_NAME.match(value):
-            raise ValueError(f"run names must match {RUN_NAME.pattern}")
+        if problem := run_name_problem(value):
+            raise ValueError(f"run names {problem}")
         return value
 
     @field_validator("hosts")
@@ -272,7 +312,11 @@ def set_dotted(raw: dict[str, Any], assignment: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {assignment!r}: {part!r} is not a section")
-    node[leaf] = yaml.safe_load(text)
+    try:
+        node[leaf] = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        problem = str(error).splitlines()[0]
+        raise ConfigError(f"override {assignment!r}: not a plain YAML value ({problem})") from None
 
 
 def from_mapping(
@@ -296,12 +340,27 @@ def load(path: str | Path, overrides: list[str] = (), *, stored: bool = False) -
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot be read as text: {error}") from None
+    return from_yaml(text, overrides, source=str(path), stored=stored)
+
+
+def from_yaml(
+    text: str, overrides: list[str] = (), *, source: str = "config", stored: bool = False
+) -> ExperimentConfig:
+    """Validate a YAML document (``source`` names it in errors). A stored config (a run
+    directory's) must not be empty: an empty file is a run that was never fully created, and
+    reading it as the defaults would show a run that never was."""
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return from_mapping(raw, overrides, stored=stored)
+        raise ConfigError(f"{source}: not valid YAML: {error}") from None
+    if raw is None and stored:
+        raise ConfigError(f"{source} is empty")
+    if not isinstance(raw or {}, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections")
+    return from_mapping(raw or {}, overrides, stored=stored)
 
 
 def format_errors(error: ValidationError) -> str:

@@ -124,6 +124,11 @@ def broadcast_object(value: T, root_rank: int = 0) -> T:
     return hvd.broadcast_object(value, root_rank) if size() > 1 else value
 
 
+def allgather_object(value: T) -> list[T]:
+    """Every worker's ``value`` (any picklable object), in rank order, on every worker."""
+    return hvd.allgather_object(value) if size() > 1 else [value]
+
+
 def allreduce_mean(value: float | np.ndarray, name: str | None = None) -> float | np.ndarray:
     """The mean of a number or array over all workers (in float64), eagerly.
 

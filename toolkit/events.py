@@ -10,7 +10,10 @@ spelled exactly like one of those three is read back as a float.
 
 Only complete lines (ending in a newline) are read. The writer sends each record to the
 operating system in a single ``write``, so a crash leaves at most one torn line, which readers
-skip (as they skip any line that is not a JSON object).
+skip (as they skip any line that is not a JSON object). A value of the wrong type is dropped
+from its record, not the record from the file: ``phase`` must be a string and every other
+value a number (or null); a string, list, object or boolean elsewhere is read as missing.
+The file is opened as :mod:`toolkit.files` says: never through a symlink.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any, Self
 
 import numpy as np
 import pandas as pd
+
+from toolkit import files
 
 _NONFINITE = ("NaN", "Infinity", "-Infinity")
 
@@ -63,6 +68,24 @@ def _records(data: bytes) -> list[dict[str, Any]]:
     return records
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """The records as a DataFrame, with values of the wrong type dropped (see the module doc).
+    Only columns pandas did not type as numbers are looked at, so a clean file costs little."""
+    frame = pd.DataFrame.from_records(records)
+    for name in frame.columns:
+        column = frame[name]
+        if name == "phase":
+            if pd.api.types.infer_dtype(column, skipna=True) not in ("string", "empty"):
+                frame[name] = column.where(column.map(lambda v: isinstance(v, str)))
+        elif pd.api.types.is_bool_dtype(column) or not pd.api.types.is_numeric_dtype(column):
+            frame[name] = pd.to_numeric(column.where(column.map(_is_number)), errors="coerce")
+    return frame
+
+
 class EventWriter:
     """Appends records to an events file, one JSON line per record.
 
@@ -75,10 +98,12 @@ class EventWriter:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
-        if self._file.tell() > 0 and not self._ends_with_newline():
-            self._file.write(b"\n")
+        with files.writing(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+            self._file = os.fdopen(os.open(self.path, flags, 0o644), "ab", buffering=0)
+            if self._file.tell() > 0 and not self._ends_with_newline():
+                self._file.write(b"\n")
 
     def _ends_with_newline(self) -> bool:
         with open(self.path, "rb") as f:
@@ -92,7 +117,8 @@ class EventWriter:
         """
         record = {"wall": time.time(), **record}
         line = json.dumps({key: _encode(value) for key, value in record.items()}, allow_nan=False)
-        self._file.write(line.encode() + b"\n")
+        with files.writing(self.path):
+            self._file.write(line.encode() + b"\n")
 
     def close(self) -> None:
         self._file.close()
@@ -125,7 +151,7 @@ class EventTail:
         """Records appended since the last call, as a DataFrame (the union of their keys)."""
         self.restarted = False
         try:
-            with open(self.path, "rb") as f:
+            with files.open_regular(self.path) as f:
                 stat = os.fstat(f.fileno())
                 identity = (stat.st_dev, stat.st_ino)
                 if identity != self._identity or stat.st_size < self._offset:
@@ -137,7 +163,7 @@ class EventTail:
             return pd.DataFrame()
         complete = data.rfind(b"\n") + 1
         self._offset += complete
-        return pd.DataFrame.from_records(_records(data[:complete]))
+        return _frame(_records(data[:complete]))
 
 
 def read_events(path: str | os.PathLike) -> pd.DataFrame:
@@ -150,18 +176,25 @@ def truncate_after(path: str | os.PathLike, step: int) -> None:
     continues the original's instead of repeating steps). The file is replaced atomically;
     live readers see a replaced file and start over."""
     path = Path(path)
-    if not path.exists():
+    try:
+        data = files.read_bytes(path)
+    except FileNotFoundError:
         return
-    kept = [
-        line
-        for line in path.read_bytes().splitlines(keepends=True)
-        if line.endswith(b"\n") and _keep(line, step)
-    ]
+    lines = data.splitlines(keepends=True)
+    kept = [line for line in lines if line.endswith(b"\n") and _keep(line, step)]
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(b"".join(kept))
-    os.replace(tmp, path)
+    with files.writing(path):
+        try:
+            tmp.write_bytes(b"".join(kept))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def _keep(line: bytes, step: int) -> bool:
+    """Whether a line stays: a record whose step is not after ``step`` (or has no number)."""
     records = _records(line)
-    return bool(records) and records[0].get("step", step) <= step
+    if not records:
+        return False
+    at = records[0].get("step")
+    return not _is_number(at) or at <= step

@@ -1,21 +1,28 @@
-"""Start, resume and stop runs under horovodrun; used by the CLI, the app and notebooks.
+"""Start, resume, stop and delete runs under horovodrun; used by the CLI, the app and notebooks.
 
 :func:`launch` validates the config (a bad one raises :class:`~toolkit.config.ConfigError`
-before anything is created), creates ``runs/<run_id>/`` and starts a small *supervisor* process
-in a new session. The supervisor runs::
+before anything is created), creates ``runs/<run_id>/`` all or nothing and starts a small
+*supervisor* process in a new session. The supervisor runs::
 
     horovodrun --gloo -np N -H HOSTS python -m toolkit.train runs/<id>/config.yaml --run-dir ...
 
 as an argv list (never a shell string) with output to ``stdout.log``, waits for it, and records
 the final state when training could not (a killed worker, a crash during start-up): so no run
-stays ``running`` after its processes are gone. :func:`stop` signals the supervisor's whole
-process tree and marks the run ``stopped``.
+stays ``running`` after its processes are gone. The supervisor, horovodrun and every worker
+record themselves in ``status.json`` (:mod:`toolkit.processes`), so :func:`stop` finds and ends
+them all even when the supervisor itself was killed.
+
+Every function here takes the run's lock (:meth:`~toolkit.rundir.RunDir.lock`) for its whole
+check-then-act, so of two racing requests exactly one wins; the other raises
+:class:`~toolkit.rundir.RunError` with the reason, as does any request about an invalid id, a
+run outside the runs root, or a run in the wrong state.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -23,10 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-
 from toolkit import config as config_lib
-from toolkit.rundir import TERMINAL, RunDir, new_run_id, pid_alive, read_json, runs_root
+from toolkit import processes
+from toolkit.files import writing
+from toolkit.rundir import LIVE, RUN_FILES, RunDir, RunError, new_run_id, resolve, runs_root
 
 
 def launch(
@@ -46,20 +53,30 @@ def launch(
     changes = {k: v for k, v in (("workers", np), ("hosts", hosts)) if v is not None}
     config = config_lib.from_mapping({**config.model_dump(mode="json"), **changes}, overrides)
     check_fits_dataset(config)
-    run = RunDir.create(runs_root_dir, run_id or new_run_id(config.name))
-    run.write_config(config)
-    _start(run, config, resume=False)
+    run = RunDir.create(runs_root_dir, run_id or new_run_id(config.name), config)
+    try:
+        with run.lock():
+            _start(run, config, resume=False)
+    except OSError as error:  # nothing was started: leave nothing behind
+        shutil.rmtree(run.path, ignore_errors=True)
+        raise RunError(f"cannot start run {run.run_id}: {error}") from None
     return run
 
 
 def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir:
     """Continue a stopped or failed run from its last checkpoint, in the same directory."""
     run = _as_run(run, runs_root_dir)
-    if run.status()["state"] not in TERMINAL:
-        raise ValueError(f"run {run.run_id} is still {run.status()['state']}")
-    if not any(run.checkpoints_path.glob("epoch-*")):
-        raise ValueError(f"run {run.run_id} has no checkpoint to resume from")
-    _start(run, config_lib.load(run.config_path), resume=True)  # fully checked again
+    with run.lock():
+        state = run.status()["state"]
+        if state not in ("stopped", "failed"):
+            raise RunError(f"run {run.run_id} is {state}: only a stopped or failed run resumes")
+        if not any(run.checkpoints_path.glob("epoch-*")):
+            raise RunError(f"run {run.run_id} has no checkpoint to resume from")
+        config = config_lib.load(run.config_path)  # fully checked again
+        try:
+            _start(run, config, resume=True)
+        except OSError as error:
+            raise RunError(f"cannot resume run {run.run_id}: {error}") from None
     return run
 
 
@@ -102,7 +119,15 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
 
 def _start(run: RunDir, config: config_lib.ExperimentConfig, resume: bool) -> None:
     argv = horovodrun_argv(config, run, resume)
-    run.set_status("queued", stop_requested=False, exit_code=None, reason=None)
+    run.set_status(
+        "queued",
+        stop_requested=False,
+        exit_code=None,
+        reason=None,
+        finished=None,
+        pid=None,
+        processes=[],
+    )
     run.update_meta(
         run_id=run.run_id,
         created=time.time(),
@@ -112,100 +137,103 @@ def _start(run: RunDir, config: config_lib.ExperimentConfig, resume: bool) -> No
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_package_root()), env.get("PYTHONPATH")]))
-    with open(run.stdout_path, "ab") as log:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    with writing(run.stdout_path):
+        log = os.open(run.stdout_path, flags, 0o644)
+    try:
         supervisor = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "toolkit.launch",
-                "supervise",
-                str(run.path),
-                "--",
-                *argv,
-            ],
+            [sys.executable, "-m", "toolkit.launch", "supervise", str(run.path), "--", *argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             env=env,
         )
-    run.set_status("queued", pid=supervisor.pid)
+    finally:
+        os.close(log)
+    run.record_processes(processes.record("supervisor", supervisor.pid), pid=supervisor.pid)
 
 
 def supervise(run: RunDir, argv: list[str]) -> int:
-    """Run ``argv`` and record the final state if training did not (the supervisor's job)."""
-    run.set_status("queued", pid=os.getpid())
+    """Run ``argv`` and record the final state if training did not (the supervisor's job), as
+    long as the run is still this supervisor's (a stop and a resume may have come between)."""
     signal.signal(signal.SIGTERM, lambda *_: None)  # outlive the child to record the state
+    me = processes.record("supervisor")
     child = subprocess.Popen(argv)
+    run.record_processes(processes.record("horovodrun", child.pid))
     while True:
         try:
             code = child.wait()
             break
         except InterruptedError:
             continue
-    status = read_json(run.status_path)
-    if status.get("stop_requested"):
-        run.set_status("stopped", exit_code=code, finished=time.time())
-    elif code != 0:
-        reason = status.get("reason") if status.get("state") == "failed" else None
-        run.set_status(
-            "failed",
-            exit_code=code,
-            finished=time.time(),
-            reason=reason or f"horovodrun exited with code {code}; see stdout.log",
-        )
-    elif status.get("state") != "completed":
-        run.set_status("failed", exit_code=code, reason="training exited without finishing")
+    with run.lock(timeout=120):
+        status = run.recorded_status()
+        if me not in status.get("processes", []):  # resumed meanwhile: no longer this run's
+            return code
+        finished = time.time()
+        if status.get("stop_requested"):
+            run.finish("stopped", exit_code=code, finished=finished)
+        elif code != 0:  # training's own reason, if it wrote one, wins (the first final state)
+            reason = f"horovodrun exited with code {code}; see stdout.log"
+            run.finish("failed", exit_code=code, finished=finished, reason=reason)
+        else:
+            reason = "training exited without finishing"
+            run.finish("failed", exit_code=code, finished=finished, reason=reason)
     return code
 
 
 def stop(
     run: RunDir | str, runs_root_dir: str | Path | None = None, timeout: float = 15.0
 ) -> RunDir:
-    """Stop a run: SIGTERM to its process tree, SIGKILL after ``timeout`` s; mark it stopped."""
+    """Stop a queued or running run: SIGTERM to every live process it recorded and their
+    children (the supervisor excepted: it records the exit code), SIGKILL after ``timeout`` s,
+    and mark it ``stopped``. This works when the supervisor itself is gone. Raises
+    :class:`~toolkit.rundir.RunError` naming any process that survived; a run that has already
+    ended is left as it is."""
     run = _as_run(run, runs_root_dir)
-    status = read_json(run.status_path)
-    if status.get("state") in TERMINAL:
-        return run
-    run.set_status(status.get("state", "queued"), stop_requested=True)
-    pid = status.get("pid")
-    if pid_alive(pid):
-        supervisor = psutil.Process(pid)
-        tree = [supervisor, *supervisor.children(recursive=True)]
-        for process in tree[1:]:  # the supervisor stays to record the final state
-            _signal(process, signal.SIGTERM)
-        _, alive = psutil.wait_procs(tree, timeout=timeout)
-        for process in alive:
-            _signal(process, signal.SIGKILL)
-    if read_json(run.status_path).get("state") not in TERMINAL:
-        run.set_status("stopped", finished=time.time())
+    with run.lock():
+        status = run.status()
+        if status["state"] not in LIVE:
+            return run
+        run.set_status(status["state"], stop_requested=True)
+        entries = run.processes(status)
+        supervisors = {
+            p.pid for e in entries if e.get("role") == "supervisor" and (p := processes.find(e))
+        }
+        targets = [p for p in processes.alive(entries) if p.pid not in supervisors]
+        survivors = processes.terminate(targets, timeout)
+        if survivors:
+            pids = ", ".join(str(p.pid) for p in survivors)
+            raise RunError(f"run {run.run_id}: processes {pids} survived SIGKILL; still running")
+        run.finish("stopped", finished=time.time(), reason="stopped on request")
     return run
 
 
 def delete(run: RunDir | str, runs_root_dir: str | Path | None = None) -> None:
-    """Remove a finished run's directory (stop it first if it is live)."""
+    """Remove an ended run's directory (stop it first if it is live). Only a run directory is
+    removed: a real directory holding run files and nothing else; symlinks inside are removed,
+    never followed. It is renamed out of the listing first, so no reader sees it half gone."""
     run = _as_run(run, runs_root_dir)
-    if run.status()["state"] not in TERMINAL:
-        raise ValueError(f"run {run.run_id} is {run.status()['state']}: stop it before deleting")
-    shutil.rmtree(run.path)
-
-
-def _signal(process: psutil.Process, sig: int) -> None:
-    try:
-        process.send_signal(sig)
-    except psutil.Error:
-        pass
+    with run.lock():
+        names = {entry.name for entry in os.scandir(run.path)}
+        foreign = sorted(n for n in names if n not in RUN_FILES and not n.startswith("."))
+        if foreign or not names & {"config.yaml", "status.json", "meta.json"}:
+            shown = ", ".join(foreign) if foreign else "no config, status or meta"
+            raise RunError(f"{run.path} does not look like a run directory ({shown}): not deleted")
+        state = run.status()["state"]
+        if state in LIVE:
+            raise RunError(f"run {run.run_id} is {state}: stop it before deleting")
+        doomed = run.path.with_name(f".{run.run_id}.{secrets.token_hex(4)}.deleting")
+        os.rename(run.path, doomed)
+    shutil.rmtree(doomed)
 
 
 def _as_run(run: RunDir | str, root) -> RunDir:
+    """``run`` (an id under ``root``, or a RunDir) checked by :func:`~toolkit.rundir.resolve`."""
     if isinstance(run, RunDir):
-        return run
-    if not config_lib.RUN_NAME.match(run):
-        raise ValueError(f"run id {run!r} must match {config_lib.RUN_NAME.pattern}")
-    found = RunDir(runs_root(root) / run)
-    if not found.path.is_dir():
-        raise FileNotFoundError(f"no run {run!r} under {runs_root(root)}")
-    return found
+        return resolve(run.run_id, run.path.parent)
+    return resolve(run, runs_root(root))
 
 
 def _package_root() -> Path:

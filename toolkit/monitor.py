@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from toolkit.events import EventTail
-from toolkit.rundir import TERMINAL, RunDir
+from toolkit.rundir import LIVE, RunDir
 
 # (label on the bar, phase of the event, column): the newest value of each is shown.
 SHOWN = (("epoch", None, "epoch"), ("loss", "train", "loss"), ("test_acc", "eval", "accuracy"))
@@ -40,7 +40,7 @@ def follow(
         if bar is not None and "step" in new and new["step"].notna().any():
             step = min(int(new["step"].max()), bar.target)
             bar.update(step, values=latest_values(new))
-        if status["state"] in TERMINAL or (stop_when is not None and stop_when(run)):
+        if status["state"] not in LIVE or (stop_when is not None and stop_when(run)):
             if bar is not None and step < bar.target:  # end the bar; full if it completed
                 bar.update(bar.target if status["state"] == "completed" else step, finalize=True)
             return status

@@ -5,33 +5,117 @@
     runs/<run_id>/
       config.yaml    the resolved config, exactly what ran
       meta.json      run id, created time, argv, world size, versions, git commit, seed
-      status.json    state (queued | running | completed | failed | stopped), pid, exit code
+      status.json    state (queued | running | completed | failed | stopped), the run's
+                     processes (toolkit.processes), exit code, reason
       events.jsonl   one JSON object per line (toolkit.events)
       stdout.log     combined output of horovodrun
       checkpoints/   model + optimizer state (toolkit.checkpoints)
 
-JSON files are replaced atomically, so a reader never sees half of one. A run whose recorded
-process is gone while its state is still ``queued`` or ``running`` is reported as ``failed``.
+The rules that keep it safe and truthful:
+
+- **Nothing outside the root.** A run id never starts with a dot (so never ``.``, ``..`` or a
+  hidden name, which staging directories use) and is resolved with :func:`resolve`, which
+  accepts only a real directory (not a symlink) directly inside the runs root. Files are read
+  through :mod:`toolkit.files`, which never follows a symlink.
+- **All or nothing.** :meth:`RunDir.create` fills a hidden staging directory and renames it into
+  place, so no reader ever sees a half-made run and a failed creation leaves nothing.
+- **One owner.** :meth:`RunDir.lock` is an exclusive ``flock`` on the run's directory, released
+  when its holder exits or dies. Launch, resume, stop and delete hold it for their whole
+  check-then-act, and every status write holds it for its read-modify-write.
+- **Truthful state.** A ``queued``/``running`` run none of whose recorded processes is alive is
+  reported ``failed``. The supervisor and ``stop`` write the final state only if none is
+  written yet (:meth:`RunDir.finish`), and a run asked to stop never ends ``completed``.
+- **Any content.** :meth:`RunDir.status`, :meth:`RunDir.meta` and :func:`summary` never raise
+  on a broken file: a field of the wrong type is dropped, and an unreadable ``status.json``
+  gives the state ``unreadable`` with the reason.
 """
 
 from __future__ import annotations
 
-import json
+import errno
+import fcntl
 import os
 import secrets
+import shutil
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import psutil
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict  # pydantic needs this one on Python 3.11
 
-from toolkit.config import RUN_NAME, ExperimentConfig, load
+from toolkit import files, processes
+from toolkit.config import ExperimentConfig, from_yaml, run_name_problem
 
 STATES = ("queued", "running", "completed", "failed", "stopped")
 TERMINAL = ("completed", "failed", "stopped")
+LIVE = ("queued", "running")
+UNREADABLE = "unreadable"
 RUNS_ENV = "LBL_RUNS"
+STARTUP_GRACE_S = 30.0
+"""A run with no recorded process yet counts as starting for this long after its last status."""
+LOCK_TIMEOUT_S = 30.0
+"""How long launch, resume, stop and delete wait for another holder of a run's lock."""
+RUN_FILES = ("config.yaml", "meta.json", "status.json", "events.jsonl", "stdout.log", "checkpoints")
+
+
+class RunError(ValueError):
+    """A request about a run that cannot be carried out: an invalid or unknown id, a run that is
+    busy or in the wrong state, or run files that cannot be written. The message says which."""
+
+
+class ProcessRecord(TypedDict):
+    role: str
+    pid: int
+    started: float
+    host: str
+
+
+def _fields(**types) -> dict[str, TypeAdapter]:
+    return {name: TypeAdapter(kind) for name, kind in types.items()}
+
+
+STATUS_FIELDS = _fields(
+    state=str,
+    pid=int,
+    processes=list[ProcessRecord],
+    exit_code=int | None,
+    reason=str | None,
+    started=float,
+    finished=float | None,
+    updated=float,
+    stop_requested=bool,
+    world_size=int,
+)
+META_FIELDS = _fields(
+    run_id=str,
+    created=float,
+    world_size=int,
+    global_batch=int,
+    learning_rate=float,
+    seed=int,
+    steps_per_epoch=int,
+    total_steps=int,
+)
+
+
+def typed(record: dict[str, Any], fields: dict[str, TypeAdapter]) -> dict[str, Any]:
+    """``record`` without the fields whose value is not of the type ``fields`` gives them
+    (strictly: no ``true`` for a number, no ``"5"`` for an int); other keys are kept."""
+    kept = {}
+    for key, value in record.items():
+        if key in fields:
+            try:
+                value = fields[key].validate_python(value, strict=True)
+            except ValidationError:
+                continue
+        kept[key] = value
+    return kept
 
 
 def runs_root(root: str | Path | None = None) -> Path:
@@ -45,27 +129,29 @@ def new_run_id(name: str) -> str:
     return f"{name[:40]}-{stamp}-{secrets.token_hex(2)}"
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Replace ``path`` atomically with ``data`` as JSON."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+def check_run_id(run_id: Any) -> str:
+    if problem := run_name_problem(run_id):
+        raise RunError(f"invalid run id {run_id!r}: run ids {problem}")
+    return run_id
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+def resolve(run_id: str, root: str | Path | None = None) -> RunDir:
+    """The run ``run_id`` under the runs root, checked before anything reads, writes or deletes
+    it: a valid id, and a real directory (not a symlink) directly inside the root."""
+    base = runs_root(root)
+    path = base / check_run_id(run_id)
+    if path.is_symlink():
+        raise RunError(f"{path} is a symlink, not a run directory")
+    if not path.is_dir():
+        raise RunError(f"no run {run_id!r} in {base}")
+    if path.resolve().parent != base.resolve():
+        raise RunError(f"{path} is not inside the runs root {base}")
+    return RunDir(path)
 
 
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+_thread_locks: dict[str, threading.RLock] = {}
+_held: dict[str, tuple[int, int]] = {}  # path -> (flock'ed directory fd, depth) in this process
+_registry_guard = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -75,12 +161,31 @@ class RunDir:
     path: Path
 
     @classmethod
-    def create(cls, root: str | Path | None, run_id: str) -> RunDir:
-        if not RUN_NAME.match(run_id):
-            raise ValueError(f"run id {run_id!r} must match {RUN_NAME.pattern}")
-        path = runs_root(root) / run_id
-        path.mkdir(parents=True, exist_ok=False)
-        return cls(path)
+    def create(
+        cls, root: str | Path | None, run_id: str, config: ExperimentConfig | None = None
+    ) -> RunDir:
+        """Make ``<root>/<run_id>/`` with a queued ``status.json`` (and ``config.yaml`` if
+        ``config`` is given), all or nothing. Raises :class:`RunError` if the id is invalid or
+        taken, or the files cannot be written (the message names the file and the cause)."""
+        base = runs_root(root)
+        final = base / check_run_id(run_id)
+        if final.exists() or final.is_symlink():
+            raise RunError(f"a run named {run_id!r} already exists in {base}")
+        staging = base / f".{run_id}.{secrets.token_hex(4)}.creating"
+        try:
+            with files.writing(staging):
+                staging.mkdir(parents=True)
+            run = cls(staging)
+            if config is not None:
+                run.write_config(config)
+            files.write_json(run.status_path, {"state": "queued", "updated": time.time()})
+            os.rename(staging, final)  # fails if another creator got there first
+        except OSError as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise RunError(f"a run named {run_id!r} already exists in {base}") from None
+            raise RunError(f"cannot create run {run_id!r} in {base}: {error}") from None
+        return cls(final)
 
     @property
     def run_id(self) -> str:
@@ -93,62 +198,216 @@ class RunDir:
     stdout_path = property(lambda self: self.path / "stdout.log")
     checkpoints_path = property(lambda self: self.path / "checkpoints")
 
+    @contextmanager
+    def lock(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold the run's lock (re-entrant within a process). Raises :class:`RunError` if
+        another process keeps it for ``timeout`` s (default :data:`LOCK_TIMEOUT_S`), or the run
+        is deleted meanwhile."""
+        timeout = LOCK_TIMEOUT_S if timeout is None else timeout
+        key = str(self.path.absolute())
+        with _registry_guard:
+            thread_lock = _thread_locks.setdefault(key, threading.RLock())
+        if not thread_lock.acquire(timeout=timeout):
+            raise RunError(f"run {self.run_id} is busy in another thread of this process")
+        try:
+            fd, depth = _held.get(key, (None, 0))
+            if fd is None:
+                fd = self._flock(time.monotonic() + timeout)
+            _held[key] = (fd, depth + 1)
+            try:
+                yield
+            finally:
+                fd, depth = _held.pop(key)
+                if depth > 1:
+                    _held[key] = (fd, depth - 1)
+                else:
+                    os.close(fd)
+        finally:
+            thread_lock.release()
+
+    def _flock(self, deadline: float) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            raise RunError(f"no run {self.run_id!r} in {self.path.parent}") from None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise RunError(
+                        f"run {self.run_id} is busy: another launch, resume, stop or delete "
+                        "holds it; try again"
+                    ) from None
+                time.sleep(0.05)
+        try:  # deleted (or replaced) while we waited?
+            same = os.path.samestat(os.fstat(fd), os.stat(self.path, follow_symlinks=False))
+        except OSError:
+            same = False
+        if not same:
+            os.close(fd)
+            raise RunError(f"run {self.run_id} was deleted")
+        return fd
+
     def write_config(self, config: ExperimentConfig) -> None:
-        self.config_path.write_text(config.to_yaml())
+        with files.writing(self.config_path):
+            self.config_path.write_text(config.to_yaml())
 
     def config(self) -> ExperimentConfig:
         """The config the run was created with (checked then; read here without importing
-        TensorFlow)."""
-        return load(self.config_path, stored=True)
+        TensorFlow). Raises :class:`~toolkit.config.ConfigError` or :class:`OSError` if it
+        cannot be read: an empty or missing file is never taken for the defaults."""
+        try:
+            text = files.read_bytes(self.config_path).decode()
+        except UnicodeDecodeError:
+            raise OSError("config.yaml is not UTF-8 text") from None
+        return from_yaml(text, source=str(self.config_path), stored=True)
 
     def meta(self) -> dict[str, Any]:
-        return read_json(self.meta_path)
+        """``meta.json``, without fields of the wrong type; ``{}`` if it cannot be read."""
+        return typed(_read_object(self.meta_path) or {}, META_FIELDS)
 
     def update_meta(self, **fields) -> None:
-        write_json(self.meta_path, {**self.meta(), **fields})
+        with self.lock(timeout=120):
+            files.write_json(self.meta_path, {**(_read_object(self.meta_path) or {}), **fields})
 
-    def status(self) -> dict[str, Any]:
-        """The recorded status, with a dead run's ``queued``/``running`` reported as failed
-        (a run that has no process yet is given 30 s to start one)."""
-        status = read_json(self.status_path) or {"state": "queued"}
-        starting = not status.get("pid") and time.time() - status.get("updated", 0) < 30
-        if (
-            status.get("state") not in TERMINAL
-            and not starting
-            and not pid_alive(status.get("pid"))
-        ):
-            status = {
-                **status,
-                "state": "failed",
-                "reason": "its processes exited without writing a final status",
-            }
+    def recorded_status(self) -> dict[str, Any]:
+        """``status.json`` as written, without fields of the wrong type: ``{}`` if there is
+        none, ``{"state": "unreadable", "reason": ...}`` if it is not a readable JSON object."""
+        try:
+            raw = files.read_json(self.status_path)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            return {"state": UNREADABLE, "reason": f"status.json: {_short(error)}"}
+        if not isinstance(raw, dict):
+            return {"state": UNREADABLE, "reason": "status.json is not a JSON object"}
+        status = typed(raw, STATUS_FIELDS)
+        if status.get("state") not in STATES:
+            allowed = ", ".join(STATES)
+            reason = f"status.json: state {raw.get('state')!r} is not one of {allowed}"
+            return {**status, "state": UNREADABLE, "reason": reason}
         return status
 
+    def status(self) -> dict[str, Any]:
+        """The run's state, checked against its processes: a ``queued``/``running`` run none of
+        whose recorded local processes is alive is ``failed`` (a run that has recorded none is
+        given :data:`STARTUP_GRACE_S` to start one). Never raises."""
+        status = self.recorded_status()
+        if not status:  # no status.json: a directory being created, or abandoned
+            status = {"state": "queued", "updated": _mtime(self.path)}
+        if status["state"] not in LIVE:
+            return status
+        entries = self.processes(status)
+        local = [entry for entry in entries if processes.is_local(entry)]
+        if entries and not local:  # all on other hosts: nothing here can tell
+            return status
+        if any(processes.find(entry) for entry in local):
+            return status
+        if not entries and time.time() - status.get("updated", 0) < STARTUP_GRACE_S:
+            return status
+        return {
+            **status,
+            "state": "failed",
+            "reason": "its processes exited without writing a final status",
+        }
+
+    @staticmethod
+    def processes(status: dict[str, Any]) -> list[dict[str, Any]]:
+        """The process records of ``status`` (an old status with only ``pid``: that one)."""
+        if status.get("processes"):
+            return status["processes"]
+        return [{"role": "supervisor", "pid": status["pid"]}] if status.get("pid") else []
+
     def set_status(self, state: str, **fields) -> None:
-        """Record ``state``, keeping earlier fields (pid, started) unless overwritten."""
+        """Record ``state`` and ``fields`` (earlier fields are kept unless overwritten), under
+        the run's lock. A run whose stop was requested is recorded ``stopped`` where
+        ``completed`` is asked: training that was asked to stop never claims to have completed."""
         if state not in STATES:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
-        previous = read_json(self.status_path)
-        write_json(
-            self.status_path,
-            {**previous, **fields, "state": state, "updated": time.time()},
-        )
+        with self.lock(timeout=120):
+            previous = self.recorded_status()
+            if previous.get("state") == UNREADABLE:
+                previous = {}
+            if state == "completed" and previous.get("stop_requested"):
+                state = "stopped"
+                fields.setdefault("reason", "stopped on request as training finished")
+            files.write_json(
+                self.status_path, {**previous, **fields, "state": state, "updated": time.time()}
+            )
+
+    def finish(self, state: str, **fields) -> None:
+        """Record the final ``state`` unless one is recorded already: the first final state
+        wins, and a later one only adds the fields it lacks (an exit code), never a new state
+        or reason. So the supervisor, which writes last, cannot overwrite training's own
+        ``failed`` reason or a stop's ``stopped``."""
+        with self.lock(timeout=120):
+            previous = self.recorded_status()
+            if previous.get("state") in TERMINAL:
+                fields = {k: v for k, v in fields.items() if previous.get(k) is None}
+                state, fields = previous["state"], {**fields, "reason": previous.get("reason")}
+            self.set_status(state, **fields)
+
+    def record_processes(self, *entries: dict[str, Any], **fields) -> None:
+        """Add process records (:func:`toolkit.processes.record`) and ``fields`` to the
+        status."""
+        with self.lock(timeout=120):
+            status = self.recorded_status()
+            new = {(e["host"], e["pid"]) for e in entries}
+            kept = [e for e in status.get("processes", []) if (e["host"], e["pid"]) not in new]
+            state = status.get("state")
+            state = state if state in STATES else "queued"
+            self.set_status(state, processes=kept + [*entries], **fields)
+
+
+def _read_object(path: Path) -> dict[str, Any] | None:
+    try:
+        value = files.read_json(path)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _short(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def list_runs(root: str | Path | None = None) -> list[RunDir]:
-    """Every run directory under the root, newest first (by when its config was written,
-    which happens once, at creation)."""
+    """Every run directory under the root (real directories with a valid id; symlinks and
+    staging directories are not runs), newest first by when it was created."""
     base = runs_root(root)
-    if not base.is_dir():
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
         return []
-    runs = [RunDir(p) for p in base.iterdir() if p.is_dir() and RUN_NAME.match(p.name)]
+    runs = [
+        RunDir(Path(entry.path))
+        for entry in entries
+        if run_name_problem(entry.name) is None and _is_real_dir(entry)
+    ]
     return sorted(runs, key=_created, reverse=True)
+
+
+def _is_real_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 def _created(run: RunDir) -> float:
     for path in (run.config_path, run.path):
         try:
-            return path.stat().st_mtime
+            return path.stat(follow_symlinks=False).st_mtime
         except OSError:
             continue
     return 0.0
@@ -156,25 +415,41 @@ def _created(run: RunDir) -> float:
 
 def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
     """One row of the runs table: identity, state, set-up, and the headline numbers
-    (``events``: the run's events if the caller has already read them)."""
+    (``events``: the run's events if the caller has already read them). Never raises: what
+    cannot be read is left empty and named in ``reason`` as ``unreadable: ...``."""
+    from toolkit.config import ConfigError
     from toolkit.events import read_events
 
     status, meta = run.status(), run.meta()
+    problems = []
+    row = {
+        "run_id": run.run_id,
+        "state": status.get("state"),
+        "optimizer": None,
+        "global_batch": meta.get("global_batch"),
+        "workers": meta.get("world_size"),
+    }
     try:
         config = run.config()
-        optimizer, workers = config.optimizer.name, config.workers
-        global_batch = config.global_batch()
-    except Exception:  # a half-written or hand-edited config must not break the table
-        optimizer, workers, global_batch = (
-            None,
-            meta.get("world_size"),
-            meta.get("global_batch"),
+        row.update(
+            optimizer=config.optimizer.name,
+            workers=config.workers,
+            global_batch=config.global_batch(),
         )
-    events = read_events(run.events_path) if events is None else events
+    except FileNotFoundError:
+        problems.append("no config.yaml")
+    except (OSError, ConfigError) as error:
+        problems.append(f"config.yaml: {_short(error)}")
+    if events is None:
+        try:
+            events = read_events(run.events_path)
+        except OSError as error:
+            problems.append(_short(error))
+            events = pd.DataFrame()
     train = events[events["phase"] == "train"] if "phase" in events else events.iloc[0:0]
     evals = events[events["phase"] == "eval"] if "phase" in events else events.iloc[0:0]
     started = status.get("started") or meta.get("created")
-    ended = status.get("state") in TERMINAL
+    ended = status.get("state") not in LIVE
     finished = status.get("finished") or (status.get("updated") if ended else time.time())
 
     def column(frame, name, how):
@@ -183,19 +458,18 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         values = frame[name].dropna()
         return float(getattr(values, how)() if how != "last" else values.iloc[-1])
 
+    reasons = [status.get("reason")] if status.get("reason") else []
+    if problems and status.get("state") != "queued":
+        reasons.append("unreadable: " + "; ".join(problems))
     return {
-        "run_id": run.run_id,
-        "state": status.get("state"),
-        "optimizer": optimizer,
-        "global_batch": global_batch,
-        "workers": workers,
+        **row,
         "started": started,
-        "duration_s": finished - started if started else None,
+        "duration_s": finished - started if started and finished else None,
         "last_step": column(train, "step", "last"),
         "last_loss": column(train, "loss", "last"),
         "best_eval_loss": column(evals, "loss", "min"),
         "last_eval_accuracy": column(evals, "accuracy", "last"),
         "best_eval_accuracy": column(evals, "accuracy", "max"),
         "samples_per_sec": column(train, "samples_per_sec", "median"),
-        "reason": status.get("reason"),
+        "reason": "; ".join(reasons) or None,
     }

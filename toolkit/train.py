@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import platform
 import socket
 import subprocess
@@ -21,11 +20,12 @@ from pathlib import Path
 
 import keras
 
-from toolkit import callbacks, checkpoints, data, distributed, models
+from toolkit import callbacks, checkpoints, data, distributed, models, processes
 from toolkit import config as config_lib
 from toolkit.events import EventWriter, truncate_after
 from toolkit.experiment import build_optimizer, steps_per_epoch
-from toolkit.rundir import RunDir, new_run_id
+from toolkit.files import WriteError
+from toolkit.rundir import RunDir, RunError, new_run_id
 
 
 def train(
@@ -40,18 +40,19 @@ def train(
 
     ``run_dir``: where to write (created if missing; default ``<runs_root>/<name>-<time>``).
     ``resume``: continue from the directory's latest checkpoint, at the same epoch, step,
-    learning-rate position and data order. Failures (including a non-finite loss) are recorded
-    in ``status.json`` with a reason, then re-raised.
+    learning-rate position and data order. Failures (including a non-finite loss, or a full
+    disk) are recorded in ``status.json`` with a reason, then re-raised. Every worker's process
+    is recorded there too, so the run's state and ``stop`` can find them.
     """
     distributed.init()
     rank0, world = distributed.is_rank0(), distributed.size()
+    workers = distributed.allgather_object(processes.record("worker"))
     run = _prepare_run_dir(config, run_dir, runs_root) if rank0 else None
     try:
         if run:
             started = run.status().get("started") if resume else None  # a resumed run's clock
-            run.set_status(
-                "running", train_pid=os.getpid(), world_size=world, started=started or time.time()
-            )
+            run.record_processes(*workers)
+            run.set_status("running", world_size=world, started=started or time.time())
             run.update_meta(run_id=run.run_id, **_meta(config, world))
         previous_policy = keras.config.dtype_policy()
         keras.config.set_dtype_policy(config.precision)
@@ -70,8 +71,17 @@ def train(
     except BaseException as error:
         if run:
             stopped = isinstance(error, KeyboardInterrupt)
-            reason = "".join(traceback.format_exception_only(type(error), error)).strip()
-            run.set_status("stopped" if stopped else "failed", reason=reason, finished=time.time())
+            reason = (
+                str(error)  # names the file and the cause
+                if isinstance(error, WriteError)
+                else "".join(traceback.format_exception_only(type(error), error)).strip()
+            )
+            try:
+                run.set_status(
+                    "stopped" if stopped else "failed", reason=reason, finished=time.time()
+                )
+            except (OSError, RunError):  # the run's processes are gone soon: it reads failed
+                pass
         raise
     if run:
         run.set_status("completed", exit_code=0, finished=time.time())
@@ -203,10 +213,9 @@ def _has_trust_ratios(config) -> bool:
 
 def _prepare_run_dir(config, run_dir, runs_root) -> RunDir:
     if run_dir is None:
-        run = RunDir.create(runs_root, new_run_id(config.name))
-    else:
-        run = RunDir(Path(run_dir))
-        run.path.mkdir(parents=True, exist_ok=True)
+        return RunDir.create(runs_root, new_run_id(config.name), config)
+    run = RunDir(Path(run_dir))
+    run.path.mkdir(parents=True, exist_ok=True)
     run.write_config(config)
     return run
 
@@ -268,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         train(config, args.run_dir, resume=args.resume)
-    except callbacks.NonFiniteLoss as error:
+    except (callbacks.NonFiniteLoss, WriteError) as error:
         print(f"training failed: {error}", file=sys.stderr)
         return 1
     return 0

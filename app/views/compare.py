@@ -14,6 +14,7 @@ X_AXES = {
     "relative time": "time since the run's first event (s)",
 }
 NOT_METRICS = {"step", "epoch", "wall", "phase"}
+MAX_STEP = 2**53 - 1  # the largest whole number a browser's number input holds
 DEFAULT_METRICS = ["train/loss", "eval/loss", "eval/accuracy"]
 
 st.title("Compare runs")
@@ -75,9 +76,8 @@ for metric in shown:
     st.plotly_chart(figure)
 
 last_steps = [rows["step"].max() for rows in phases.values() if "step" in rows and not rows.empty]
-at_step = st.number_input(
-    "Values at step", min_value=0, value=int(max(last_steps, default=0)), step=1
-)
+last_step = max((s for s in last_steps if 0 <= s <= MAX_STEP), default=0)  # no junk steps
+at_step = st.number_input("Values at step", min_value=0, value=int(last_step), step=1)
 table = []
 for metric in shown:
     name, column = metric.split("/", 1)

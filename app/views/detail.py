@@ -5,7 +5,7 @@ import streamlit as st
 
 from app import charts, data
 from app.charts import Series
-from toolkit.rundir import TERMINAL
+from toolkit.rundir import LIVE
 
 REFRESH_S = 2.0
 
@@ -21,7 +21,7 @@ st.session_state.current_run = run_id
 st.query_params["run"] = run_id
 run = runs[ids.index(run_id)]
 config = data.config(run)
-live = data.status(run).get("state") not in TERMINAL
+live = data.status(run).get("state") in LIVE
 
 
 def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
@@ -40,7 +40,7 @@ def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
 def panel() -> None:
     status = data.status(run)
     state = status.get("state")
-    if live and state in TERMINAL:
+    if live and state not in LIVE:
         st.rerun()  # it just ended: redraw the page once more, without the timer
     frame = data.live_events(run)
     details = [f"state: {state}"] + [

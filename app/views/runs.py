@@ -10,7 +10,7 @@ from app import data
 from app.data import md_escape
 from toolkit import launch as launcher
 from toolkit.config import ConfigError
-from toolkit.rundir import TERMINAL
+from toolkit.rundir import LIVE
 
 COLUMNS = {
     "run_id": st.column_config.TextColumn("run"),
@@ -82,7 +82,7 @@ state = status.get("state")
 st.text(f"state: {state}" + (f"  ({status['reason']})" if status.get("reason") else ""))
 
 stop, rerun, resume, delete = st.columns(4)
-if stop.button("Stop", disabled=state in TERMINAL, width="stretch"):
+if stop.button("Stop", disabled=state not in LIVE, width="stretch"):
     act(lambda: launcher.stop(run_id, data.root()))
     done(f"Stopped {run_id}.")
 config = data.config(run)
@@ -93,7 +93,7 @@ if rerun.button("Rerun with the same config", disabled=config is None, width="st
 if resume.button("Resume", disabled=state not in ("stopped", "failed"), width="stretch"):
     act(lambda: launcher.resume(run_id, data.root()))
     done(f"Resumed {run_id}.")
-if delete.button("Delete…", disabled=state not in TERMINAL, width="stretch"):
+if delete.button("Delete…", disabled=state in LIVE, width="stretch"):
     st.session_state.confirm_delete = run_id
 if st.session_state.get("confirm_delete") == run_id:
     st.warning("Delete this run directory and everything in it? This cannot be undone.")

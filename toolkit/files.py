@@ -1,0 +1,101 @@
+"""Reading and writing a run's files so that no file's content or kind can hurt the reader, and
+a failed write says which file and why.
+
+Rules:
+
+- Readers open regular files only, never through a symlink (``O_NOFOLLOW``) and never blocking
+  (``O_NONBLOCK``: a FIFO in place of a log must not hang the dashboard). Anything else raises
+  :class:`OSError` naming the file; a missing file raises :class:`FileNotFoundError` as usual.
+- JSON files are replaced atomically (a temporary file renamed over the old one), so a reader
+  never sees half of one. If the temporary file cannot be written (a full disk), it is removed
+  and the file is overwritten in place instead: a status file must be writable when the disk is
+  full, and overwriting a file's existing blocks needs no new space.
+- Every write error becomes a :class:`WriteError` whose message names the cause and the file:
+  ``no space left on device while writing events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+
+class WriteError(OSError):
+    """Writing a run file failed; ``str()`` is ``<cause> while writing <file>``."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+@contextmanager
+def writing(path: str | os.PathLike, name: str | None = None) -> Iterator[None]:
+    """Turn any :class:`OSError` raised inside into a :class:`WriteError` naming ``name``
+    (default: ``path``'s file name)."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as error:
+        cause = os.strerror(error.errno) if error.errno else str(error)
+        message = f"{cause[:1].lower()}{cause[1:]} while writing {name or Path(path).name}"
+        raise WriteError(error.errno, message) from error
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """Open ``path`` for binary reading if it is a regular file reached without a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == errno.ELOOP:  # the last component is a symlink
+            raise OSError(error.errno, f"{Path(path).name} is a symlink (not followed)") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise OSError(f"{Path(path).name} is {kind}")
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The content of a regular file (see :func:`open_regular`)."""
+    with open_regular(path) as f:
+        return f.read()
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """The JSON value in ``path``; raises :class:`OSError` or :class:`ValueError` (not JSON)."""
+    return json.loads(read_bytes(path))
+
+
+def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
+    """Replace ``path`` with ``data`` as JSON: atomically, or in place when the disk is full."""
+    path = Path(path)
+    text = json.dumps(data, indent=2, default=str).encode()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with writing(path):
+        try:
+            tmp.write_bytes(text)
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            if not path.is_file() or path.is_symlink():
+                raise
+            _overwrite(path, text)
+
+
+def _overwrite(path: Path, text: bytes) -> None:
+    """Write ``text`` over ``path``'s existing bytes, padded with spaces (still valid JSON) to
+    the old length so that no new space is needed when the new text is shorter."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        old_size = os.fstat(fd).st_size
+        os.write(fd, text.ljust(old_size))
+    finally:
+        os.close(fd)
