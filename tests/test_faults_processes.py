@@ -140,6 +140,7 @@ def test_status_and_events_on_a_full_disk(small_disk):
             for step in range(2, 10_000):
                 writer.write({"step": step, "phase": "train", "loss": 1.0, "pad": "y" * 500})
     assert str(error.value) == "no space left on device while writing events.jsonl"
+    assert run.events_path.read_bytes().endswith(b"\n")  # the failed record was cut off whole
     written = run.events_path.read_bytes().count(b"\n")
     run.set_status("failed", reason=str(error.value))
     assert run.status()["state"] == "failed" and run.status()["reason"] == str(error.value)
@@ -181,4 +182,5 @@ def test_a_run_that_fills_the_disk_ends_failed_with_the_cause(small_disk, subpro
     assert all(line.endswith(b"\n") and json.loads(line) for line in lines)  # nothing torn
     assert len(read_events(run.events_path)) == len(lines) >= 3
     assert hidden_temp_files(run.path) == []
-    assert not [p for p in run.status()["processes"] if processes.find(p)]
+    recorded = run.status()["processes"]
+    wait_for(lambda: not any(map(processes.find, recorded)), 60, "a process of it hangs on")

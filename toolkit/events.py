@@ -91,7 +91,9 @@ class EventWriter:
 
     The file is opened unbuffered in append mode, so each record reaches the operating system
     in one ``write`` call and is visible to readers at once. If the file ends in a torn line
-    (a crashed earlier writer), a newline is written first so the next record starts clean.
+    (a crashed earlier writer), a newline is written first so the next record starts clean. A
+    record that cannot be written whole (a full disk) is cut off again, so a failed write
+    leaves the file as it was and raises :class:`~toolkit.files.WriteError`.
 
     Use as a context manager, or call :meth:`close`.
     """
@@ -118,7 +120,7 @@ class EventWriter:
         record = {"wall": time.time(), **record}
         line = json.dumps({key: _encode(value) for key, value in record.items()}, allow_nan=False)
         with files.writing(self.path):
-            self._file.write(line.encode() + b"\n")
+            files.append_whole(self._file.fileno(), line.encode() + b"\n")
 
     def close(self) -> None:
         self._file.close()

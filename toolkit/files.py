@@ -90,6 +90,23 @@ def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
             _overwrite(path, text)
 
 
+def append_whole(fd: int, data: bytes) -> None:
+    """Append ``data`` to the file open as ``fd`` (``O_APPEND``), all of it or none: a short
+    write (the disk filled up midway) is continued, and if that fails the file is truncated
+    back to its old end before the error is raised."""
+    end = os.fstat(fd).st_size
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            if written == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view = view[written:]
+    except OSError:
+        os.ftruncate(fd, end)
+        raise
+
+
 def _overwrite(path: Path, text: bytes) -> None:
     """Write ``text`` over ``path``'s existing bytes, padded with spaces (still valid JSON) to
     the old length so that no new space is needed when the new text is shorter."""
