@@ -131,12 +131,26 @@ def test_readers_never_follow_a_symlink_out_of_a_run(tree, tmp_path):
 
 
 def test_writers_never_follow_a_symlink_out_of_a_run(tree):
+    from toolkit import checkpoints
+
     root, victim = tree
     run = resolve("ok", root)
-    run.events_path.symlink_to(victim / "precious.txt")
+    secret = victim / "precious.txt"
+    run.events_path.symlink_to(secret)
     with pytest.raises(WriteError, match="while writing events.jsonl"):
         EventWriter(run.events_path)
-    assert (victim / "precious.txt").read_text() == "keep me"
+    run.config_path.unlink()
+    run.config_path.symlink_to(secret)
+    run.write_config(from_mapping({"name": "ok"}))  # replaces the link, not its target
+    assert not run.config_path.is_symlink() and run.config().name == "ok"
+    run.set_status("failed")
+    (victim / "epoch-0001").mkdir()
+    run.checkpoints_path.symlink_to(victim, target_is_directory=True)
+    assert checkpoints.latest(run.checkpoints_path) is None
+    with pytest.raises(WriteError, match="while writing checkpoints/epoch-0009"):
+        checkpoints.save(run.checkpoints_path, None, checkpoints.Position(9, 90), keep=0)
+    assert sorted(os.listdir(victim)) == ["epoch-0001", "precious.txt"]
+    assert secret.read_text() == "keep me"
 
 
 # --- One owner per run ------------------------------------------------------------------------

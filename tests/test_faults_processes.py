@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -67,6 +68,24 @@ def test_a_killed_supervisor_leaves_a_truthful_state_and_stop_ends_every_process
     assert status["state"] == "stopped" and status["reason"] == "stopped on request"
 
 
+def test_stop_ends_a_run_trained_in_this_process_without_killing_this_process(tmp_path):
+    from toolkit.train import train
+
+    config = from_mapping({**LONG, "workers": 1, "logging": {"every_steps": 5}})
+    thread = threading.Thread(target=train, args=(config, tmp_path / "here"), daemon=True)
+    thread.start()
+    run = RunDir(tmp_path / "here")
+    wait_for(lambda: len(read_events(run.events_path)) >= 2)
+    assert [p["pid"] for p in records(run, "worker")] == [os.getpid()]
+    assert run.status()["state"] == "running"
+    launcher.stop(run)
+    thread.join(120)
+    assert not thread.is_alive()  # it ended itself at its next check
+    status = run.status()
+    assert status["state"] == "stopped" and status["reason"] == "stopped on request"
+    assert read_events(run.events_path)["step"].max() < run.meta()["total_steps"]
+
+
 def test_a_reused_pid_is_not_mistaken_for_the_run(tmp_path):
     run = RunDir.create(tmp_path, "reused")
     me = processes.record("worker")
@@ -94,7 +113,7 @@ def test_training_asked_to_stop_never_claims_completed(tmp_path):
     run.finish("failed", exit_code=1, reason="the supervisor's guess")  # the first final wins
     status = run.status()
     assert status["state"] == "stopped" and status["exit_code"] == 0
-    assert status["reason"] == "stopped on request as training finished"
+    assert status["reason"] == "stopped on request"
 
 
 # --- A full disk --------------------------------------------------------------------------------

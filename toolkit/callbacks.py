@@ -137,6 +137,23 @@ class Checkpointer(keras.callbacks.Callback):
             )
 
 
+class StopWhenRequested(keras.callbacks.Callback):
+    """Ends training after the current step once ``stop`` has been asked for the run (its
+    status says ``stop_requested``), read every ``every_steps`` steps. For a run trained in
+    this process (a notebook), which ``stop`` must not kill; a run under horovodrun is ended
+    with signals instead."""
+
+    def __init__(self, run, counter: StepCounter, *, every_steps: int):
+        super().__init__()
+        self.run, self.counter, self.every_steps = run, counter, every_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.counter.step % self.every_steps == 0 and self.run.recorded_status().get(
+            "stop_requested"
+        ):
+            self.model.stop_training = True
+
+
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
     """Raises :class:`NonFiniteLoss` as soon as the loss is NaN or infinite."""
 

@@ -10,6 +10,7 @@ raises :class:`~toolkit.files.WriteError` naming the checkpoint.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from dataclasses import dataclass
@@ -30,13 +31,17 @@ class Position:
 
 
 def save(directory: Path, model: keras.Model, position: Position, keep: int = 2) -> Path:
-    """Write a checkpoint of ``model`` and its optimizer at ``position``; keep the last ``keep``."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write a checkpoint of ``model`` and its optimizer at ``position``; keep the last ``keep``.
+    A ``directory`` that is a symlink is refused: checkpoints are written, and old ones deleted,
+    only inside the run."""
     final = directory / f"epoch-{position.epoch:04d}"
     tmp = directory / f".{final.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
         with writing(tmp, name=f"checkpoints/{final.name}"):
+            if directory.is_symlink():
+                raise OSError(errno.ELOOP, f"{directory} is a symlink (not followed)")
+            directory.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
             model.save_weights(tmp / "model.weights.h5")
             variables = model.optimizer.variables
@@ -74,6 +79,6 @@ def restore(checkpoint: Path, model: keras.Model) -> Position:
 
 
 def _checkpoints(directory: Path) -> list[Path]:
-    if not directory.is_dir():
+    if directory.is_symlink() or not directory.is_dir():
         return []
-    return sorted(p for p in directory.glob("epoch-*") if p.is_dir())
+    return sorted(p for p in directory.glob("epoch-*") if p.is_dir() and not p.is_symlink())

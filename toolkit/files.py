@@ -74,19 +74,30 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(read_bytes(path))
 
 
+def replace(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: a reader sees the old or the new content, and
+    a symlink at ``path`` is replaced, never written through. The temporary file is removed if
+    anything fails."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with writing(path):
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
 def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
     """Replace ``path`` with ``data`` as JSON: atomically, or in place when the disk is full."""
     path = Path(path)
     text = json.dumps(data, indent=2, default=str).encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with writing(path):
-        try:
-            tmp.write_bytes(text)
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            if not path.is_file() or path.is_symlink():
-                raise
+    try:
+        replace(path, text)
+    except WriteError:
+        if not path.is_file() or path.is_symlink():
+            raise
+        with writing(path):
             _overwrite(path, text)
 
 

@@ -167,10 +167,18 @@ def supervise(run: RunDir, argv: list[str]) -> int:
             break
         except InterruptedError:
             continue
+    try:
+        _record_exit(run, me, code)
+    except RunError:  # deleted after a stop: nothing left to record into
+        pass
+    return code
+
+
+def _record_exit(run: RunDir, me: dict, code: int) -> None:
     with run.lock(timeout=120):
         status = run.recorded_status()
         if me not in status.get("processes", []):  # resumed meanwhile: no longer this run's
-            return code
+            return
         finished = time.time()
         if status.get("stop_requested"):
             run.finish("stopped", exit_code=code, finished=finished)
@@ -180,7 +188,6 @@ def supervise(run: RunDir, argv: list[str]) -> int:
         else:
             reason = "training exited without finishing"
             run.finish("failed", exit_code=code, finished=finished, reason=reason)
-    return code
 
 
 def stop(
@@ -188,7 +195,9 @@ def stop(
 ) -> RunDir:
     """Stop a queued or running run: SIGTERM to every live process it recorded and their
     children (the supervisor excepted: it records the exit code), SIGKILL after ``timeout`` s,
-    and mark it ``stopped``. This works when the supervisor itself is gone. Raises
+    and mark it ``stopped``. This works when the supervisor itself is gone. A run trained in
+    the calling process (a notebook) is not signalled: it stops itself at its next check
+    (:class:`~toolkit.callbacks.StopWhenRequested`). Raises
     :class:`~toolkit.rundir.RunError` naming any process that survived; a run that has already
     ended is left as it is."""
     run = _as_run(run, runs_root_dir)
@@ -201,7 +210,8 @@ def stop(
         supervisors = {
             p.pid for e in entries if e.get("role") == "supervisor" and (p := processes.find(e))
         }
-        targets = [p for p in processes.alive(entries) if p.pid not in supervisors]
+        spared = supervisors | {os.getpid()}  # a run trained in this process stops itself
+        targets = [p for p in processes.alive(entries) if p.pid not in spared]
         survivors = processes.terminate(targets, timeout)
         if survivors:
             pids = ", ".join(str(p.pid) for p in survivors)

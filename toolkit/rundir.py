@@ -252,8 +252,7 @@ class RunDir:
         return fd
 
     def write_config(self, config: ExperimentConfig) -> None:
-        with files.writing(self.config_path):
-            self.config_path.write_text(config.to_yaml())
+        files.replace(self.config_path, config.to_yaml().encode())
 
     def config(self) -> ExperimentConfig:
         """The config the run was created with (checked then; read here without importing
@@ -333,7 +332,7 @@ class RunDir:
                 previous = {}
             if state == "completed" and previous.get("stop_requested"):
                 state = "stopped"
-                fields.setdefault("reason", "stopped on request as training finished")
+                fields.setdefault("reason", "stopped on request")
             files.write_json(
                 self.status_path, {**previous, **fields, "state": state, "updated": time.time()}
             )

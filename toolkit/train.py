@@ -191,6 +191,9 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
                     every_steps=config.logging.trust_ratio_every_steps,
                 )
             )
+    if run and world == 1:
+        every = config.logging.every_steps
+        hooks.append(callbacks.StopWhenRequested(run, counter, every_steps=every))
     hooks.append(callbacks.StopOnNonFiniteLoss(counter))  # after the logger: the NaN is logged
     if verbose == "auto":
         verbose = (1 if sys.stdout.isatty() else 2) if rank0 else 0
