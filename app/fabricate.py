@@ -26,11 +26,13 @@ def fake_run(
     epochs: int = 10,
     eval_every: int = 100,
     trust_every: int = 200,
+    gns_every: int | None = None,
     seed: int = 0,
     pid: int | None = None,
 ) -> RunDir:
     """A run with ``events`` event lines (train rows, an eval row every ``eval_every`` steps,
-    a trust-ratio row every ``trust_every``) spread evenly over ``epochs``."""
+    a trust-ratio row every ``trust_every``, a gradient-noise-scale row every ``gns_every``
+    if given) spread evenly over ``epochs``."""
     rng = random.Random(seed)
     run = RunDir.create(root, run_id)
     config = from_mapping(
@@ -78,6 +80,13 @@ def fake_run(
                         "loss": 2.3 * decay + 0.2,
                         "accuracy": 0.9 - 0.8 * decay,
                     }
+                )
+            if gns_every and step % gns_every == gns_every - 1:
+                b_simple = 200 + 800 * (1 - decay) + 50 * rng.random()
+                writer.write(
+                    {"step": step, "epoch": epoch, "wall": wall, "phase": "gns"}
+                    | {"b_simple": b_simple, "grad_sq": 1 / b_simple, "trace_sigma": 1.0}
+                    | {"b_small": 32, "b_big": 64}
                 )
             if step % trust_every == trust_every - 1:
                 writer.write(

@@ -133,6 +133,37 @@ def test_metric_averaging_reports_the_mean_of_the_workers(two_workers):
     assert infos[0]["history"] == infos[1]["history"]
 
 
+@pytest.mark.parametrize(
+    "scenario, passes", [("noise", 1), ("noise_accumulate", 2), ("noise_mixed", 1)]
+)
+def test_noise_meter_measures_each_workers_and_the_averaged_gradient(two_workers, scenario, passes):
+    ranks, infos, _ = two_workers
+    local = [  # each rank's gradient for the update: the mean over its accumulated passes
+        np.mean(
+            [
+                np.concatenate([g.ravel() for g in weights(r, f"{scenario}_grads{p}")])
+                for p in range(passes)
+            ],
+            axis=0,
+        )
+        for r in ranks
+    ]
+    small_sq = np.mean([g @ g for g in local])  # |G_small|², averaged over the workers
+    big_sq = np.mean(local, axis=0) @ np.mean(local, axis=0)  # |G_big|²: the allreduced one
+    for info in infos:
+        update, got_small, got_big = info[scenario]
+        assert update == 1
+        assert got_small == pytest.approx(small_sq, rel=1e-5)
+        assert got_big == pytest.approx(big_sq, rel=1e-5)
+    assert small_sq > big_sq  # different gradients per worker: the average is shorter
+
+
+def test_noise_meter_sees_the_unscaled_gradients_under_mixed_precision(two_workers):
+    _, infos, _ = two_workers
+    for info in infos:  # same gradients, loss-scaled by 2**15 in the mixed scenario
+        assert info["noise_mixed"] == pytest.approx(info["noise"], rel=1e-6)
+
+
 def test_model_saved_by_rank0_loads_with_the_unwrapped_optimizer(two_workers):
     ranks, _, out = two_workers
     restored = keras.models.load_model(out / "fit.keras")

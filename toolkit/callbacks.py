@@ -17,6 +17,7 @@ import tensorflow as tf
 from toolkit import checkpoints
 from toolkit.events import EventWriter
 from toolkit.experiment import learning_rate_at, momentum_at
+from toolkit.noise_scale import Smoother, estimate
 
 
 class NonFiniteLoss(RuntimeError):
@@ -115,6 +116,111 @@ class TrustRatioLogger(keras.callbacks.Callback):
                 "step": self.counter.step,
                 "phase": "trust_ratio",
                 **{f"trust_ratio/{path}": r for path, r in ratios.items()},
+            }
+        )
+
+
+class HalfBatchNorms:
+    """One worker's stand-in for the allreduce measurement of the noise scale: a fresh random
+    batch of ``2·half`` training examples taken as two halves. ``small_sq`` is the mean of the
+    halves' gradient norms², ``big_sq`` the norm² of their mean, which is the whole batch's
+    gradient; so ``b_small = half`` and ``b_big = 2·half``. Each call costs one extra forward
+    and backward pass of the batch. The model runs with ``training=False`` (no dropout, batch
+    norm's moving statistics untouched)."""
+
+    def __init__(self, x, y, half: int, seed: int = 0):
+        if half < 1:
+            raise ValueError(f"half must be >= 1, got {half}")
+        self.x, self.y, self.half = x, y, half
+        self.rng = np.random.default_rng(seed)
+        self._gradients = None
+
+    def __call__(self, model: keras.Model) -> tuple[float, float]:
+        if self._gradients is None:
+            self._gradients = tf.function(lambda x, y: _loss_gradients(model, x, y))
+        rows = self.rng.choice(len(self.x), size=2 * self.half, replace=False)
+        x, y = self.x[rows], self.y[rows]
+        first = self._gradients(x[: self.half], y[: self.half])
+        second = self._gradients(x[self.half :], y[self.half :])
+        small = (_squared_norm(first) + _squared_norm(second)) / 2
+        big = _squared_norm([(a + b) / 2 for a, b in zip(first, second, strict=True)])
+        return small, big
+
+
+def _loss_gradients(model: keras.Model, x, y) -> list[tf.Tensor]:
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=False))
+    return tape.gradient(loss, model.trainable_variables)
+
+
+def _squared_norm(tensors) -> float:
+    return float(sum(np.sum(np.square(np.asarray(t, dtype=np.float64))) for t in tensors))
+
+
+class NoiseScaleLogger(keras.callbacks.Callback):
+    """Every ``every_updates`` updates, a ``gns`` event with the gradient noise scale
+    (:mod:`toolkit.noise_scale`): the smoothed ``b_simple``, ``grad_sq`` and ``trace_sigma``,
+    this step's ``grad_sq_step`` and ``trace_sigma_step``, the measured ``small_sq`` and
+    ``big_sq`` and their batch sizes ``b_small`` and ``b_big``.
+
+    The norms come from ``meter`` (a :class:`~toolkit.distributed.GradientNoiseMeter` in the
+    allreduce hook, with more than one worker) or, with one worker, from ``halves``
+    (:class:`HalfBatchNorms`). ``steps_per_update``: batches per optimizer update (local
+    accumulation).
+    """
+
+    def __init__(
+        self,
+        writer: EventWriter,
+        counter: StepCounter,
+        *,
+        every_updates: int,
+        steps_per_update: int,
+        steps_per_epoch: int,
+        b_small: int,
+        b_big: int,
+        smoothing: float,
+        meter=None,
+        halves: HalfBatchNorms | None = None,
+    ):
+        super().__init__()
+        if (meter is None) == (halves is None):
+            raise ValueError("give exactly one of meter (workers > 1) and halves (one worker)")
+        self.writer, self.counter = writer, counter
+        self.every_steps = every_updates * steps_per_update
+        self.steps_per_epoch = steps_per_epoch
+        self.b_small, self.b_big = b_small, b_big
+        self.smoother = Smoother(decay=smoothing)
+        self.meter, self.halves = meter, halves
+        self._last_update = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.counter.step % self.every_steps:
+            return
+        if self.meter is not None:
+            update, small_sq, big_sq = self.meter.read()
+            if update == self._last_update:  # nothing new measured
+                return
+            self._last_update = update
+        else:
+            small_sq, big_sq = self.halves(self.model)
+        grad_sq, trace_sigma = estimate(small_sq, big_sq, self.b_small, self.b_big)
+        self.smoother.update(grad_sq, trace_sigma)
+        step = self.counter.step
+        self.writer.write(
+            {
+                "step": step,
+                "epoch": step / self.steps_per_epoch,
+                "phase": "gns",
+                "b_simple": self.smoother.b_simple,
+                "grad_sq": self.smoother.grad_sq,
+                "trace_sigma": self.smoother.trace_sigma,
+                "grad_sq_step": grad_sq,
+                "trace_sigma_step": trace_sigma,
+                "small_sq": small_sq,
+                "big_sq": big_sq,
+                "b_small": self.b_small,
+                "b_big": self.b_big,
             }
         )
 

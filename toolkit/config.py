@@ -196,8 +196,19 @@ class ScalingConfig(_Section):
 
 
 class LoggingConfig(_Section):
+    """Event intervals. The gradient noise scale (``gns`` events) is measured every
+    ``noise_scale_every_steps`` optimizer updates (0: off): in the allreduce hook with more than
+    one worker (nearly free), from two halves of an extra batch with one worker (one extra
+    forward and backward pass per measurement)."""
+
     every_steps: int = Field(10, ge=1, description="train event interval")
     trust_ratio_every_steps: int = Field(50, ge=1, description="LARS/LBSGD-lars ratio interval")
+    noise_scale_every_steps: int = Field(
+        25, ge=0, description="gradient noise scale interval in updates (0: off)"
+    )
+    noise_scale_smoothing: float = Field(
+        0.95, ge=0, lt=1, description="EMA decay of the noise scale's |G|² and tr(Σ)"
+    )
 
 
 class CheckpointConfig(_Section):

@@ -140,11 +140,58 @@ def allreduce_mean(value: float | np.ndarray, name: str | None = None) -> float 
     return mean if isinstance(value, np.ndarray) else float(mean)
 
 
+class GradientNoiseMeter:
+    """The two squared gradient norms of the noise scale (:mod:`toolkit.noise_scale`), measured
+    inside the allreduce hook every ``every`` updates, on the gradients the loss produced
+    (after loss-scale unscaling and local accumulation, before clipping, weight decay or trust
+    ratios): ``small_sq``, each worker's own gradient norm² averaged over the workers (one
+    scalar allreduce), and ``big_sq``, the norm² of the allreduced gradient. Their batch sizes
+    are the per-worker examples per update and the global batch. Read after a step with
+    :meth:`read`; the variables live outside the optimizer, so checkpoints do not change."""
+
+    def __init__(self, every: int):
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.every = every
+        self._updates = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._measured = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._small_sq = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self._big_sq = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+
+    def measure(self, local: list[tf.Tensor], reduced: list[tf.Tensor]) -> None:
+        """Count one update; on every ``every``-th, record the two norms (every worker must
+        call it, as the allreduce hook does)."""
+        count = self._updates.assign_add(1)
+
+        def record():
+            small = hvd.allreduce(squared_norm(local), op=hvd.Average, name="noise_small_sq")
+            self._small_sq.assign(small)
+            self._big_sq.assign(squared_norm(reduced))
+            self._measured.assign(count)
+            return tf.constant(True)
+
+        tf.cond(count % self.every == 0, record, lambda: tf.constant(False))
+
+    def read(self) -> tuple[int, float, float]:
+        """``(update, small_sq, big_sq)`` of the latest measurement (update 0: none yet)."""
+        return (
+            int(self._measured.numpy()),
+            float(self._small_sq.numpy()),
+            float(self._big_sq.numpy()),
+        )
+
+
+def squared_norm(tensors: list[tf.Tensor]) -> tf.Tensor:
+    """``Σ‖t‖²`` over ``tensors`` in float64 (one pass each: ``l2_loss`` is ``‖t‖²/2``)."""
+    return tf.add_n([2 * tf.cast(tf.nn.l2_loss(t), tf.float64) for t in tensors])
+
+
 def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     optimizer: keras.optimizers.Optimizer,
     *,
     compression: str = "none",
     backward_passes_per_step: int = 1,
+    noise_meter: GradientNoiseMeter | None = None,
 ) -> keras.optimizers.Optimizer:
     """Make ``optimizer`` average its gradients over all workers; returns the same object.
 
@@ -157,7 +204,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     ``optimizer.iterations`` counts updates). With ``size() == 1`` no collective is added.
 
     A ``LossScaleOptimizer`` is wrapped as a whole: the inner optimizer allreduces and
-    accumulates, and the finite-gradient check becomes global.
+    accumulates, and the finite-gradient check becomes global. ``noise_meter`` measures the
+    gradient noise scale's norms in the same hook (with more than one worker).
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
@@ -170,6 +218,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
             optimizer.inner_optimizer,
             compression=compression,
             backward_passes_per_step=backward_passes_per_step,
+            noise_meter=noise_meter,
         )
         if size() > 1:
             _make_finite_check_global(optimizer)
@@ -182,6 +231,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         _allreduce_before_clipping(
             optimizer,
             hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
+            noise_meter,
         )
     return optimizer
 
@@ -203,12 +253,17 @@ def _accumulate(optimizer: keras.optimizers.Optimizer, steps: int) -> None:
     optimizer.gradient_accumulation_steps = steps
 
 
-def _allreduce_before_clipping(optimizer: keras.optimizers.Optimizer, compression) -> None:
+def _allreduce_before_clipping(
+    optimizer: keras.optimizers.Optimizer, compression, noise_meter: GradientNoiseMeter | None
+) -> None:
     clip = optimizer._clip_gradients  # the class's hook, bound
 
     def allreduce_then_clip(grads: list) -> list:
         dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices -> dense
-        return clip(hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression))
+        reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression)
+        if noise_meter is not None:
+            noise_meter.measure(dense, reduced)
+        return clip(reduced)
 
     optimizer._clip_gradients = allreduce_then_clip
 

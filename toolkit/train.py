@@ -105,10 +105,13 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
     optimizer = build_optimizer(config, spe, world)
     if config.precision == "mixed_float16":  # loss scaling outside, so its check is global
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    noise_every = config.logging.noise_scale_every_steps
+    meter = distributed.GradientNoiseMeter(noise_every) if noise_every and world > 1 else None
     optimizer = distributed.DistributedOptimizer(
         optimizer,
         compression=config.compression,
         backward_passes_per_step=config.batch.accumulation,
+        noise_meter=meter,
     )
     model.compile(
         optimizer=optimizer,
@@ -191,6 +194,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
                     every_steps=config.logging.trust_ratio_every_steps,
                 )
             )
+    if run and noise_every and (meter or per_worker >= 2):
+        hooks.append(_noise_scale_logger(config, writer, counter, meter, dataset, spe, world))
     if run and world == 1:
         every = config.logging.every_steps
         hooks.append(callbacks.StopWhenRequested(run, counter, every_steps=every))
@@ -206,6 +211,30 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
         shuffle=False,  # the order is epoch_dataset's
         callbacks=hooks,
         verbose=verbose if rank0 else 0,
+    )
+
+
+def _noise_scale_logger(config, writer, counter, meter, dataset, spe, world):
+    """The ``gns`` event logger: the allreduce hook's norms with several workers, two halves of
+    an extra batch with one (see :class:`~toolkit.callbacks.HalfBatchNorms`)."""
+    global_batch, per_worker = config.global_batch(world), config.per_worker_batch(world)
+    if meter is not None:
+        halves, b_small, b_big = None, global_batch // world, global_batch
+    else:
+        half = per_worker // 2
+        halves = callbacks.HalfBatchNorms(dataset.x_train, dataset.y_train, half, config.seed)
+        b_small, b_big = half, 2 * half
+    return callbacks.NoiseScaleLogger(
+        writer,
+        counter,
+        every_updates=config.logging.noise_scale_every_steps,
+        steps_per_update=global_batch // (per_worker * world),
+        steps_per_epoch=spe,
+        b_small=b_small,
+        b_big=b_big,
+        smoothing=config.logging.noise_scale_smoothing,
+        meter=meter,
+        halves=halves,
     )
 
 

@@ -16,6 +16,7 @@ X_AXES = {
 NOT_METRICS = {"step", "epoch", "wall", "phase"}
 MAX_STEP = 2**53 - 1  # the largest whole number a browser's number input holds
 DEFAULT_METRICS = ["train/loss", "eval/loss", "eval/accuracy"]
+PHASES = ("train", "eval", "gns")  # gns: the gradient noise scale (gns/b_simple)
 
 st.title("Compare runs")
 runs = data.runs()
@@ -32,9 +33,7 @@ if not chosen:
 
 frames = {run_id: data.events(by_id[run_id]) for run_id in chosen}
 phases = {
-    (run_id, name): data.phase(frame, name)
-    for run_id, frame in frames.items()
-    for name in ("train", "eval")
+    (run_id, name): data.phase(frame, name) for run_id, frame in frames.items() for name in PHASES
 }
 metrics = sorted(
     {

@@ -36,6 +36,29 @@ def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
         st.text(f"{title}: no data yet")
 
 
+def noise_scale(rows) -> None:
+    """B_simple over training (log y) against the run's global batch, and the newest reading."""
+    if "b_simple" not in rows or rows["b_simple"].dropna().empty:
+        if (config and config.logging.noise_scale_every_steps) or not rows.empty:
+            st.text("Gradient noise scale B_simple: no estimate yet")
+        return
+    rows = rows.dropna(subset=["b_simple"])
+    batch = float(rows["b_big"].iloc[-1]) if "b_big" in rows else None
+    newest = float(rows["b_simple"].iloc[-1])
+    reading = f"Gradient noise scale B_simple ≈ {newest:,.0f}"
+    if batch:
+        ratio = batch / newest
+        side = "below" if ratio < 1 else "above"
+        reading += f": the global batch {batch:,.0f} is {max(ratio, 1 / ratio):.1f}× {side} it"
+    st.text(reading)
+    figure = charts.lines(
+        [Series("B_simple", rows["step"], rows["b_simple"])], "B_simple", log_y=True, height=300
+    )
+    if batch:
+        figure.add_hline(y=batch, line_dash="dash", annotation_text=f"global batch {batch:,.0f}")
+    st.plotly_chart(figure)
+
+
 @st.fragment(run_every=REFRESH_S if live else None)
 def panel() -> None:
     status = data.status(run)
@@ -66,6 +89,7 @@ def panel() -> None:
     with right:
         curves(frame, "accuracy", "accuracy")
         curves(frame, "samples_per_sec", "samples/sec", phases=("train",))
+    noise_scale(data.phase(frame, "gns"))
     ratios = data.phase(frame, "trust_ratio")
     if not ratios.empty or (config and config.optimizer.name in ("lars", "lbsgd")):
         figure = charts.trust_heatmap(ratios)

@@ -91,6 +91,25 @@ def main(out: Path) -> None:
     train(model, x, y, STEPS)
     weights["mixed"] = model.get_weights()
 
+    # The gradient noise scale's meter in the allreduce hook: known per-rank gradients (the
+    # same in each scenario), applied once or accumulated over two passes, or loss-scaled.
+    for name, optimizer, passes, wrap in [
+        ("noise", sgd(), 1, {}),
+        ("noise_accumulate", sgd(), 2, {"backward_passes_per_step": 2}),
+        ("noise_mixed", keras.optimizers.LossScaleOptimizer(sgd()), 1, {}),
+    ]:
+        meter = distributed.GradientNoiseMeter(every=1)
+        optimizer = distributed.DistributedOptimizer(optimizer, noise_meter=meter, **wrap)
+        variables = [keras.Variable(np.zeros(shape, "float32")) for shape in ((5, 3), (3,))]
+        rng = np.random.default_rng(7 + rank)
+        optimizer.build(variables)
+        scale = float(optimizer.dynamic_scale.numpy()) if "mixed" in name else 1.0
+        for p in range(passes):
+            grads = [rng.normal(size=v.shape).astype("float32") for v in variables]
+            weights[f"{name}_grads{p}"] = grads
+            optimizer.apply([g * scale for g in grads], variables)
+        info[name] = meter.read()
+
     # model.fit with the callbacks; rank-dependent momentum buffers, so the workers only agree
     # if BroadcastInitialState broadcasts the optimizer's state too.
     model = make_model(100 + rank, SGD(0.1, momentum=0.9))

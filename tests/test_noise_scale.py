@@ -1,0 +1,223 @@
+"""The gradient noise scale estimator against an analytic oracle: linear least squares with
+Gaussian inputs and label noise, where ``|G|²`` and ``tr Σ`` at fixed weights are computed
+exactly in numpy from the per-example gradients over the whole dataset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from toolkit.noise_scale import Smoother, estimate
+
+
+def test_estimate_inverts_the_expected_norms_exactly():
+    grad_sq, trace = 3.0, 480.0
+    for b_small, b_big in ((32, 64), (16, 256), (1, 2)):
+        small, big = grad_sq + trace / b_small, grad_sq + trace / b_big
+        assert estimate(small, big, b_small, b_big) == pytest.approx((grad_sq, trace))
+
+
+@pytest.mark.parametrize("b_small, b_big", [(0, 4), (8, 8), (16, 8)])
+def test_estimate_needs_two_different_positive_batches(b_small, b_big):
+    with pytest.raises(ValueError, match="b_small < b_big"):
+        estimate(1.0, 0.5, b_small, b_big)
+
+
+def least_squares(n=200_000, dim=20, noise=2.0, seed=0):
+    """Per-example gradients ``x_i (x_i·w − y_i)`` of ``½(x·w − y)²`` at weights ``w`` off the
+    optimum, and the exact ``B_simple`` of the whole dataset."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, dim))
+    w_true = rng.normal(size=dim)
+    y = x @ w_true + noise * rng.normal(size=n)
+    w = w_true + 0.3 * rng.normal(size=dim)
+    per_example = x * (x @ w - y)[:, None]
+    true_gradient = per_example.mean(axis=0)
+    trace_sigma = per_example.var(axis=0).sum()  # tr of the population covariance
+    return per_example, trace_sigma / (true_gradient @ true_gradient)
+
+
+def test_sampled_batches_converge_to_the_exact_noise_scale():
+    per_example, exact = least_squares()
+    rng = np.random.default_rng(1)
+    workers, b_small = 8, 32  # data parallel: 8 small batches, their mean is the big one
+    smoother = Smoother(decay=0.999)
+    for _ in range(3000):
+        batches = per_example[rng.integers(0, len(per_example), size=(workers, b_small))]
+        local = batches.mean(axis=1)
+        small_sq = (local**2).sum(axis=1).mean()
+        big_sq = (local.mean(axis=0) ** 2).sum()
+        smoother.update(*estimate(small_sq, big_sq, b_small, workers * b_small))
+    assert 20 < exact < 2000  # a regime where the batch size matters
+    assert smoother.b_simple == pytest.approx(exact, rel=0.10)
+
+
+def test_the_smoother_is_bias_corrected_and_averages_each_quantity_not_the_ratio():
+    smoother = Smoother(decay=0.9)
+    smoother.update(2.0, 100.0)
+    assert (smoother.grad_sq, smoother.trace_sigma) == pytest.approx((2.0, 100.0))
+    smoother.update(0.5, 10.0)
+    weights = np.array([0.9 * 0.1, 0.1]) / (1 - 0.9**2)
+    grad_sq, trace = weights @ [2.0, 0.5], weights @ [100.0, 10.0]
+    assert smoother.b_simple == pytest.approx(trace / grad_sq)
+    assert smoother.b_simple != pytest.approx(weights @ [100.0 / 2.0, 10.0 / 0.5])
+
+
+def test_no_noise_scale_while_the_averaged_gradient_is_not_positive():
+    smoother = Smoother(decay=0.5)
+    assert smoother.b_simple is None  # nothing measured yet
+    smoother.update(-1.0, 50.0)  # one step's |G|² may be negative: legitimate noise
+    assert smoother.b_simple is None
+    smoother.update(5.0, 50.0)
+    assert smoother.b_simple > 0
+    assert smoother.b_simple == pytest.approx(smoother.trace_sigma / smoother.grad_sq)
+    smoother.update(float("nan"), 1.0)  # skipped
+    assert smoother.count == 2
+    negative_trace = Smoother(decay=0.5)
+    negative_trace.update(1.0, -5.0)
+    assert negative_trace.b_simple is None
+
+
+def test_the_decay_must_be_in_zero_one():
+    for decay in (-0.1, 1.0, 2.0):
+        with pytest.raises(ValueError, match="decay"):
+            Smoother(decay=decay)
+
+
+# --- In training runs -------------------------------------------------------------------------
+
+NOISY = {  # the quickstart's model and data; a fixed global batch, accumulated over 2 steps
+    "name": "noisy",
+    "dataset": {"name": "mnist1d"},
+    "model": {"name": "cnn1d"},
+    "optimizer": {"name": "sgd", "learning_rate": 0.05, "params": {"momentum": 0.9}},
+    "batch": {"global_size": 128, "accumulation": 2},
+    "epochs": 2,
+    "logging": {"every_steps": 10, "noise_scale_every_steps": 1, "noise_scale_smoothing": 0.9},
+}
+
+
+@pytest.fixture(scope="module")
+def two_worker_gns(tmp_path_factory, subprocess_env):
+    """The ``gns`` events of one 2-worker run of :data:`NOISY`."""
+    import os
+
+    from test_train import wait
+
+    from toolkit import launch as launcher
+    from toolkit.config import from_mapping
+    from toolkit.events import read_events
+
+    os.environ["PATH"] = subprocess_env["PATH"]
+    root = tmp_path_factory.mktemp("runs")
+    run = launcher.launch(from_mapping({**NOISY, "workers": 2}), runs_root_dir=root)
+    assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+    events = read_events(run.events_path)
+    return events[events.phase == "gns"].reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def one_worker_gns(tmp_path_factory):
+    from toolkit.config import from_mapping
+    from toolkit.events import read_events
+    from toolkit.train import train
+
+    run = train(from_mapping(NOISY), tmp_path_factory.mktemp("runs") / "one", verbose=0)
+    events = read_events(run.events_path)
+    return events[events.phase == "gns"].reset_index(drop=True)
+
+
+def test_two_workers_measure_per_worker_and_global_batches(two_worker_gns):
+    gns = two_worker_gns
+    updates = 2 * (4000 // 128)  # 2 epochs of the 4000 training examples
+    assert len(gns) == updates and (gns.step % 2 == 0).all()  # one per update of 2 steps
+    assert (gns.b_small == 64).all() and (gns.b_big == 128).all()  # 32 x 2 steps; 2 workers
+
+
+def test_logged_estimates_follow_the_published_formulas(two_worker_gns):
+    gns, decay = two_worker_gns, NOISY["logging"]["noise_scale_smoothing"]
+    b_small, b_big = 64, 128
+    grad_sq = (b_big * gns.big_sq - b_small * gns.small_sq) / (b_big - b_small)
+    trace = (gns.small_sq - gns.big_sq) / (1 / b_small - 1 / b_big)
+    np.testing.assert_allclose(gns.grad_sq_step, grad_sq, rtol=1e-9)
+    np.testing.assert_allclose(gns.trace_sigma_step, trace, rtol=1e-9)
+    np.testing.assert_allclose(gns.grad_sq, debiased_ema(grad_sq, decay), rtol=1e-9)
+    np.testing.assert_allclose(gns.trace_sigma, debiased_ema(trace, decay), rtol=1e-9)
+    positive = gns.grad_sq > 0
+    np.testing.assert_allclose(
+        gns.b_simple[positive], (gns.trace_sigma / gns.grad_sq)[positive], rtol=1e-9
+    )
+    assert gns.b_simple[~positive].isna().all()
+
+
+def debiased_ema(values, decay) -> np.ndarray:
+    """Adam-style bias-corrected exponential average, written out."""
+    out, acc = [], 0.0
+    for n, value in enumerate(values, start=1):
+        acc = decay * acc + (1 - decay) * value
+        out.append(acc / (1 - decay**n))
+    return np.array(out)
+
+
+def block_estimates(gns, blocks=5) -> np.ndarray:
+    """``B_simple`` of each of ``blocks`` consecutive stretches of a run (ratio of the means)."""
+    parts = np.array_split(np.arange(len(gns)), blocks)
+    return np.array([gns.trace_sigma_step[p].mean() / gns.grad_sq_step[p].mean() for p in parts])
+
+
+def test_one_worker_halves_agree_with_two_workers_within_their_spread(
+    two_worker_gns, one_worker_gns
+):
+    one, two = one_worker_gns, two_worker_gns
+    assert (one.b_small == 32).all() and (one.b_big == 64).all()  # halves of 64 per step
+    b_one = one.trace_sigma_step.mean() / one.grad_sq_step.mean()
+    b_two = two.trace_sigma_step.mean() / two.grad_sq_step.mean()
+    spread = block_estimates(one).std() + block_estimates(two).std()
+    print(f"B_simple: 1 worker {b_one:.0f}, 2 workers {b_two:.0f}, spread {spread:.0f}")
+    assert abs(b_one - b_two) <= 2 * spread
+
+
+# --- Config and dashboard ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("logging.noise_scale_every_steps=-1", "logging.noise_scale_every_steps: Input should be"),
+        ("logging.noise_scale_every_steps=2.5", "logging.noise_scale_every_steps: Input should"),
+        ("logging.noise_scale_smoothing=1", "logging.noise_scale_smoothing: Input should be less"),
+        ("logging.noise_scale_smoothing=-0.1", "logging.noise_scale_smoothing: Input should be"),
+    ],
+)
+def test_bad_noise_scale_settings_are_config_errors_naming_the_field(override, message):
+    from toolkit.config import ConfigError, from_mapping
+
+    with pytest.raises(ConfigError, match=message):
+        from_mapping({}, [override])
+
+
+@pytest.mark.parametrize("with_gns", [True, False])
+def test_run_detail_shows_the_noise_scale_against_the_batch(with_gns, tmp_path, monkeypatch):
+    from conftest import ROOT
+    from streamlit.testing.v1 import AppTest
+
+    from app.fabricate import fake_run
+
+    monkeypatch.setenv("LBL_RUNS", str(tmp_path))
+    fake_run(tmp_path, "gns", events=400, gns_every=20 if with_gns else None)
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
+    at.switch_page("views/detail.py").run()
+    assert not at.exception, at.exception
+    texts = " ".join(t.value for t in at.text)
+    titles = [c.proto.spec for c in at.get("plotly_chart")]
+    if with_gns:
+        assert "Gradient noise scale B_simple ≈" in texts and "× below it" in texts
+        chart = next(spec for spec in titles if '"B_simple"' in spec)
+        assert '"type":"log"' in chart and "global batch 64" in chart
+    else:
+        assert "B_simple: no estimate yet" in texts
+        assert not any('"B_simple"' in spec for spec in titles)
+    at.switch_page("views/compare.py").run()
+    assert not at.exception, at.exception
+    metrics = at.multiselect[1].options
+    assert ("gns/b_simple" in metrics) == with_gns
