@@ -221,3 +221,87 @@ def test_run_detail_shows_the_noise_scale_against_the_batch(with_gns, tmp_path, 
     assert not at.exception, at.exception
     metrics = at.multiselect[1].options
     assert ("gns/b_simple" in metrics) == with_gns
+
+
+# --- The probe ----------------------------------------------------------------------------------
+
+
+def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
+    import pandas as pd
+
+    from toolkit.config import from_mapping
+    from toolkit.noise_scale import summarize
+
+    rng = np.random.default_rng(0)
+    n = 400
+    gns = pd.DataFrame(  # early: B = 10; late: |G|² = 0.01, tr Σ = 5 with noise, so B = 500
+        {
+            "grad_sq_step": np.r_[np.full(n // 2, 1.0), 0.01 + 0.05 * rng.normal(size=n // 2)],
+            "trace_sigma_step": np.r_[np.full(n // 2, 10.0), 5 + rng.normal(size=n // 2)],
+        }
+    )
+    config = from_mapping({"batch": {"per_worker": 32}, "lr_scaling": {"rule": "sqrt"}})
+    result = summarize(gns, "probe-x", config, world_size=2)
+    late = gns.iloc[n // 2 :]
+    assert result.b_simple == pytest.approx(late.trace_sigma_step.mean() / late.grad_sq_step.mean())
+    low, high = result.band
+    assert low < result.b_simple < high and 200 < result.b_simple < 2000
+    assert result.global_batch == 64 and result.suggested_batch == 2 ** round(
+        np.log2(result.b_simple)
+    )
+    assert result.suggested_learning_rate == pytest.approx(
+        0.1 * np.sqrt(result.suggested_batch / 256)
+    )
+    text = result.reading()
+    assert f"Your global batch 64 is {result.b_simple / 64:.1f}× below it" in text
+    assert (
+        f"lr_scaling (sqrt) gives a learning rate of {result.suggested_learning_rate:.4g}" in text
+    )
+    with pytest.raises(ValueError, match="a probe needs"):
+        summarize(gns.iloc[:6], "probe-x", config, world_size=2)
+
+
+def test_the_probe_cli_on_the_quickstart(tmp_path, subprocess_env):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from toolkit.__main__ import runs_table
+    from toolkit.rundir import list_runs
+
+    result = subprocess.run(
+        [sys.executable, "-m", "toolkit", "--runs", str(tmp_path), "probe"]
+        + ["experiments/quickstart.yaml", "--steps", "80"],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "B_simple ≈" in result.stdout and "Your global batch 32 is" in result.stdout
+    (run,) = list_runs(tmp_path)
+    assert run.meta()["probe"] is True and run.run_id in result.stdout
+    assert run.status()["state"] == "completed"
+    assert run.run_id in runs_table(tmp_path)  # the CLI lists every run; the app hides probes
+
+
+def test_the_launch_page_probes_with_the_configs_workers(tmp_path, monkeypatch, subprocess_env):
+    from conftest import ROOT
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("LBL_RUNS", str(tmp_path))
+    monkeypatch.setenv("PATH", subprocess_env["PATH"])
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=300).run()
+    at.switch_page("views/launch.py").run()
+    at.selectbox[0].set_value("quickstart").run()
+    next(b for b in at.button if b.label == "Probe").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Global batch"] == "64"  # 2 workers x 32
+    assert float(metrics["Noise scale B_simple"].replace(",", "")) > 0
+    assert any("B_simple ≈" in t.value for t in at.text)
+    at.switch_page("views/runs.py").run()  # the probe run is hidden unless asked for
+    assert at.dataframe[0].value.empty and "Show noise-scale probes (1)" == at.toggle[0].label

@@ -5,6 +5,7 @@ python -m toolkit runs
 python -m toolkit stop RUN
 python -m toolkit resume RUN [--wait]
 python -m toolkit delete RUN
+python -m toolkit probe CONFIG [--np N] [--steps K] [--set k=v ...]
 
 Every user error (a bad config, an unknown or invalid run id, a run that is busy or in the wrong
 state, run files that cannot be written) exits with status 2 and one line on stderr.
@@ -40,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     cont.add_argument("run")
     cont.add_argument("--wait", action="store_true", help="wait until the run ends")
     sub.add_parser("delete", help="delete an ended run's directory").add_argument("run")
+    probe = sub.add_parser("probe", help="what batch should I use? (the gradient noise scale)")
+    probe.add_argument("config")
+    probe.add_argument("--np", type=int, default=1, help="workers (default 1, in this process)")
+    probe.add_argument("--steps", type=int, default=200, help="updates to measure over")
+    probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
     try:
@@ -68,6 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "delete":
             launcher.delete(args.run, args.runs)
             print(f"deleted {args.run}")
+        elif args.command == "probe":
+            from toolkit import noise_scale
+            from toolkit.config import load
+
+            config = load(args.config, args.set)
+            print(f"probing {config.name}: {args.steps} updates on {args.np} worker(s)...")
+            result = noise_scale.probe(config, steps=args.steps, np=args.np, runs_root=args.runs)
+            print(f"{result.reading()}\n(probe run: {result.run_id})")
     except (ValueError, OSError) as error:  # ConfigError and RunError are ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -84,7 +98,7 @@ def runs_table(root: str | None = None) -> str:
     rows = [summary(r) for r in list_runs(root)]
     if not rows:
         return "no runs"
-    table = pd.DataFrame(rows).drop(columns=["reason"])
+    table = pd.DataFrame(rows).drop(columns=["reason", "probe"])
     started = pd.to_datetime(pd.to_numeric(table.pop("started")), unit="s")
     table.insert(5, "started (UTC)", started.dt.strftime("%Y-%m-%d %H:%M"))
     table["duration_s"] = pd.to_numeric(table["duration_s"]).round()

@@ -44,9 +44,11 @@ def launch(
     overrides: list[str] = (),
     runs_root_dir: str | Path | None = None,
     run_id: str | None = None,
+    meta: dict | None = None,
 ) -> RunDir:
     """Validate ``config`` (a path or an object), create its run directory and start it with
-    ``np`` workers on ``hosts`` (``name:slots,...``; default ``localhost:np``)."""
+    ``np`` workers on ``hosts`` (``name:slots,...``; default ``localhost:np``). ``meta``:
+    extra fields for ``meta.json`` (e.g. ``{"probe": True}``)."""
     if isinstance(config, (str, Path)):
         config = config_lib.load(config, overrides)
         overrides = ()
@@ -56,7 +58,7 @@ def launch(
     run = RunDir.create(runs_root_dir, run_id or new_run_id(config.name), config)
     try:
         with run.lock():
-            _start(run, config, resume=False)
+            _start(run, config, resume=False, meta=meta or {})
     except OSError as error:  # nothing was started: leave nothing behind
         shutil.rmtree(run.path, ignore_errors=True)
         raise RunError(f"cannot start run {run.run_id}: {error}") from None
@@ -117,7 +119,9 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
     return argv + ["--resume"] if resume else argv
 
 
-def _start(run: RunDir, config: config_lib.ExperimentConfig, resume: bool) -> None:
+def _start(
+    run: RunDir, config: config_lib.ExperimentConfig, resume: bool, meta: dict | None = None
+) -> None:
     argv = horovodrun_argv(config, run, resume)
     run.set_status(
         "queued",
@@ -134,6 +138,7 @@ def _start(run: RunDir, config: config_lib.ExperimentConfig, resume: bool) -> No
         command=argv,
         world_size=config.workers,
         seed=config.seed,
+        **(meta or {}),
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_package_root()), env.get("PYTHONPATH")]))

@@ -101,6 +101,7 @@ META_FIELDS = _fields(
     seed=int,
     steps_per_epoch=int,
     total_steps=int,
+    probe=bool,
 )
 
 
@@ -471,4 +472,5 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         "best_eval_accuracy": column(evals, "accuracy", "max"),
         "samples_per_sec": column(train, "samples_per_sec", "median"),
         "reason": "; ".join(reasons) or None,
+        "probe": bool(meta.get("probe", False)),
     }

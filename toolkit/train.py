@@ -35,10 +35,12 @@ def train(
     resume: bool = False,
     runs_root: str | Path | None = None,
     verbose: int | str = "auto",
+    meta: dict | None = None,
 ) -> RunDir:
     """Run ``config`` to completion and return its run directory.
 
     ``run_dir``: where to write (created if missing; default ``<runs_root>/<name>-<time>``).
+    ``meta``: extra fields for ``meta.json`` (e.g. ``{"probe": True}``).
     ``resume``: continue from the directory's latest checkpoint, at the same epoch, step,
     learning-rate position and data order. Failures (including a non-finite loss, or a full
     disk) are recorded in ``status.json`` with a reason, then re-raised. Every worker's process
@@ -53,7 +55,7 @@ def train(
             started = run.status().get("started") if resume else None  # a resumed run's clock
             run.record_processes(*workers)
             run.set_status("running", world_size=world, started=started or time.time())
-            run.update_meta(run_id=run.run_id, **_meta(config, world))
+            run.update_meta(run_id=run.run_id, **_meta(config, world), **(meta or {}))
         previous_policy = keras.config.dtype_policy()
         keras.config.set_dtype_policy(config.precision)
         try:

@@ -9,6 +9,7 @@ from app import charts, data, form
 from app.data import md_escape
 from toolkit import config as config_lib
 from toolkit import launch as launcher
+from toolkit import noise_scale
 from toolkit.config import SCHEDULES, ConfigError, field_errors
 from toolkit.data import DATASETS
 from toolkit.models import MODELS
@@ -205,7 +206,7 @@ with st.container(border=True):
         )
 
 with st.expander("Logging and checkpoints"):
-    cells = st.columns(3)
+    cells = st.columns(5)
     with cells[0]:
         every = number("Train event every (steps)", "logging.every_steps", "LoggingConfig")
     with cells[1]:
@@ -215,6 +216,16 @@ with st.expander("Logging and checkpoints"):
             "LoggingConfig",
         )
     with cells[2]:
+        noise_every = number(
+            "Noise scale every (updates, 0: off)",
+            "logging.noise_scale_every_steps",
+            "LoggingConfig",
+        )
+    with cells[3]:
+        noise_smoothing = number(
+            "Noise scale smoothing", "logging.noise_scale_smoothing", "LoggingConfig"
+        )
+    with cells[4]:
         raw["checkpoint"] = {
             "every_epochs": number(
                 "Checkpoint every (epochs)",
@@ -222,7 +233,12 @@ with st.expander("Logging and checkpoints"):
                 "CheckpointConfig",
             )
         }
-    raw["logging"] = {"every_steps": every, "trust_ratio_every_steps": ratio_every}
+    raw["logging"] = {
+        "every_steps": every,
+        "trust_ratio_every_steps": ratio_every,
+        "noise_scale_every_steps": noise_every,
+        "noise_scale_smoothing": noise_smoothing,
+    }
 
 config, errors = None, dict(local)
 try:
@@ -253,6 +269,26 @@ elif config is not None:
         st.plotly_chart(charts.schedule(preview))
     with st.expander("Resolved config (YAML)"):
         st.code(config.to_yaml(), language="yaml")
+
+if config is not None and not errors:
+    st.markdown("**What batch should I use?** A short run measures the gradient noise scale.")
+    if st.button("Probe", help="about 200 updates of this config with its workers"):
+        try:
+            with st.spinner("Probing: a short training run…"):
+                result = noise_scale.probe(
+                    config, np=config.workers, runs_root=data.root(), in_process=False
+                )
+        except (ConfigError, ValueError, OSError, RuntimeError) as error:
+            st.error(md_escape(f"The probe failed: {error}"))
+        else:
+            st.session_state.probe = (config.to_yaml(), result)
+    if (kept := st.session_state.get("probe")) and kept[0] == config.to_yaml():
+        result = kept[1]
+        cells = st.columns(3)
+        cells[0].metric("Noise scale B_simple", f"{result.b_simple:,.0f}")
+        cells[1].metric("Global batch", f"{result.global_batch:,}")
+        cells[2].metric("Suggested batch", f"{result.suggested_batch:,}")
+        st.text(result.reading())
 
 if st.button("Launch", type="primary"):
     if errors or config is None:

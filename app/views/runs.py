@@ -53,7 +53,11 @@ if not runs:
     st.info("No runs yet. Start one on the Launch page.")
     st.stop()
 
-table = pd.DataFrame([data.summary(r) for r in runs]).reindex(columns=list(COLUMNS))
+summaries = pd.DataFrame([data.summary(r) for r in runs])
+probes = summaries["probe"].astype(bool)  # short runs of `toolkit probe`, hidden by default
+if not st.toggle(f"Show noise-scale probes ({int(probes.sum())})", value=False):
+    summaries = summaries[~probes]
+table = summaries.reindex(columns=list(COLUMNS))
 table["started"] = pd.to_datetime(table["started"], unit="s", errors="coerce")
 left, middle, right = st.columns([1, 1, 2])
 states = left.multiselect("State", sorted(table["state"].dropna().unique()))
