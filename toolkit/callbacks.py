@@ -137,7 +137,9 @@ class HalfBatchNorms:
 
     def __call__(self, model: keras.Model) -> tuple[float, float]:
         if self._gradients is None:
-            self._gradients = tf.function(lambda x, y: _loss_gradients(model, x, y))
+            self._gradients = tf.function(
+                lambda x, y: _loss_gradients(model, x, y), autograph=False
+            )
         rows = self.rng.choice(len(self.x), size=2 * self.half, replace=False)
         x, y = self.x[rows], self.y[rows]
         first = self._gradients(x[: self.half], y[: self.half])
