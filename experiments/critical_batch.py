@@ -184,7 +184,8 @@ def noise_through_training(batch: int = 32, rate: float = 0.1, epochs: int = 15)
     for row in evals.itertuples():
         part = gns[(gns.epoch > row.epoch - 1) & (gns.epoch <= row.epoch)]
         grad_sq = part.grad_sq_step.mean()
-        shown = f"{part.trace_sigma_step.mean() / grad_sq:,.0f}" if grad_sq > 0 else "n/a (mean ‖G‖² ≤ 0)"
+        ratio = part.trace_sigma_step.mean() / grad_sq
+        shown = f"{ratio:,.0f}" if grad_sq > 0 else "n/a (mean ‖G‖² ≤ 0)"
         lines.append(f"| {row.epoch:.0f} | {row.loss:.3f} | {shown} |")
     return "\n".join(lines)
 
