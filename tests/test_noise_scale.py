@@ -305,3 +305,24 @@ def test_the_launch_page_probes_with_the_configs_workers(tmp_path, monkeypatch, 
     assert any("B_simple ≈" in t.value for t in at.text)
     at.switch_page("views/runs.py").run()  # the probe run is hidden unless asked for
     assert at.dataframe[0].value.empty and "Show noise-scale probes (1)" == at.toggle[0].label
+
+
+def test_a_model_trained_by_hand_gets_the_noise_scale_from_a_keras_callback():
+    import keras
+
+    from toolkit.callbacks import noise_scale_callback
+    from toolkit.noise_scale import Smoother
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2048, 8)).astype("float32")
+    y = (x @ rng.normal(size=8) > 0).astype("int32")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    gns = noise_scale_callback(x, y, batch_size=64, every_steps=4, smoothing=0.8)
+    model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[gns])
+    assert [r["step"] for r in gns.records] == list(range(4, 65, 4))  # 32 batches an epoch
+    assert all(r["b_small"] == 32 and r["b_big"] == 64 for r in gns.records)
+    replay = Smoother(decay=0.8)
+    for r in gns.records:
+        replay.update(r["grad_sq_step"], r["trace_sigma_step"])
+    assert gns.smoother.b_simple == pytest.approx(replay.b_simple) and replay.b_simple > 0

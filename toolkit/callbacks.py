@@ -168,13 +168,14 @@ class NoiseScaleLogger(keras.callbacks.Callback):
     The norms come from ``meter`` (a :class:`~toolkit.distributed.GradientNoiseMeter` in the
     allreduce hook, with more than one worker) or, with one worker, from ``halves``
     (:class:`HalfBatchNorms`). ``steps_per_update``: batches per optimizer update (local
-    accumulation).
+    accumulation). Every event is also kept in :attr:`records`; ``writer`` and ``counter`` may
+    be ``None`` (no file; batches counted here), as in :func:`noise_scale_callback`.
     """
 
     def __init__(
         self,
-        writer: EventWriter,
-        counter: StepCounter,
+        writer: EventWriter | None,
+        counter: StepCounter | None,
         *,
         every_updates: int,
         steps_per_update: int,
@@ -194,10 +195,13 @@ class NoiseScaleLogger(keras.callbacks.Callback):
         self.b_small, self.b_big = b_small, b_big
         self.smoother = Smoother(decay=smoothing)
         self.meter, self.halves = meter, halves
-        self._last_update = 0
+        self.records: list[dict] = []
+        self._last_update, self._batches = 0, 0
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.counter.step % self.every_steps:
+        self._batches += 1
+        step = self.counter.step if self.counter is not None else self._batches
+        if step % self.every_steps:
             return
         if self.meter is not None:
             update, small_sq, big_sq = self.meter.read()
@@ -208,8 +212,7 @@ class NoiseScaleLogger(keras.callbacks.Callback):
             small_sq, big_sq = self.halves(self.model)
         grad_sq, trace_sigma = estimate(small_sq, big_sq, self.b_small, self.b_big)
         self.smoother.update(grad_sq, trace_sigma)
-        step = self.counter.step
-        self.writer.write(
+        self.records.append(
             {
                 "step": step,
                 "epoch": step / self.steps_per_epoch,
@@ -225,6 +228,34 @@ class NoiseScaleLogger(keras.callbacks.Callback):
                 "b_big": self.b_big,
             }
         )
+        if self.writer is not None:
+            self.writer.write(self.records[-1])
+
+
+def noise_scale_callback(
+    x, y, *, batch_size: int, every_steps: int = 25, smoothing: float = 0.95, seed: int = 0
+) -> NoiseScaleLogger:
+    """The gradient noise scale for a model you train yourself with ``model.fit`` (one
+    process): every ``every_steps`` batches, ``B_simple`` from two halves of a fresh batch of
+    ``batch_size`` examples of ``(x, y)``. Read the estimates from the callback's ``records``
+    (dicts with the keys of a ``gns`` event), e.g. ``pd.DataFrame(callback.records)``::
+
+        gns = noise_scale_callback(x_train, y_train, batch_size=64)
+        model.fit(x_train, y_train, batch_size=64, epochs=5, callbacks=[gns])
+        print(gns.smoother.b_simple)
+    """
+    half = batch_size // 2
+    return NoiseScaleLogger(
+        None,
+        None,
+        every_updates=every_steps,
+        steps_per_update=1,
+        steps_per_epoch=max(1, len(x) // batch_size),
+        b_small=half,
+        b_big=2 * half,
+        smoothing=smoothing,
+        halves=HalfBatchNorms(x, y, half, seed),
+    )
 
 
 class Checkpointer(keras.callbacks.Callback):
