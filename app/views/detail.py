@@ -43,7 +43,7 @@ def noise_scale(rows) -> None:
             st.text("Gradient noise scale B_simple: no estimate yet")
         return
     rows = rows.dropna(subset=["b_simple"])
-    batch = float(rows["b_big"].iloc[-1]) if "b_big" in rows else None
+    batch = run.meta().get("global_batch") or (rows["b_big"].iloc[-1] if "b_big" in rows else None)
     newest = float(rows["b_simple"].iloc[-1])
     reading = f"Gradient noise scale B_simple ≈ {newest:,.0f}"
     if batch:
@@ -51,11 +51,11 @@ def noise_scale(rows) -> None:
         side = "below" if ratio < 1 else "above"
         reading += f": the global batch {batch:,.0f} is {max(ratio, 1 / ratio):.1f}× {side} it"
     st.text(reading)
-    figure = charts.lines(
-        [Series("B_simple", rows["step"], rows["b_simple"])], "B_simple", log_y=True, height=300
-    )
-    if batch:
-        figure.add_hline(y=batch, line_dash="dash", annotation_text=f"global batch {batch:,.0f}")
+    series = [Series("B_simple", rows["step"], rows["b_simple"])]
+    if batch:  # a line, not a shape: shapes on a log axis take log10 coordinates
+        steps = rows["step"].iloc[[0, -1]]
+        series.append(Series(f"global batch {batch:,.0f}", steps, [batch, batch]))
+    figure = charts.lines(series, "B_simple against the global batch", log_y=True, height=300)
     st.plotly_chart(figure)
 
 
