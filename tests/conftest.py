@@ -20,3 +20,17 @@ def subprocess_env():
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
     return env
+
+
+def run_cli(args: list[str], runs, env: dict | None = None, timeout: float = 300):
+    """``python -m toolkit --runs RUNS ARGS`` from the repository root, finished."""
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit", "--runs", str(runs), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

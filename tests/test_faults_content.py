@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from streamlit.testing.v1 import AppTest
@@ -136,13 +134,7 @@ def test_the_runs_table_lists_every_run_and_names_what_is_broken(malformed):
 
 def test_the_cli_lists_malformed_runs_and_exits_0(malformed):
     root, made = malformed
-    result = subprocess.run(
-        [sys.executable, "-m", "toolkit", "--runs", str(root), "runs"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli(["runs"], root)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and len(result.stdout.splitlines()) == len(made) + 2
 

@@ -4,12 +4,10 @@ values at any depth, and every user error of the CLI exits 2 with one line and n
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import typing
 
 import pytest
-from conftest import ROOT
+from conftest import run_cli
 from pydantic import BaseModel
 
 from toolkit import processes
@@ -77,17 +75,6 @@ def test_a_stored_config_that_is_empty_is_unreadable_not_the_defaults(tmp_path):
         run.config()
 
 
-def cli(args, runs, env, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "toolkit", "--runs", str(runs), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @pytest.fixture(scope="module")
 def user_runs(tmp_path_factory):
     """A runs root with a completed and a (fake) running run, a file, and a binary config."""
@@ -128,7 +115,7 @@ USER_ERRORS = {
 @pytest.mark.parametrize("case", USER_ERRORS, ids=list(USER_ERRORS))
 def test_every_user_error_exits_2_with_one_line(case, user_runs, subprocess_env):
     args, message = USER_ERRORS[case]
-    result = cli([a.format(root=user_runs) for a in args], user_runs, subprocess_env)
+    result = run_cli([a.format(root=user_runs) for a in args], user_runs, subprocess_env)
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr and message in result.stderr, result.stderr
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
@@ -136,6 +123,6 @@ def test_every_user_error_exits_2_with_one_line(case, user_runs, subprocess_env)
 
 
 def test_a_runs_root_that_is_a_file_is_a_clean_error(user_runs, subprocess_env):
-    result = cli(["launch", QUICK, "--name", "x"], user_runs.parent / "a-file", subprocess_env)
+    result = run_cli(["launch", QUICK, "--name", "x"], user_runs.parent / "a-file", subprocess_env)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "cannot create run 'x'" in result.stderr

@@ -9,14 +9,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import run_cli
 from test_train import SMALL, wait
 
 from toolkit import launch as launcher
@@ -54,13 +53,7 @@ def test_a_killed_supervisor_leaves_a_truthful_state_and_stop_ends_every_process
     assert run.status()["state"] == "running"  # its workers are alive, so it is running
     assert " running " in runs_table(tmp_path)
 
-    result = subprocess.run(
-        [sys.executable, "-m", "toolkit", "--runs", str(tmp_path), "stop", "orphaned"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli(["stop", "orphaned"], tmp_path)
     assert result.returncode == 0 and result.stdout.strip() == "orphaned: stopped", result
     assert not [p for p in tracked[1:] if p.is_running() and p.status() != "zombie"]
     time.sleep(2)  # nothing is left to write another state
@@ -173,15 +166,8 @@ def test_status_and_events_on_a_full_disk(small_disk):
 
 def test_a_launch_onto_a_full_disk_exits_2_and_leaves_nothing(small_disk, subprocess_env):
     fill(small_disk)
-    result = subprocess.run(
-        [sys.executable, "-m", "toolkit", "--runs", str(small_disk / "runs"), "launch"]
-        + ["experiments/quickstart.yaml", "--name", "nope"],
-        cwd=ROOT,
-        env=subprocess_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    args = ["launch", "experiments/quickstart.yaml", "--name", "nope"]
+    result = run_cli(args, small_disk / "runs", subprocess_env)
     assert result.returncode == 2, result.stderr
     assert "no space left on device" in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1

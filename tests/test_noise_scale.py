@@ -263,23 +263,13 @@ def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
 
 
 def test_the_probe_cli_on_the_quickstart(tmp_path, subprocess_env):
-    import subprocess
-    import sys
-
-    from conftest import ROOT
+    from conftest import run_cli
 
     from toolkit.__main__ import runs_table
     from toolkit.rundir import list_runs
 
-    result = subprocess.run(
-        [sys.executable, "-m", "toolkit", "--runs", str(tmp_path), "probe"]
-        + ["experiments/quickstart.yaml", "--steps", "80"],
-        cwd=ROOT,
-        env=subprocess_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = ["probe", "experiments/quickstart.yaml", "--steps", "80"]
+    result = run_cli(args, tmp_path, subprocess_env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "B_simple ≈" in result.stdout and "Your global batch 32 is" in result.stdout
     (run,) = list_runs(tmp_path)
