@@ -58,7 +58,7 @@ def launch(
     run = RunDir.create(runs_root_dir, run_id or new_run_id(config.name), config)
     try:
         with run.lock():
-            _start(run, config, resume=False, meta=meta or {})
+            _start(run, config, resume=False, meta=meta)
     except OSError as error:  # nothing was started: leave nothing behind
         shutil.rmtree(run.path, ignore_errors=True)
         raise RunError(f"cannot start run {run.run_id}: {error}") from None
@@ -74,7 +74,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
             raise RunError(f"run {run.run_id} is {state}: only a stopped or failed run resumes")
         if not any(run.checkpoints_path.glob("epoch-*")):
             raise RunError(f"run {run.run_id} has no checkpoint to resume from")
-        config = config_lib.load(run.config_path)  # fully checked again
+        config = config_lib.from_mapping(run.config().model_dump(mode="json"))  # checked again
         try:
             _start(run, config, resume=True)
         except OSError as error:

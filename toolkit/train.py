@@ -82,7 +82,7 @@ def train(
                 run.set_status(
                     "stopped" if stopped else "failed", reason=reason, finished=time.time()
                 )
-            except (OSError, RunError):  # the run's processes are gone soon: it reads failed
+            except (OSError, RunError):  # unrecordable: it reads failed once its processes end
                 pass
         raise
     if run:
