@@ -49,16 +49,16 @@ def find(run_id: str | None) -> RunDir | None:
 
 @st.cache_data(max_entries=400, show_spinner=False)
 def _events(path: str, file_stamp: tuple[int, int]) -> pd.DataFrame:
-    try:
-        return read_events(path)
-    except OSError:  # a directory or a symlink in its place: the Runs table says so
-        return pd.DataFrame()
+    return read_events(path)  # an OSError is not cached: a broken file is retried
 
 
 def events(run: RunDir) -> pd.DataFrame:
     """All complete event records of ``run`` (a torn last line is skipped; an unreadable
-    file reads as none)."""
-    return _events(str(run.events_path), stamp(run.events_path))
+    file, a directory or a symlink in its place, reads as none: the Runs table says why)."""
+    try:
+        return _events(str(run.events_path), stamp(run.events_path))
+    except OSError:
+        return pd.DataFrame()
 
 
 def phase(frame: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -70,18 +70,19 @@ def phase(frame: pd.DataFrame, name: str) -> pd.DataFrame:
 
 @st.cache_data(max_entries=2000, show_spinner=False)
 def _summary(path: str, stamps: tuple, state: str) -> dict:
-    return rundir.summary(RunDir(Path(path)))
+    run = RunDir(Path(path))
+    try:  # the cached events; an unreadable file is left to summary, which names the problem
+        frame = _events(str(run.events_path), stamps[-1])
+    except OSError:
+        frame = None
+    return rundir.summary(run, frame)
 
 
 def summary(run: RunDir) -> dict:
     """``toolkit.rundir.summary(run)``, re-computed when any of the run's files or its
     liveness (a dead process reads as failed) changes."""
-    files = (run.status_path, run.config_path, run.meta_path, run.events_path)
-    return _summary(str(run.path), tuple(map(stamp, files)), status(run).get("state"))
-
-
-def status(run: RunDir) -> dict:
-    return run.status()
+    paths = (run.status_path, run.config_path, run.meta_path, run.events_path)  # events last
+    return _summary(str(run.path), tuple(map(stamp, paths)), run.status().get("state"))
 
 
 @st.cache_data(max_entries=1000, show_spinner=False)

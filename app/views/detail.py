@@ -21,7 +21,7 @@ st.session_state.current_run = run_id
 st.query_params["run"] = run_id
 run = runs[ids.index(run_id)]
 config = data.config(run)
-live = data.status(run).get("state") in LIVE
+live = run.status().get("state") in LIVE
 
 
 def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
@@ -61,7 +61,7 @@ def noise_scale(rows) -> None:
 
 @st.fragment(run_every=REFRESH_S if live else None)
 def panel() -> None:
-    status = data.status(run)
+    status = run.status()
     state = status.get("state")
     if live and state not in LIVE:
         st.rerun()  # it just ended: redraw the page once more, without the timer

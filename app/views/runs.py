@@ -81,7 +81,7 @@ st.session_state.current_run = run_id
 run = data.find(run_id)
 if run is None:  # deleted since the listing
     st.rerun()
-status = data.status(run)
+status = run.status()
 state = status.get("state")
 st.text(f"state: {state}" + (f"  ({status['reason']})" if status.get("reason") else ""))
 
