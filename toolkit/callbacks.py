@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit import checkpoints
+from toolkit.distributed import squared_norm
 from toolkit.events import EventWriter
 from toolkit.experiment import learning_rate_at, momentum_at
 from toolkit.noise_scale import Smoother, estimate
@@ -88,6 +89,14 @@ class EventLogger(keras.callbacks.Callback):
         self.writer.write(record)
 
 
+def loss_gradients(model: keras.Model, x, y) -> list[tf.Tensor]:
+    """The gradients of the compiled loss on ``(x, y)``, the model run with ``training=False``
+    (no dropout, batch norm's moving statistics untouched): what the probes below measure."""
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=False))
+    return tape.gradient(loss, model.trainable_variables)
+
+
 class TrustRatioLogger(keras.callbacks.Callback):
     """Every ``every_steps`` steps, the per-layer trust ratios of LARS (or LBSGD's ``lars``
     warmup) on a fixed probe batch, as a ``trust_ratio`` event with ``trust_ratio/<path>`` keys."""
@@ -102,13 +111,7 @@ class TrustRatioLogger(keras.callbacks.Callback):
         if self.counter.step % self.every_steps:
             return
         model = self.model
-        with tf.GradientTape() as tape:
-            loss = model.compute_loss(
-                x=self.probe_x,
-                y=self.probe_y,
-                y_pred=model(self.probe_x, training=False),
-            )
-        grads = tape.gradient(loss, model.trainable_variables)
+        grads = loss_gradients(model, self.probe_x, self.probe_y)
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
         ratios = optimizer.trust_ratios(grads, model.trainable_variables)
         self.writer.write(
@@ -137,26 +140,14 @@ class HalfBatchNorms:
 
     def __call__(self, model: keras.Model) -> tuple[float, float]:
         if self._gradients is None:
-            self._gradients = tf.function(
-                lambda x, y: _loss_gradients(model, x, y), autograph=False
-            )
+            self._gradients = tf.function(lambda x, y: loss_gradients(model, x, y), autograph=False)
         rows = self.rng.choice(len(self.x), size=2 * self.half, replace=False)
         x, y = self.x[rows], self.y[rows]
         first = self._gradients(x[: self.half], y[: self.half])
         second = self._gradients(x[self.half :], y[self.half :])
-        small = (_squared_norm(first) + _squared_norm(second)) / 2
-        big = _squared_norm([(a + b) / 2 for a, b in zip(first, second, strict=True)])
+        small = (float(squared_norm(first)) + float(squared_norm(second))) / 2
+        big = float(squared_norm([(a + b) / 2 for a, b in zip(first, second, strict=True)]))
         return small, big
-
-
-def _loss_gradients(model: keras.Model, x, y) -> list[tf.Tensor]:
-    with tf.GradientTape() as tape:
-        loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=False))
-    return tape.gradient(loss, model.trainable_variables)
-
-
-def _squared_norm(tensors) -> float:
-    return float(sum(np.sum(np.square(np.asarray(t, dtype=np.float64))) for t in tensors))
 
 
 class NoiseScaleLogger(keras.callbacks.Callback):

@@ -288,6 +288,11 @@ class ExperimentConfig(_Section):
         """Examples per optimizer update across all workers."""
         return self.per_worker_batch(world_size) * self._batches_per_update(world_size)
 
+    def steps_per_update(self, world_size: int | None = None) -> int:
+        """Batches each worker takes per optimizer update (local accumulation, times
+        ``batch_scale`` for lbsgd)."""
+        return self._batches_per_update(world_size) // (world_size or self.workers)
+
     def _batches_per_update(self, world_size: int | None) -> int:
         count = (world_size or self.workers) * self.batch.accumulation
         if self.optimizer.name == "lbsgd":

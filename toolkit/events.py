@@ -184,13 +184,7 @@ def truncate_after(path: str | os.PathLike, step: int) -> None:
         return
     lines = data.splitlines(keepends=True)
     kept = [line for line in lines if line.endswith(b"\n") and _keep(line, step)]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with files.writing(path):
-        try:
-            tmp.write_bytes(b"".join(kept))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+    files.replace(path, b"".join(kept))
 
 
 def _keep(line: bytes, step: int) -> bool:

@@ -187,11 +187,12 @@ def _record_exit(run: RunDir, me: dict, code: int) -> None:
         finished = time.time()
         if status.get("stop_requested"):
             run.finish("stopped", exit_code=code, finished=finished)
-        elif code != 0:  # training's own reason, if it wrote one, wins (the first final state)
-            reason = f"horovodrun exited with code {code}; see stdout.log"
-            run.finish("failed", exit_code=code, finished=finished, reason=reason)
-        else:
-            reason = "training exited without finishing"
+        else:  # training's own reason, if it wrote one, wins (the first final state)
+            reason = (
+                f"horovodrun exited with code {code}; see stdout.log"
+                if code
+                else "training exited without finishing"
+            )
             run.finish("failed", exit_code=code, finished=finished, reason=reason)
 
 
@@ -211,7 +212,7 @@ def stop(
         if status["state"] not in LIVE:
             return run
         run.set_status(status["state"], stop_requested=True)
-        entries = run.processes(status)
+        entries = run.process_records(status)
         supervisors = {
             p.pid for e in entries if e.get("role") == "supervisor" and (p := processes.find(e))
         }

@@ -181,7 +181,7 @@ def probe(
     from toolkit.events import read_events
     from toolkit.experiment import steps_per_epoch
 
-    batches = steps * config.global_batch(np) // (config.per_worker_batch(np) * np)
+    batches = steps * config.steps_per_update(np)
     dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
     per_epoch = steps_per_epoch(config, len(dataset.x_train), np)
     short = config_lib.from_mapping(

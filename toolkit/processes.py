@@ -15,8 +15,6 @@ from typing import Any
 
 import psutil
 
-ROLES = ("supervisor", "horovodrun", "worker")
-
 
 def record(role: str, pid: int | None = None) -> dict[str, Any]:
     """The record of process ``pid`` (default: this one) in ``role``."""

@@ -300,7 +300,7 @@ class RunDir:
             status = {"state": "queued", "updated": _mtime(self.path)}
         if status["state"] not in LIVE:
             return status
-        entries = self.processes(status)
+        entries = self.process_records(status)
         local = [entry for entry in entries if processes.is_local(entry)]
         if entries and not local:  # all on other hosts: nothing here can tell
             return status
@@ -315,7 +315,7 @@ class RunDir:
         }
 
     @staticmethod
-    def processes(status: dict[str, Any]) -> list[dict[str, Any]]:
+    def process_records(status: dict[str, Any]) -> list[dict[str, Any]]:
         """The process records of ``status`` (an old status with only ``pid``: that one)."""
         if status.get("processes"):
             return status["processes"]

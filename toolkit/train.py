@@ -230,7 +230,7 @@ def _noise_scale_logger(config, writer, counter, meter, dataset, spe, world):
         writer,
         counter,
         every_updates=config.logging.noise_scale_every_steps,
-        steps_per_update=global_batch // (per_worker * world),
+        steps_per_update=config.steps_per_update(world),
         steps_per_epoch=spe,
         b_small=b_small,
         b_big=b_big,
