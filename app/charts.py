@@ -12,8 +12,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-MAX_POINTS = 2000
-"""Points drawn per trace at most; longer curves are downsampled (min/max per bucket)."""
+from toolkit.curves import MAX_POINTS, downsample
 
 COLORS = qualitative.Plotly + qualitative.D3
 HOVER = "epoch %{{x:.2f}} (step %{{customdata[0]}})<br>{name} %{{y:.4g}}<extra></extra>"
@@ -44,24 +43,6 @@ def ema(y: np.ndarray, smoothing: float) -> np.ndarray:
         .mean()
         .to_numpy()
     )
-
-
-def downsample(y: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
-    """Indices that keep at most ``max_points`` of ``y``: the min and max of each bucket (so
-    spikes survive), plus the first and last point."""
-    n = len(y)
-    if n <= max_points:
-        return np.arange(n)
-    size = int(np.ceil(n / (max_points // 2)))
-    padded = np.full(size * int(np.ceil(n / size)), np.nan)
-    padded[:n] = y
-    rows = padded.reshape(-1, size)
-    finite = np.isfinite(rows)
-    low = np.where(finite, rows, np.inf).argmin(axis=1)
-    high = np.where(finite, rows, -np.inf).argmax(axis=1)
-    offsets = np.arange(len(rows)) * size
-    keep = np.concatenate([[0, n - 1], offsets + low, offsets + high])
-    return np.unique(keep[keep < n])
 
 
 def lines(

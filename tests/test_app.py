@@ -536,15 +536,6 @@ def test_compare_csv_export_holds_the_selected_runs_events(compare_runs, monkeyp
     assert data.events_csv([RunDir(compare_runs / "run-0")]).startswith(b"run_id,")
 
 
-def test_downsample_keeps_extremes_and_ends():
-    y = np.sin(np.linspace(0, 20, 10_000))
-    y[4321] = 50.0
-    keep = charts.downsample(y, 500)
-    assert len(keep) <= 502 and keep[0] == 0 and keep[-1] == len(y) - 1
-    assert 4321 in keep and np.all(np.diff(keep) > 0)
-    assert list(charts.downsample(y[:100], 500)) == list(range(100))
-
-
 # --- A real launch --------------------------------------------------------------------------
 
 

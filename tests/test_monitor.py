@@ -1,5 +1,7 @@
-"""``toolkit.monitor.follow``: a run followed from outside through its run directory, with a
-progress bar fed by the events a (here simulated) training process appends."""
+"""``toolkit.monitor``: a run followed from outside through its run directory, fed by the events
+a (here simulated) training process appends: the terminal's progress bar (``follow``) and the
+notebook's live figures (``LiveView``, the widgets built and updated here without a browser;
+tests/test_jupyter.py draws them in one)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import time
 import pandas as pd
 import pytest
 
-from toolkit.events import EventWriter
-from toolkit.monitor import follow, latest_values
+from toolkit.events import EventWriter, truncate_after
+from toolkit.monitor import LiveView, follow, in_notebook, latest_values, live, watch
 from toolkit.rundir import RunDir
 
 TOTAL = 60
@@ -97,3 +99,55 @@ def test_latest_values_take_each_from_its_phase():
     assert latest_values(events[events.phase == "train"]) == [("epoch", 1.5), ("loss", 1.5)]
     assert latest_values(pd.DataFrame({"epoch": [2.0], "loss": [1.0]})) == [("epoch", 2.0)]
     assert latest_values(pd.DataFrame()) == []
+
+
+def drawn(view: LiveView, panel: str) -> dict[str, tuple[list, list]]:
+    """``curve name -> (x, y)`` of one panel of the view."""
+    return {t.name: (list(t.x), list(t.y)) for t in view.figures[panel].data}
+
+
+def test_live_view_grows_with_the_file_and_stops_when_the_run_ends(tmp_path):
+    run = live_run(tmp_path)
+    view = LiveView(run)
+    seen = []  # train-loss points drawn after each refresh
+    refresh = view.refresh
+
+    def counting(status=None, **kwargs):
+        refresh(status, **kwargs)
+        seen.append(len(view.figures["loss"].data[0].x) if "loss" in view.figures else 0)
+
+    view.refresh = counting
+    writer = in_background(run, TOTAL, "completed", every=0.05)
+    status = watch(run, view, poll_s=0.02, timeout_s=30)
+    assert not writer.is_alive(), "the watch ended before the run did"
+    assert status["state"] == "completed"
+    assert seen == sorted(seen) and len(set(seen)) >= 3, seen  # grew, in several steps
+    steps = list(range(10, TOTAL + 1, 10))
+    assert drawn(view, "loss") == {"train": (steps, [1 / s for s in steps])}
+    evals = steps[1::2]
+    assert drawn(view, "accuracy") == {"eval": (evals, [s / 100 for s in evals])}
+    assert "completed" in view.line.value and f"step {TOTAL} / {TOTAL}" in view.line.value
+    assert view.bar.value == 1.0 and view.bar.bar_style == "success"
+
+
+def test_live_view_redraws_a_rewound_file_and_names_a_failure(tmp_path):
+    run = live_run(tmp_path)
+    in_background(run, 40, None).join()
+    view = LiveView(run)
+    view.refresh()
+    assert drawn(view, "loss")["train"][0] == [10, 20, 30, 40]
+    truncate_after(run.events_path, 20)  # what a resume does
+    in_background(run, 20, None).join()  # ...then the run writes on (here: steps 10, 20 again)
+    run.set_status("failed", reason="NonFiniteLoss: loss is nan at step 21")
+    view.refresh()
+    assert drawn(view, "loss")["train"][0] == [10, 20, 10, 20]
+    assert "failed" in view.line.value and "loss is nan at step 21" in view.line.value
+    assert view.bar.bar_style == "danger"
+
+
+def test_live_outside_a_notebook_is_the_terminal_progress_bar(tmp_path, capsys):
+    assert not in_notebook()
+    run = live_run(tmp_path)
+    in_background(run, TOTAL, "completed").join()
+    assert live(run, poll_s=0.02, timeout_s=30)["state"] == "completed"
+    assert f"{TOTAL}/{TOTAL}" in capsys.readouterr().out.replace("\b", "").split("\r")[-1]

@@ -1,9 +1,9 @@
 """Every notebook in notebooks/ runs top to bottom, in its CI size (``LBL_NOTEBOOK_SMOKE=1``),
-offline, in a kernel of this interpreter's environment; runs go to a temporary ``$LBL_RUNS``.
+offline, in the kernel it names; runs go to a temporary ``$LBL_RUNS``.
 
-The kernel is ``python3``: jupyter_client starts a kernelspec whose command is ``python`` with
-``sys.executable``, so the kernel runs in this virtualenv (checked by a first cell that the
-test adds). Notebooks are stored without outputs; executing them here does not write them back.
+That kernel is "Large-Batch Lab", registered by ``toolkit.jupyter.install_kernel`` (what
+``./lab notebook`` runs) to start this virtualenv's interpreter: a first cell that the test adds
+checks it. Notebooks are stored without outputs; executing them here does not write them back.
 """
 
 from __future__ import annotations
@@ -17,8 +17,12 @@ import pytest
 from conftest import ROOT
 from nbclient import NotebookClient
 
+from toolkit import jupyter
+
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+WIDGET = "application/vnd.jupyter.widget-view+json"
+LIVE_VIEWS = {"01_quickstart.ipynb": 1, "04_launch_and_monitor.ipynb": 3}  # monitor.live calls
 EXPECTED = [
     "01_quickstart.ipynb",
     "02_optimizers_and_schedules.ipynb",
@@ -37,13 +41,19 @@ def test_the_notebooks_are_there_and_clean():
                 assert not cell.outputs and cell.execution_count is None, (
                     f"{path.name}: stored with outputs; clear them before committing"
                 )
+        assert nb.metadata.kernelspec.name == jupyter.KERNEL_NAME, path.name
         tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
         assert len(tagged) == 1 and "LBL_NOTEBOOK_SMOKE" in tagged[0].source, path.name
 
 
+@pytest.fixture(scope="session")
+def kernel():
+    return jupyter.install_kernel()
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path: Path, tmp_path, monkeypatch, subprocess_env):
+def test_notebook_runs(path: Path, tmp_path, monkeypatch, subprocess_env, kernel):
     monkeypatch.setenv("LBL_NOTEBOOK_SMOKE", "1")
     monkeypatch.setenv("LBL_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("PATH", subprocess_env["PATH"])  # horovodrun from this environment
@@ -55,10 +65,18 @@ def test_notebook_runs(path: Path, tmp_path, monkeypatch, subprocess_env):
     nb.cells.insert(0, probe)
     client = NotebookClient(
         nb,
-        kernel_name="python3",
         timeout=200,  # per cell
         resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
     )
     client.execute()  # raises CellExecutionError (with the cell's traceback) on any error
-    kernel = json.loads(nb.cells[0].outputs[0]["text"])
-    assert kernel["prefix"] == sys.prefix, f"the kernel ran in {kernel}, not in {sys.prefix}"
+    assert client.kernel_name == jupyter.KERNEL_NAME
+    started = json.loads(nb.cells[0].outputs[0]["text"])
+    assert started["prefix"] == sys.prefix, f"the kernel ran in {started}, not in {sys.prefix}"
+    views = [
+        output
+        for cell in nb.cells
+        for output in cell.get("outputs", [])
+        if WIDGET in output.get("data", {})
+    ]
+    # each live view is one widget: the progress line over the grid of figures
+    assert len(views) == LIVE_VIEWS.get(path.name, 0), path.name

@@ -6,6 +6,7 @@ python -m toolkit stop RUN
 python -m toolkit resume RUN [--wait]
 python -m toolkit delete RUN
 python -m toolkit probe CONFIG [--np N] [--steps K] [--set k=v ...]
+python -m toolkit notebook [JUPYTERLAB ARGS]   (see toolkit.jupyter)
 
 Every user error (a bad config, an unknown or invalid run id, a run that is busy or in the wrong
 state, run files that cannot be written) exits with status 2 and one line on stderr.
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 import pandas as pd
 
+from toolkit import jupyter
 from toolkit import launch as launcher
 from toolkit.monitor import follow
 from toolkit.rundir import list_runs, summary
@@ -46,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--np", type=int, default=1, help="workers (default 1, in this process)")
     probe.add_argument("--steps", type=int, default=200, help="updates to measure over")
     probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
+    sub.add_parser(
+        "notebook", help="JupyterLab on 127.0.0.1 in notebooks/; other arguments go to it"
+    )
+    args, passed_on = parser.parse_known_args(argv)
+    if passed_on and args.command != "notebook":
+        parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
 
     try:
         if args.command == "launch":
@@ -74,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "delete":
             launcher.delete(args.run, args.runs)
             print(f"deleted {args.run}")
+        elif args.command == "notebook":
+            if args.runs:
+                os.environ["LBL_RUNS"] = args.runs
+            jupyter.main(passed_on)
         elif args.command == "probe":
             from toolkit import noise_scale
             from toolkit.config import load

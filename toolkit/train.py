@@ -20,7 +20,7 @@ from pathlib import Path
 
 import keras
 
-from toolkit import callbacks, checkpoints, data, distributed, models, processes
+from toolkit import callbacks, checkpoints, data, distributed, models, monitor, processes
 from toolkit import config as config_lib
 from toolkit.events import EventWriter, truncate_after
 from toolkit.experiment import build_optimizer, steps_per_epoch
@@ -35,12 +35,15 @@ def train(
     resume: bool = False,
     runs_root: str | Path | None = None,
     verbose: int | str = "auto",
+    live: bool = False,
     meta: dict | None = None,
 ) -> RunDir:
     """Run ``config`` to completion and return its run directory.
 
     ``run_dir``: where to write (created if missing; default ``<runs_root>/<name>-<time>``).
     ``meta``: extra fields for ``meta.json`` (e.g. ``{"probe": True}``).
+    ``live``: in a notebook, draw the run's curves as they grow (``monitor.LiveView``, in place
+    of Keras's progress bar); elsewhere it changes nothing.
     ``resume``: continue from the directory's latest checkpoint, at the same epoch, step,
     learning-rate position and data order. Failures (including a non-finite loss, or a full
     disk) are recorded in ``status.json`` with a reason, then re-raised. Every worker's process
@@ -50,6 +53,9 @@ def train(
     rank0, world = distributed.is_rank0(), distributed.size()
     workers = distributed.allgather_object(processes.record("worker"))
     run = _prepare_run_dir(config, run_dir, runs_root) if rank0 else None
+    view = monitor.LiveView(run) if run and live and monitor.in_notebook() else None
+    if view is not None:
+        view.show()
     try:
         if run:
             started = run.status().get("started") if resume else None  # a resumed run's clock
@@ -67,6 +73,7 @@ def train(
                 rank0,
                 world,
                 verbose,
+                view,
             )
         finally:
             keras.config.set_dtype_policy(previous_policy)
@@ -85,12 +92,16 @@ def train(
             except (OSError, RunError):  # unrecordable: it reads failed once its processes end
                 pass
         raise
-    if run:
-        run.set_status("completed", exit_code=0, finished=time.time())
+    else:
+        if run:
+            run.set_status("completed", exit_code=0, finished=time.time())
+    finally:
+        if view is not None:  # its last look: the final state, whatever it is
+            view.close(run.status())
     return run
 
 
-def _fit(config, run, run_dir, resume, rank0, world, verbose):
+def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     keras.utils.set_random_seed(config.seed)
     dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
     spe = steps_per_epoch(config, len(dataset.x_train), world)
@@ -202,6 +213,14 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose):
         every = config.logging.every_steps
         hooks.append(callbacks.StopWhenRequested(run, counter, every_steps=every))
     hooks.append(callbacks.StopOnNonFiniteLoss(counter))  # after the logger: the NaN is logged
+    if view is not None:  # after the logger: it draws what was just written
+        hooks.append(
+            keras.callbacks.LambdaCallback(
+                on_train_batch_end=lambda batch, logs: view.refresh(at_most_every_s=1.0),
+                on_epoch_end=lambda epoch, logs: view.refresh(),
+            )
+        )
+        verbose = 0  # the view's progress line takes the bar's place
     if verbose == "auto":
         verbose = (1 if sys.stdout.isatty() else 2) if rank0 else 0
     model.fit(

@@ -1,0 +1,82 @@
+"""``toolkit.curves``: which panels a run's events draw as (the rule every view shares), and
+the downsampling that thins long curves for drawing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from toolkit.curves import Curve, downsample, panels
+
+
+def test_panels_follow_the_rule_for_known_and_unplanned_metrics():
+    nan = float("nan")
+    events = pd.DataFrame(
+        [
+            {
+                "step": 10,
+                "epoch": 0.5,
+                "wall": 1.0,
+                "phase": "train",
+                "loss": 2.0,
+                "accuracy": 0.3,
+                "lr": 0.1,
+                "momentum": 0.9,
+                "samples_per_sec": 900.0,
+                "top5": 0.7,
+            },
+            {
+                "step": 20,
+                "epoch": 1.0,
+                "phase": "eval",
+                "loss": 1.9,
+                "accuracy": 0.4,
+                "train_loss": 2.1,
+                "train_accuracy": 0.35,
+                "top5": nan,
+            },
+            {"step": 20, "phase": "gns", "b_simple": 300.0, "grad_sq": 1.0, "trace_sigma": 2.0},
+            {
+                "step": 20,
+                "phase": "trust_ratio",
+                "trust_ratio/dense/kernel": 0.01,
+                "trust_ratio/conv/kernel": 0.02,
+            },
+            {"step": 30, "phase": "mystery", "thing": 1.0},
+        ]
+    )
+    assert panels(events) == {
+        "loss": [
+            Curve("train", "loss", "train"),
+            Curve("eval", "loss", "eval"),
+            Curve("eval", "train_loss", "train (epoch)"),
+        ],
+        "accuracy": [
+            Curve("train", "accuracy", "train"),
+            Curve("eval", "accuracy", "eval"),
+            Curve("eval", "train_accuracy", "train (epoch)"),
+        ],
+        "lr": [Curve("train", "lr", "train")],
+        "samples_per_sec": [Curve("train", "samples_per_sec", "train")],
+        "b_simple": [Curve("gns", "b_simple", "gns")],
+        "momentum": [Curve("train", "momentum", "train")],
+        "top5": [Curve("train", "top5", "train")],  # eval's top5 has no number
+        "trust_ratio": [
+            Curve("trust_ratio", "trust_ratio/conv/kernel", "conv/kernel"),
+            Curve("trust_ratio", "trust_ratio/dense/kernel", "dense/kernel"),
+        ],
+    }
+
+
+def test_no_phase_no_panels():
+    assert panels(pd.DataFrame()) == {}
+    assert panels(pd.DataFrame({"step": [1], "loss": [2.0]})) == {}
+
+
+def test_downsample_keeps_extremes_and_ends():
+    y = np.sin(np.linspace(0, 20, 10_000))
+    y[4321] = 50.0
+    keep = downsample(y, 500)
+    assert len(keep) <= 502 and keep[0] == 0 and keep[-1] == len(y) - 1
+    assert 4321 in keep and np.all(np.diff(keep) > 0)
+    assert list(downsample(y[:100], 500)) == list(range(100))

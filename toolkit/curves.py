@@ -1,0 +1,110 @@
+"""What a run's events draw as, for every view of a run (the dashboard, a notebook's live view).
+
+A run's ``events.jsonl`` holds rows of several phases (``train``, ``eval``, ``gns``,
+``trust_ratio``) with whatever numeric columns the run logs. :func:`panels` turns them into
+charts by one rule, so a metric nobody planned for is drawn too:
+
+- every numeric column of the ``train`` and ``eval`` phases is a panel named after it, with one
+  curve per phase; eval's ``train_<m>`` (the epoch's mean) joins panel ``<m>`` as
+  ``train (epoch)``;
+- a column ``<group>/<name>`` (in any phase: per-layer ``trust_ratio/<layer>``) is curve
+  ``<name>`` of panel ``<group>``;
+- of the gradient-noise-scale diagnostics, ``b_simple`` is drawn (the others feed it);
+- panels come in :data:`FIRST` order, then alphabetically.
+
+Long curves are thinned for drawing by :func:`downsample`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+MAX_POINTS = 2000
+"""Points drawn per curve at most; longer curves are downsampled (min/max per bucket)."""
+
+FIRST = ("loss", "accuracy", "lr", "samples_per_sec", "b_simple")
+"""Panels shown first, in this order."""
+
+TITLES = {
+    "lr": "learning rate",
+    "samples_per_sec": "samples/sec",
+    "b_simple": "gradient noise scale B_simple",
+    "trust_ratio": "trust ratio per layer",
+}
+"""How a panel is titled, where its column name says it poorly."""
+
+AXES = ("step", "epoch", "wall", "phase")
+"""Columns that place a row rather than measure something."""
+
+PHASE_COLUMNS = {"train": None, "eval": None, "gns": ("b_simple",)}
+"""The phases whose plain columns are drawn (``None``: all of them), and which."""
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One curve of a panel: the rows of ``phase``, column ``column``, shown as ``name``."""
+
+    phase: str
+    column: str
+    name: str
+
+
+def panels(events: pd.DataFrame) -> dict[str, list[Curve]]:
+    """The panels ``events`` draws as, ``title -> curves``, by the rule in the module doc.
+    Only columns with at least one number in their phase count."""
+    found: dict[str, list[Curve]] = {}
+    if "phase" not in events:
+        return found
+    for phase, rows in events.groupby("phase", sort=False):
+        for column in rows.columns:
+            if column in AXES or not _has_numbers(rows[column]):
+                continue
+            group, slash, name = column.partition("/")
+            if slash:
+                title, curve = group, Curve(phase, column, name)
+            elif phase not in PHASE_COLUMNS or (
+                PHASE_COLUMNS[phase] is not None and column not in PHASE_COLUMNS[phase]
+            ):
+                continue
+            elif phase == "eval" and column.startswith("train_"):
+                title, curve = column.removeprefix("train_"), Curve(phase, column, "train (epoch)")
+            else:
+                title, curve = column, Curve(phase, column, phase)
+            found.setdefault(title, []).append(curve)
+    order = {title: i for i, title in enumerate(FIRST)}
+    return {
+        title: sorted(found[title], key=_curve_order)
+        for title in sorted(found, key=lambda t: (order.get(t, len(order)), t))
+    }
+
+
+def _curve_order(curve: Curve) -> tuple:
+    return (
+        ("train", "eval").index(curve.phase) if curve.phase in ("train", "eval") else 2,
+        curve.name,
+    )
+
+
+def _has_numbers(column: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(column) and column.notna().any()
+
+
+def downsample(y: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
+    """Indices that keep at most ``max_points`` of ``y``: the min and max of each bucket (so
+    spikes survive), plus the first and last point."""
+    n = len(y)
+    if n <= max_points:
+        return np.arange(n)
+    size = int(np.ceil(n / (max_points // 2)))
+    padded = np.full(size * int(np.ceil(n / size)), np.nan)
+    padded[:n] = y
+    rows = padded.reshape(-1, size)
+    finite = np.isfinite(rows)
+    low = np.where(finite, rows, np.inf).argmin(axis=1)
+    high = np.where(finite, rows, -np.inf).argmax(axis=1)
+    offsets = np.arange(len(rows)) * size
+    keep = np.concatenate([[0, n - 1], offsets + low, offsets + high])
+    return np.unique(keep[keep < n])
