@@ -57,6 +57,7 @@ def check_arguments(args: list[str]) -> None:
         name, has_value, value = arg[2:].partition("=")
         if not has_value:
             value = args[i + 1] if i + 1 < len(args) else ""
+            arg = f"{arg} {value}".strip()
         trait = name.rsplit(".", 1)[-1].lower()
         value = value.strip().strip("'\"")
         if trait == "ip" and value not in LOOPBACK:

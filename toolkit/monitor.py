@@ -146,20 +146,22 @@ class ProgressBar:
 
 
 class LiveView:
-    """The notebook view: a progress line over a grid of Plotly ``FigureWidget``s, one per
-    panel of :func:`toolkit.curves.panels`, extended in place from the run's events file.
+    """The notebook view: a progress line over Plotly ``FigureWidget``s, one per panel of
+    :func:`toolkit.curves.panels`, extended in place from the run's events file. The figures
+    have a fixed size and wrap to the notebook's width (a figure sized to its container is drawn
+    before the container has a width, and overflows it).
 
     A panel appears when its first number does; a curve is redrawn only when it has new rows,
     thinned to :data:`toolkit.curves.MAX_POINTS` points. ``refresh`` may be called as often as
     wanted: ``at_most_every_s`` skips calls that come sooner (a training callback's pace).
     """
 
-    def __init__(self, run: RunDir, *, columns: int = 2, height: int = 280):
+    def __init__(self, run: RunDir, *, width: int = 460, height: int = 280):
         import ipywidgets as widgets
         from plotly.graph_objects import FigureWidget  # a second's imports: paid here, not mid-run
 
         self._figure_widget = FigureWidget
-        self.run, self.height = run, height
+        self.run, self.size = run, {"width": width, "height": height}
         self.tail = EventTail(run.events_path)
         self.events = pd.DataFrame()
         self.figures: dict[str, object] = {}  # panel title -> FigureWidget
@@ -167,9 +169,7 @@ class LiveView:
         self._last_refresh = -math.inf
         self.bar = widgets.FloatProgress(min=0.0, max=1.0, layout={"width": "30%"})
         self.line = widgets.HTML()
-        self.grid = widgets.GridBox(
-            layout={"grid_template_columns": f"repeat({columns}, minmax(0, 1fr))"}
-        )
+        self.grid = widgets.Box(layout={"display": "flex", "flex_flow": "row wrap"})
         self.widget = widgets.VBox([widgets.HBox([self.bar, self.line]), self.grid])
 
     def show(self) -> None:
@@ -226,7 +226,7 @@ class LiveView:
     def _layout(self, title: str) -> dict:
         return {
             "title": {"text": html.escape(curves_lib.TITLES.get(title, title)), "x": 0.02},
-            "height": self.height,
+            **self.size,
             "margin": {"l": 50, "r": 10, "t": 40, "b": 40},
             "xaxis": {"title": {"text": "step"}},
             "legend": {"orientation": "h", "y": -0.25},
