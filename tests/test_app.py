@@ -10,7 +10,9 @@ import base64
 import io
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -398,6 +400,26 @@ def test_detail_shows_status_progress_curves_and_trust_ratios(root):
         "dense/kernel",
         "dense/bias",
     ]
+
+
+def test_detail_gives_the_lines_that_open_the_run_in_a_notebook(root, subprocess_env):
+    run = fake_run(root, "lars-run", events=120, epochs=2)
+    at = page("detail")
+    (lines,) = [c.proto.code_text for c in at.get("code") if "monitor" in c.proto.code_text]
+    assert f"rundir.resolve('lars-run', '{root.resolve()}')" in lines
+    assert "read_events(" in lines and "monitor.live(run)" in lines
+    # what a notebook would run; outside one, monitor.live is the terminal's progress bar
+    written = len(read_events(run.events_path))
+    check = f"\nassert len(events) == {written} and run.status()['state'] == 'completed'"
+    result = subprocess.run(
+        [sys.executable, "-c", lines + check],
+        cwd=tempfile.gettempdir(),
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_detail_live_run_reads_only_new_events(root):

@@ -22,6 +22,15 @@ st.query_params["run"] = run_id
 run = runs[ids.index(run_id)]
 config = data.config(run)
 live = run.status().get("state") in LIVE
+st.caption("The same run in a notebook (the copy button is on the right):")
+st.code(
+    "from toolkit import monitor, rundir\n"
+    "from toolkit.events import read_events\n\n"
+    f"run = rundir.resolve({run.run_id!r}, {str(run.path.parent.resolve())!r})\n"
+    "events = read_events(run.events_path)  # every event, a DataFrame\n"
+    "monitor.live(run)  # these curves, growing in place until the run ends",
+    language="python",
+)
 
 
 def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
