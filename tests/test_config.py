@@ -59,6 +59,20 @@ def test_presets_are_valid(path):
         ),
         (["epochs=zero"], "epochs: Input should be a valid integer"),
         (["surprise=1"], "surprise: Extra inputs are not permitted"),
+        (
+            ["allreduce.compression=dgc"],
+            "allreduce.compression: Input should be 'none', 'fp16', 'topk' or 'threshold'",
+        ),
+        (["allreduce.ratio=0"], "allreduce.ratio: Input should be greater than 0"),
+        (["allreduce.ratio=1.5"], "allreduce.ratio: Input should be less than or equal to 1"),
+        (["allreduce.threshold=-1"], "allreduce.threshold: Input should be greater than 0"),
+        (["allreduce.fp16_clip=1e6"], "allreduce.fp16_clip: Input should be less than or equal"),
+        (["allreduce.fusion_threshold_mb=0"], "allreduce.fusion_threshold_mb: Input should be"),
+        (["allreduce.residual=maybe"], "allreduce.residual: Input should be a valid boolean"),
+        (
+            ["compression=fp16", "allreduce.compression=topk"],
+            "`compression` moved to allreduce.compression; give it there only",
+        ),
     ],
 )
 def test_errors_name_the_field_and_the_allowed_values(overrides, expected):
@@ -120,6 +134,15 @@ def test_yaml_round_trip(tmp_path):
     config = load(ROOT / "experiments/large_batch_lars.yaml")
     (tmp_path / "c.yaml").write_text(config.to_yaml())
     assert load(tmp_path / "c.yaml") == config
+
+
+def test_the_top_level_compression_of_earlier_configs_reads_as_allreduce_compression():
+    earlier = from_mapping({"compression": "fp16", "allreduce": {"ratio": 0.5}})
+    assert earlier.allreduce.compression == "fp16" and earlier.allreduce.ratio == 0.5
+    assert "compression" not in earlier.model_dump()  # written back in the new place only
+    assert from_mapping({}, ["compression=fp16"]).allreduce.compression == "fp16"
+    same = from_mapping({"compression": "topk", "allreduce": {"compression": "topk"}})
+    assert same.allreduce.compression == "topk"
 
 
 def test_json_schema_describes_every_section():

@@ -20,10 +20,14 @@ sys.path.insert(0, str(ROOT / "tests" / "workers"))
 from scenarios import (
     GLOBAL_BATCH,
     STEPS,
+    WIRE,
+    WIRE_SHAPES,
+    WIRE_STEPS,
     global_data,
     make_model,
     sgd,
     token_data,
+    wire_grads,
 )
 
 from toolkit import distributed
@@ -110,6 +114,74 @@ def test_fp16_compression_stays_close_but_is_applied(two_workers):
     fp16, full = weights(ranks[0], "fp16"), weights(ranks[0], "sgd")
     assert_all_close(fp16, full, rtol=1e-2, atol=1e-3)
     assert any(not np.array_equal(a, b) for a, b in zip(fp16, full))
+
+
+def simulate_sparse(options: dict, workers: int = 2) -> list[list[np.ndarray]]:
+    """A numpy simulation of ``workers`` workers sparsifying as SINGA's ``DistOpt`` does: per
+    step, per bucket of the flattened gradients (fused in order up to the fusion threshold),
+    each worker adds its residual, sends the top ``ceil(ratio * n)`` entries by magnitude (or
+    those ``>= threshold``) and keeps the rest as its residual (or drops it); the reduced
+    gradient is the sum of what was sent over ``workers``. Returns each step's gradients."""
+    limit = options.get("fusion_threshold_mb", 64) * 2**20
+    sizes = [int(np.prod(shape)) for shape in WIRE_SHAPES]
+    buckets, current = [], []
+    for i, n in enumerate(sizes):
+        if current and 4 * (sum(sizes[j] for j in current) + n) > limit:
+            buckets.append(current)
+            current = []
+        current.append(i)
+    buckets.append(current)
+    residuals = [np.zeros(sum(sizes), "float32") for _ in range(workers)]
+    offsets = np.cumsum([0, *sizes])
+    steps = []
+    for step in range(WIRE_STEPS):
+        total = np.zeros(sum(sizes), "float32")
+        for rank in range(workers):
+            flat = np.concatenate([g.ravel() for g in wire_grads(rank, step)])
+            if options.get("residual", True):
+                flat = flat + residuals[rank]
+            for bucket in buckets:
+                part = slice(offsets[bucket[0]], offsets[bucket[-1] + 1])
+                values = flat[part]
+                if options["compression"] == "topk":
+                    k = max(1, int(np.ceil(options["ratio"] * len(values))))
+                    chosen = np.argsort(-np.abs(values), kind="stable")[:k]
+                else:
+                    chosen = np.nonzero(np.abs(values) >= options["threshold"])[0]
+                sent = np.zeros_like(values)
+                sent[chosen] = values[chosen]
+                total[part] += sent
+                residuals[rank][part] = values - sent
+        mean = total / np.float32(workers)
+        steps.append([mean[a:b].reshape(s) for a, b, s in zip(offsets, offsets[1:], WIRE_SHAPES)])
+    return steps
+
+
+@pytest.mark.parametrize("scenario", [n for n, o in WIRE.items() if o["compression"] != "fp16"])
+def test_sparsified_allreduce_matches_a_simulation_of_the_workers(two_workers, scenario):
+    ranks, _, _ = two_workers
+    for step, expected in enumerate(simulate_sparse(WIRE[scenario])):
+        for npz in ranks:  # every worker applies the same reduced gradient
+            assert_all_close(weights(npz, f"wire_{scenario}_{step}"), expected, rtol=1e-6)
+    sent = [np.count_nonzero(g) for g in weights(ranks[0], f"wire_{scenario}_0")]
+    assert 0 < sum(sent) < sum(int(np.prod(s)) for s in WIRE_SHAPES)  # sparse, not empty
+
+
+def test_fp16_clips_before_the_cast_so_nothing_overflows(two_workers):
+    ranks, _, _ = two_workers
+    largest = float(np.finfo(np.float16).max)
+    for name, clip in (("fp16_saturates", largest / 2), ("fp16_clipped", 0.5)):
+        for step in range(WIRE_STEPS):
+            sent = [
+                [np.clip(g, -clip, clip).astype("float16") for g in wire_grads(rank, step)]
+                for rank in range(2)
+            ]
+            expected = [(a.astype("float32") + b) / 2 for a, b in zip(*sent)]
+            got = weights(ranks[0], f"wire_{name}_{step}")
+            assert all(np.isfinite(g).all() for g in got), name
+            assert_all_close(got, expected, rtol=2e-3, atol=1e-3)
+    overflowed = weights(ranks[0], "wire_fp16_saturates_0")[0][2, 3]
+    assert 16_000 < overflowed < 16_500  # (65504 / 2 + a normal draw) / 2, not inf
 
 
 def test_mixed_precision_skips_a_step_that_is_non_finite_on_one_worker(two_workers):

@@ -250,20 +250,35 @@ def noise_scale_callback(
 
 
 class Checkpointer(keras.callbacks.Callback):
-    """Saves a checkpoint every ``every_epochs`` epochs and after the last one."""
+    """Saves a checkpoint every ``every_epochs`` epochs and after the last one, into
+    ``directory`` (rank 0; ``None`` on the other workers). ``gather``, if given, is called on
+    every worker at those epochs (a collective: it returns every worker's residuals, which
+    rank 0 saves with the checkpoint)."""
 
-    def __init__(self, directory, counter: StepCounter, *, every_epochs: int, last_epoch: int):
+    def __init__(
+        self,
+        directory,
+        counter: StepCounter,
+        *,
+        every_epochs: int,
+        last_epoch: int,
+        gather=None,
+    ):
         super().__init__()
-        self.directory, self.counter = directory, counter
+        self.directory, self.counter, self.gather = directory, counter, gather
         self.every_epochs, self.last_epoch = every_epochs, last_epoch
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1
-        if done % self.every_epochs == 0 or done == self.last_epoch:
+        if done % self.every_epochs and done != self.last_epoch:
+            return
+        residuals = self.gather() if self.gather is not None else None
+        if self.directory is not None:
             checkpoints.save(
                 self.directory,
                 self.model,
                 checkpoints.Position(done, self.counter.step),
+                residuals=residuals,
             )
 
 

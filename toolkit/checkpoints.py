@@ -2,7 +2,9 @@
 
 A checkpoint is a directory ``checkpoints/epoch-NNNN/`` holding ``model.weights.h5`` (Keras),
 ``optimizer.npz`` (every optimizer variable, in ``optimizer.variables`` order: step counter,
-momentum buffers, gradient accumulators) and ``position.json`` (epoch and step). It is written
+momentum buffers, gradient accumulators), ``position.json`` (epoch and step) and, for a
+sparsified allreduce with error feedback, ``residuals.npz`` (every worker's residuals, as
+``rank<r>_<i>``: they differ per worker). It is written
 to a temporary directory and renamed into place, so a crash mid-write leaves the previous
 checkpoint as the latest; a failed write (a full disk) removes the temporary directory and
 raises :class:`~toolkit.files.WriteError` naming the checkpoint.
@@ -30,8 +32,15 @@ class Position:
     step: int
 
 
-def save(directory: Path, model: keras.Model, position: Position, keep: int = 2) -> Path:
-    """Write a checkpoint of ``model`` and its optimizer at ``position``; keep the last ``keep``.
+def save(
+    directory: Path,
+    model: keras.Model,
+    position: Position,
+    keep: int = 2,
+    residuals: list[list[np.ndarray]] | None = None,
+) -> Path:
+    """Write a checkpoint of ``model`` and its optimizer at ``position`` (and each worker's
+    ``residuals``, in rank order, if given); keep the last ``keep``.
     A ``directory`` that is a symlink is refused: checkpoints are written, and old ones deleted,
     only inside the run."""
     final = directory / f"epoch-{position.epoch:04d}"
@@ -47,6 +56,11 @@ def save(directory: Path, model: keras.Model, position: Position, keep: int = 2)
             variables = model.optimizer.variables
             np.savez(tmp / "optimizer.npz", *[keras.ops.convert_to_numpy(v) for v in variables])
             (tmp / "position.json").write_text(json.dumps(position.__dict__))
+            if residuals is not None:
+                arrays = {
+                    f"rank{r}_{i}": a for r, rs in enumerate(residuals) for i, a in enumerate(rs)
+                }
+                np.savez(tmp / "residuals.npz", workers=len(residuals), **arrays)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
     finally:
@@ -76,6 +90,23 @@ def restore(checkpoint: Path, model: keras.Model) -> Position:
     for variable, value in zip(optimizer.variables, values, strict=True):
         variable.assign(value)
     return Position(**json.loads((checkpoint / "position.json").read_text()))
+
+
+def residuals(checkpoint: Path) -> list[list[np.ndarray]] | None:
+    """Every worker's residuals saved with ``checkpoint``, in rank order (``None``: none)."""
+    path = checkpoint / "residuals.npz"
+    if not path.is_file():
+        return None
+    with np.load(path) as saved:
+        workers = int(saved["workers"])
+        return [
+            [saved[k] for k in sorted(_keys(saved, r), key=lambda k: int(k.rsplit("_", 1)[1]))]
+            for r in range(workers)
+        ]
+
+
+def _keys(saved, rank: int) -> list[str]:
+    return [k for k in saved.files if k.startswith(f"rank{rank}_")]
 
 
 def _checkpoints(directory: Path) -> list[Path]:

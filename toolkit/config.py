@@ -211,6 +211,24 @@ class LoggingConfig(_Section):
     )
 
 
+class AllreduceConfig(_Section):
+    """What the gradient allreduce sends (:mod:`toolkit.compression`): ``none`` (float32),
+    ``fp16`` (clipped before the cast), or SINGA's sparsified modes, ``topk`` (the fraction
+    ``ratio`` of entries of largest magnitude) and ``threshold`` (entries with
+    ``|g| >= threshold``), per bucket of ``fusion_threshold_mb``, with or without the
+    ``residual`` (error feedback). ``fusion_threshold_mb`` is also Horovod's tensor fusion
+    threshold (``HOROVOD_FUSION_THRESHOLD``, set by training before Horovod starts)."""
+
+    compression: Literal["none", "fp16", "topk", "threshold"] = "none"
+    ratio: float = Field(0.01, gt=0, le=1, description="topk: fraction of entries sent")
+    threshold: float = Field(1e-3, gt=0, description="threshold: smallest |g| sent")
+    residual: bool = Field(True, description="topk/threshold: keep what was not sent")
+    fp16_clip: float | None = Field(
+        None, gt=0, le=65504, description="fp16: clip before the cast (default 65504/workers)"
+    )
+    fusion_threshold_mb: float = Field(64.0, gt=0, description="fusion and bucket size (MB)")
+
+
 class CheckpointConfig(_Section):
     every_epochs: int = Field(1, ge=1)
 
@@ -229,11 +247,30 @@ class ExperimentConfig(_Section):
     epochs: int = Field(10, ge=1)
     steps_per_epoch: int | None = Field(None, ge=1, description="cap (throughput runs)")
     precision: Literal["float32", "mixed_float16"] = "float32"
-    compression: Literal["none", "fp16"] = "none"
+    allreduce: AllreduceConfig = Field(default_factory=AllreduceConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     workers: int = Field(1, ge=1)
     hosts: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compression_moved(cls, data: Any) -> Any:
+        """The top-level ``compression`` of earlier configs (and stored runs) is
+        ``allreduce.compression`` now; both given and different is an error."""
+        if not isinstance(data, dict) or "compression" not in data:
+            return data
+        data = dict(data)
+        old = data.pop("compression")
+        section = data.get("allreduce")
+        section = dict(section) if isinstance(section, dict) else {}
+        if section.get("compression", old) != old:
+            raise ValueError(
+                f"compression={old!r} and allreduce.compression={section['compression']!r}: "
+                "`compression` moved to allreduce.compression; give it there only"
+            )
+        data["allreduce"] = {**section, "compression": old}
+        return data
 
     @field_validator("name")
     @classmethod

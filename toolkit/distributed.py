@@ -40,12 +40,15 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+from toolkit import compression as compression_lib
 
 _log = logging.getLogger(__name__)
 
@@ -56,7 +59,8 @@ except ImportError as error:  # a build without Horovod: one process
     _log.warning("horovod.tensorflow cannot be imported (%s): running as a single process", error)
 
 T = TypeVar("T")
-COMPRESSIONS = ("none", "fp16")
+COMPRESSIONS = ("none", "fp16", *compression_lib.SPARSE)
+_SPARSE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> its reducer
 
 
 def init() -> None:
@@ -190,17 +194,31 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     optimizer: keras.optimizers.Optimizer,
     *,
     compression: str = "none",
+    fp16_clip: float | None = None,
+    ratio: float = 0.01,
+    threshold: float = 1e-3,
+    residual: bool = True,
+    fusion_threshold_mb: float = 64.0,
     backward_passes_per_step: int = 1,
     noise_meter: GradientNoiseMeter | None = None,
 ) -> keras.optimizers.Optimizer:
     """Make ``optimizer`` average its gradients over all workers; returns the same object.
 
-    Wrap before ``model.compile``. Each update does one ``grouped_allreduce`` (average) of all
-    gradients right before the optimizer's clipping and update (see the module docstring).
-    Sparse gradients (``IndexedSlices``, from ``Embedding``) are made dense first.
-    ``compression="fp16"`` sends float16 over the wire (half the bytes, ~3 significant digits).
+    Wrap before ``model.compile``. Each update reduces all gradients at once right before the
+    optimizer's clipping and update (see the module docstring). Sparse gradients
+    (``IndexedSlices``, from ``Embedding``) are made dense first. What goes on the wire
+    (:mod:`toolkit.compression`):
+
+    - ``"none"``: one ``grouped_allreduce`` (average) in float32;
+    - ``"fp16"``: the same in float16 (half the bytes, ~3 significant digits), finite values
+      clipped to ``±fp16_clip`` before the cast (default: float16's largest over the number of
+      workers, so the sum over the workers cannot overflow to ``inf`` either);
+    - ``"topk"``/``"threshold"``: each worker sends the fraction ``ratio`` of entries of largest
+      magnitude, or those with ``|g| >= threshold``, per bucket of ``fusion_threshold_mb``;
+      with ``residual`` what it did not send is added to its next gradient.
+
     ``backward_passes_per_step=N`` sets Keras's ``gradient_accumulation_steps``: N calls
-    accumulate local gradients, the N-th allreduces their mean once and applies it (so
+    accumulate local gradients, the N-th reduces their mean once and applies it (so
     ``optimizer.iterations`` counts updates). With ``size() == 1`` no collective is added.
 
     A ``LossScaleOptimizer`` is wrapped as a whole: the inner optimizer allreduces and
@@ -213,10 +231,19 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         raise ValueError(
             f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}"
         )
+    wire = dict(
+        compression=compression,
+        fp16_clip=fp16_clip,
+        ratio=ratio,
+        threshold=threshold,
+        residual=residual,
+        fusion_threshold_mb=fusion_threshold_mb,
+    )
+    reduce = _reducer(**wire)  # checks the values, with any number of workers
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         DistributedOptimizer(
             optimizer.inner_optimizer,
-            compression=compression,
+            **wire,
             backward_passes_per_step=backward_passes_per_step,
             noise_meter=noise_meter,
         )
@@ -228,12 +255,50 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     if backward_passes_per_step > 1:
         _accumulate(optimizer, int(backward_passes_per_step))
     if size() > 1:
-        _allreduce_before_clipping(
-            optimizer,
-            hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none,
-            noise_meter,
-        )
+        _allreduce_before_clipping(optimizer, reduce, noise_meter)
+        if isinstance(reduce, compression_lib.SparseAllreduce):
+            _SPARSE[optimizer] = reduce
     return optimizer
+
+
+def sparse_allreduce(
+    optimizer: keras.optimizers.Optimizer,
+) -> compression_lib.SparseAllreduce | None:
+    """The sparsified allreduce (``topk``/``threshold``) that :func:`DistributedOptimizer`
+    installed on ``optimizer`` (or on the optimizer a ``LossScaleOptimizer`` wraps), whose
+    residuals are training state; ``None`` for any other optimizer or with one worker."""
+    return _SPARSE.get(getattr(optimizer, "inner_optimizer", optimizer))
+
+
+def _reducer(
+    compression: str,
+    fp16_clip: float | None,
+    ratio: float,
+    threshold: float,
+    residual: bool,
+    fusion_threshold_mb: float,
+) -> Callable[[list[tf.Tensor]], list[tf.Tensor]]:
+    """The function that averages a list of gradients over the workers, as configured."""
+    if compression in compression_lib.SPARSE:
+        return compression_lib.SparseAllreduce(
+            hvd,
+            compression,
+            ratio=ratio,
+            threshold=threshold,
+            residual=residual,
+            fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
+        )
+    if compression == "fp16":
+        wire = compression_lib.Float16(fp16_clip or compression_lib.FLOAT16_MAX / size())
+    else:
+        wire = None
+    if hvd is None:
+        return lambda grads: grads
+    return functools.partial(
+        hvd.grouped_allreduce,
+        op=hvd.Average,
+        compression=wire or hvd.Compression.none,
+    )
 
 
 def _accumulate(optimizer: keras.optimizers.Optimizer, steps: int) -> None:
@@ -254,13 +319,15 @@ def _accumulate(optimizer: keras.optimizers.Optimizer, steps: int) -> None:
 
 
 def _allreduce_before_clipping(
-    optimizer: keras.optimizers.Optimizer, compression, noise_meter: GradientNoiseMeter | None
+    optimizer: keras.optimizers.Optimizer,
+    reduce: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+    noise_meter: GradientNoiseMeter | None,
 ) -> None:
     clip = optimizer._clip_gradients  # the class's hook, bound
 
     def allreduce_then_clip(grads: list) -> list:
         dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices -> dense
-        reduced = hvd.grouped_allreduce(dense, op=hvd.Average, compression=compression)
+        reduced = reduce(dense)
         if noise_meter is not None:
             noise_meter.measure(dense, reduced)
         return clip(reduced)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import platform
 import socket
 import subprocess
@@ -49,6 +50,8 @@ def train(
     disk) are recorded in ``status.json`` with a reason, then re-raised. Every worker's process
     is recorded there too, so the run's state and ``stop`` can find them.
     """
+    fusion_bytes = int(config.allreduce.fusion_threshold_mb * 2**20)
+    os.environ["HOROVOD_FUSION_THRESHOLD"] = str(fusion_bytes)  # read when Horovod starts
     distributed.init()
     rank0, world = distributed.is_rank0(), distributed.size()
     workers = distributed.allgather_object(processes.record("worker"))
@@ -122,7 +125,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     meter = distributed.GradientNoiseMeter(noise_every) if noise_every and world > 1 else None
     optimizer = distributed.DistributedOptimizer(
         optimizer,
-        compression=config.compression,
+        **config.allreduce.model_dump(),
         backward_passes_per_step=config.batch.accumulation,
         noise_meter=meter,
     )
@@ -144,6 +147,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         position = checkpoints.Position(
             *distributed.broadcast_object((position.epoch, position.step))
         )
+        _restore_residuals(optimizer, latest, world)
         if run:
             truncate_after(run.events_path, position.step)
     if position.epoch >= config.epochs:
@@ -179,21 +183,15 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     ]
     if run:
         writer = EventWriter(run.events_path)
-        hooks += [
+        hooks.append(
             callbacks.EventLogger(
                 writer,
                 counter,
                 every_steps=config.logging.every_steps,
                 steps_per_epoch=spe,
                 samples_per_step=per_worker * world,
-            ),
-            callbacks.Checkpointer(
-                run.checkpoints_path,
-                counter,
-                every_epochs=config.checkpoint.every_epochs,
-                last_epoch=config.epochs,
-            ),
-        ]
+            )
+        )
         if _has_trust_ratios(config):
             probe = (
                 dataset.x_train[:per_worker],
@@ -207,6 +205,20 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
                     every_steps=config.logging.trust_ratio_every_steps,
                 )
             )
+    reducer = distributed.sparse_allreduce(optimizer)
+    hooks.append(  # on every worker: the residuals are gathered from all of them
+        callbacks.Checkpointer(
+            run.checkpoints_path if run else None,
+            counter,
+            every_epochs=config.checkpoint.every_epochs,
+            last_epoch=config.epochs,
+            gather=(
+                (lambda: distributed.allgather_object(reducer.state()))
+                if reducer is not None and reducer.residual
+                else None
+            ),
+        )
+    )
     if run and noise_every and (meter or per_worker >= 2):
         hooks.append(_noise_scale_logger(config, writer, counter, meter, dataset, spe, world))
     if run and world == 1:
@@ -233,6 +245,23 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         callbacks=hooks,
         verbose=verbose if rank0 else 0,
     )
+
+
+def _restore_residuals(optimizer, checkpoint: Path | None, world: int) -> None:
+    """Give each worker the residual it had at ``checkpoint`` (read on rank 0, where
+    ``checkpoint`` is known), if the run sparsifies with error feedback. A checkpoint from
+    another number of workers has residuals that fit no one: they restart at zero, with a
+    warning."""
+    reducer = distributed.sparse_allreduce(optimizer)
+    saved = checkpoints.residuals(checkpoint) if checkpoint is not None else None
+    saved = distributed.broadcast_object(saved)
+    if reducer is None or not reducer.residual:
+        return
+    if saved is not None and len(saved) == world:
+        reducer.restore(saved[distributed.rank()])
+    elif distributed.is_rank0():
+        found = "none" if saved is None else f"{len(saved)} workers'"
+        print(f"warning: residuals restart at zero (the checkpoint holds {found}, not {world})")
 
 
 def _noise_scale_logger(config, writer, counter, meter, dataset, spe, world):

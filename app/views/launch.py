@@ -191,7 +191,7 @@ with st.container(border=True):
         "global_size": global_size,
     }
     raw["lr_scaling"] = {"rule": rule, "base_batch": base_batch}
-    cells = st.columns(4)
+    cells = st.columns(3)
     with cells[0]:
         raw["epochs"] = number("Epochs", "epochs")
     with cells[1]:
@@ -200,10 +200,48 @@ with st.container(border=True):
         )
     with cells[2]:
         raw["precision"] = select("Precision", form.choices(None, "precision"), "precision")
-    with cells[3]:
-        raw["compression"] = select(
-            "Allreduce compression", form.choices(None, "compression"), "compression"
+
+with st.expander("Allreduce: what goes on the wire"):
+    section = "AllreduceConfig"
+    cells = st.columns(6)
+    with cells[0]:
+        compression = select(
+            "Compression",
+            form.choices(section, "compression"),
+            "allreduce.compression",
+            section,
         )
+    with cells[1]:
+        ratio = number("topk: ratio sent", "allreduce.ratio", section)
+    with cells[2]:
+        threshold = number("threshold: |g| ≥", "allreduce.threshold", section)
+    with cells[3]:
+        residual = st.checkbox(
+            "Residual (error feedback)",
+            value=bool(default("allreduce.residual", section)),
+            key=key("allreduce.residual"),
+        )
+    with cells[4]:
+        clip = default("allreduce.fp16_clip", section)
+        fp16_clip = st.number_input(
+            "fp16: clip before the cast",
+            value=None if clip is None else float(clip),
+            format="%g",
+            step=None,
+            key=key("allreduce.fp16_clip"),
+            help="empty: 65504 / workers, so the sum over the workers stays finite",
+        )
+        slots.add("allreduce.fp16_clip")
+    with cells[5]:
+        fusion = number("Fusion threshold (MB)", "allreduce.fusion_threshold_mb", section)
+    raw["allreduce"] = {
+        "compression": compression,
+        "ratio": ratio,
+        "threshold": threshold,
+        "residual": residual,
+        "fp16_clip": fp16_clip,
+        "fusion_threshold_mb": fusion,
+    }
 
 with st.expander("Logging and checkpoints"):
     cells = st.columns(5)

@@ -51,3 +51,26 @@ def make_model(seed: int, optimizer, embedding: bool = False, **wrap) -> keras.M
 
 def sgd() -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(LEARNING_RATE)
+
+
+# What goes on the wire (toolkit.compression): DistributedOptimizer options per scenario, and
+# the known gradients each rank feeds it, WIRE_STEPS times, on variables of WIRE_SHAPES.
+WIRE_SHAPES = ((6, 5), (7,), (4, 3))
+WIRE_STEPS = 3
+WIRE = {
+    "topk": {"compression": "topk", "ratio": 0.1},
+    "topk_per_tensor": {"compression": "topk", "ratio": 0.25, "fusion_threshold_mb": 1e-4},
+    "threshold": {"compression": "threshold", "threshold": 1.0},
+    "threshold_dropped": {"compression": "threshold", "threshold": 1.0, "residual": False},
+    "fp16_saturates": {"compression": "fp16"},
+    "fp16_clipped": {"compression": "fp16", "fp16_clip": 0.5},
+}
+
+
+def wire_grads(rank: int, step: int) -> list[np.ndarray]:
+    """Rank ``rank``'s gradients at ``step``; on rank 0 one entry overflows float16."""
+    rng = np.random.default_rng(1000 * step + rank)
+    grads = [rng.normal(size=shape).astype("float32") for shape in WIRE_SHAPES]
+    if rank == 0:
+        grads[0][2, 3] = 1e5
+    return grads

@@ -22,10 +22,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from scenarios import (
     GLOBAL_BATCH,
     STEPS,
+    WIRE,
+    WIRE_SHAPES,
+    WIRE_STEPS,
     global_data,
     make_model,
     sgd,
     token_data,
+    wire_grads,
 )
 
 
@@ -109,6 +113,17 @@ def main(out: Path) -> None:
             weights[f"{name}_grads{p}"] = grads
             optimizer.apply([g * scale for g in grads], variables)
         info[name] = meter.read()
+
+    # What goes on the wire: each step's reduced gradient, read off variables that plain SGD
+    # (rate 1) moves from zero.
+    for name, wrap in WIRE.items():
+        optimizer = distributed.DistributedOptimizer(keras.optimizers.SGD(1.0), **wrap)
+        variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
+        for step in range(WIRE_STEPS):
+            for v in variables:
+                v.assign(np.zeros(v.shape, "float32"))
+            optimizer.apply(wire_grads(rank, step), variables)
+            weights[f"wire_{name}_{step}"] = [-v.numpy() for v in variables]
 
     # model.fit with the callbacks; rank-dependent momentum buffers, so the workers only agree
     # if BroadcastInitialState broadcasts the optimizer's state too.

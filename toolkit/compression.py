@@ -1,0 +1,159 @@
+"""What the allreduce puts on the wire, beyond plain float32 (SINGA's ``DistOpt`` modes).
+
+- :class:`Float16`: gradients cast to float16 for the allreduce and back. A finite value beyond
+  ``clip`` is clipped to it *before* the cast, as SINGA's
+  ``backward_and_update_half(clipping=True)`` does, so an overflow never reaches the wire as
+  ``inf``; a gradient that is already ``inf`` or ``NaN`` stays so (a divergence stays visible).
+  Horovod sums the float16 values, so the default clip (in :mod:`toolkit.distributed`) is
+  65504, float16's largest, over the number of workers.
+- :class:`SparseAllreduce`: each worker sends only part of its gradient, as (values, indices),
+  and the workers' parts are summed into a dense gradient and averaged. The gradients are
+  flattened and fused in variable order into buckets of at most ``fusion_threshold_bytes``
+  (a larger tensor is a bucket of its own), as SINGA fuses them; selection is per bucket:
+
+  - ``topk``: the ``ceil(ratio * n)`` entries of largest magnitude (at least one);
+  - ``threshold``: the entries with ``|g| >= threshold`` (a count that varies per worker and
+    step).
+
+  Horovod's allreduce cannot add index sets that differ between workers, so (values, indices)
+  travel by ``grouped_allgather`` (two calls: one for the values, one for the indices), as
+  Horovod itself carries ``IndexedSlices``.
+  With ``residual=True`` (SINGA's ``corr``, the error feedback of Deep Gradient Compression)
+  each worker keeps what it did not send and adds it to its next gradient before selecting;
+  with ``False`` it is dropped. The residual is training state, and per worker:
+  :meth:`SparseAllreduce.state` and :meth:`SparseAllreduce.restore` carry it through a
+  checkpoint (training gathers every worker's into it).
+
+Keras's ``clipnorm``/``clipvalue`` act after all of this, on the reduced gradient (see
+:mod:`toolkit.distributed`); :class:`Float16`'s clip acts on each worker's gradient before the
+cast.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+SPARSE = ("topk", "threshold")
+
+
+class Float16:
+    """A Horovod compressor (``compress``/``decompress``) that casts to float16 after clipping
+    finite values to ``[-clip, clip]``."""
+
+    def __init__(self, clip: float = FLOAT16_MAX):
+        if not 0 < clip <= FLOAT16_MAX:
+            raise ValueError(f"fp16 clip must be in (0, {FLOAT16_MAX:g}], got {clip!r}")
+        self.clip = clip
+
+    def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, tf.DType]:
+        if not tensor.dtype.is_floating:
+            return tensor, tensor.dtype
+        clipped = tf.clip_by_value(tensor, -self.clip, self.clip)
+        kept = tf.where(tf.math.is_finite(tensor), clipped, tensor)
+        return tf.cast(kept, tf.float16), tensor.dtype
+
+    def decompress(self, tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        return tf.cast(tensor, dtype) if dtype.is_floating else tensor
+
+
+class SparseAllreduce:
+    """Average gradients over the workers by sending each worker's selected entries only (see
+    the module doc). ``hvd`` is ``horovod.tensorflow``; call with every worker's gradients, in
+    the same order every step. The residuals are created on the first call."""
+
+    def __init__(
+        self,
+        hvd,
+        mode: str,
+        *,
+        ratio: float = 0.01,
+        threshold: float = 1e-3,
+        residual: bool = True,
+        fusion_threshold_bytes: int = 64 * 2**20,
+    ):
+        if mode not in SPARSE:
+            raise ValueError(f"sparse mode must be one of {SPARSE}, got {mode!r}")
+        if not 0 < ratio <= 1:
+            raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
+        if not threshold > 0:
+            raise ValueError(f"threshold must be > 0, got {threshold!r}")
+        if fusion_threshold_bytes < 1:
+            raise ValueError(f"fusion threshold must be >= 1 byte, got {fusion_threshold_bytes}")
+        self.hvd, self.mode, self.ratio, self.threshold = hvd, mode, ratio, threshold
+        self.fusion_threshold_bytes = fusion_threshold_bytes
+        self.residual = residual
+        self.residuals: list[tf.Variable] | None = None
+        self._restored: list[np.ndarray] | None = None
+
+    def buckets(self, grads: list[tf.Tensor]) -> list[list[int]]:
+        """Indices of ``grads`` fused together, in order: consecutive tensors while their bytes
+        stay within the fusion threshold."""
+        groups, current, size = [], [], 0
+        for i, g in enumerate(grads):
+            nbytes = g.shape.num_elements() * g.dtype.size
+            if current and size + nbytes > self.fusion_threshold_bytes:
+                groups.append(current)
+                current, size = [], 0
+            current.append(i)
+            size += nbytes
+        return groups + [current] if current else groups
+
+    def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        if self.residual and self.residuals is None:
+            start = self._restored or [np.zeros(g.shape, g.dtype.as_numpy_dtype) for g in grads]
+            if [tuple(a.shape) for a in start] != [tuple(g.shape) for g in grads]:
+                raise ValueError("the restored residuals do not match the gradients' shapes")
+            with tf.init_scope():  # created once, outside the traced step
+                self.residuals = [tf.Variable(a, trainable=False) for a in start]
+        groups = self.buckets(grads)
+        flats, sent, positions = [], [], []
+        for group in groups:
+            flat = tf.concat([tf.reshape(grads[i], [-1]) for i in group], 0)
+            if self.residual:
+                flat += tf.concat([tf.reshape(self.residuals[i], [-1]) for i in group], 0)
+            index = self._select(flat)
+            values = tf.gather(flat, index)
+            if self.residual:
+                left = tf.tensor_scatter_nd_update(flat, index[:, None], tf.zeros_like(values))
+                self._keep(group, left)
+            flats.append(flat)
+            sent.append(values)
+            positions.append(index)
+        all_sent = self.hvd.grouped_allgather(sent)  # one call per dtype: a group shares one
+        all_positions = self.hvd.grouped_allgather(positions)
+        reduced = []
+        for group, flat, values, index in zip(groups, flats, all_sent, all_positions, strict=True):
+            total = tf.math.unsorted_segment_sum(values, index, tf.size(flat, tf.int64))
+            mean = total / tf.cast(self.hvd.size(), total.dtype)
+            sizes = [grads[i].shape.num_elements() for i in group]
+            for i, part in zip(group, tf.split(mean, sizes), strict=True):
+                reduced.append(tf.reshape(part, grads[i].shape))
+        return reduced
+
+    def state(self) -> list[np.ndarray]:
+        """This worker's residuals, in gradient order (none before the first step)."""
+        return [v.numpy() for v in self.residuals or []]
+
+    def restore(self, residuals: list[np.ndarray]) -> None:
+        """Continue from ``residuals`` (a :meth:`state`), now or at the first step."""
+        if self.residuals is None:
+            self._restored = [np.asarray(a) for a in residuals] or None
+            return
+        for variable, value in zip(self.residuals, residuals, strict=True):
+            variable.assign(value)
+
+    def _select(self, flat: tf.Tensor) -> tf.Tensor:
+        """The int64 positions of ``flat`` this worker sends."""
+        if self.mode == "topk":
+            k = max(1, math.ceil(self.ratio * flat.shape.num_elements()))
+            return tf.cast(tf.math.top_k(tf.abs(flat), k, sorted=False).indices, tf.int64)
+        return tf.where(tf.abs(flat) >= self.threshold)[:, 0]
+
+    def _keep(self, group: list[int], left: tf.Tensor) -> None:
+        sizes = [self.residuals[i].shape.num_elements() for i in group]
+        for i, part in zip(group, tf.split(left, sizes), strict=True):
+            self.residuals[i].assign(tf.reshape(part, self.residuals[i].shape))
