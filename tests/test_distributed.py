@@ -167,6 +167,20 @@ def test_sparsified_allreduce_matches_a_simulation_of_the_workers(two_workers, s
     assert 0 < sum(sent) < sum(int(np.prod(s)) for s in WIRE_SHAPES)  # sparse, not empty
 
 
+def test_one_worker_sparsifies_alone_without_collectives():
+    optimizer = distributed.DistributedOptimizer(
+        keras.optimizers.SGD(1.0), **WIRE["topk_per_tensor"]
+    )
+    variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
+    for step, expected in enumerate(simulate_sparse(WIRE["topk_per_tensor"], workers=1)):
+        for v in variables:
+            v.assign(np.zeros(v.shape, "float32"))
+        optimizer.apply(wire_grads(0, step), variables)
+        assert_all_close([-v.numpy() for v in variables], expected, rtol=1e-6)
+    residuals = distributed.sparse_allreduce(optimizer).state()
+    assert [r.shape for r in residuals] == list(WIRE_SHAPES) and any(r.any() for r in residuals)
+
+
 def test_fp16_clips_before_the_cast_so_nothing_overflows(two_workers):
     ranks, _, _ = two_workers
     largest = float(np.finfo(np.float16).max)
@@ -206,9 +220,12 @@ def test_metric_averaging_reports_the_mean_of_the_workers(two_workers):
 
 
 @pytest.mark.parametrize(
-    "scenario, passes", [("noise", 1), ("noise_accumulate", 2), ("noise_mixed", 1)]
+    "scenario, passes",
+    [("noise", 1), ("noise_accumulate", 2), ("noise_mixed", 1), ("noise_topk", 1)],
 )
 def test_noise_meter_measures_each_workers_and_the_averaged_gradient(two_workers, scenario, passes):
+    """With a sparsified allreduce too: the noise scale needs the mean gradient, not the sparse
+    one the update applies."""
     ranks, infos, _ = two_workers
     local = [  # each rank's gradient for the update: the mean over its accumulated passes
         np.mean(

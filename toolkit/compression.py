@@ -32,6 +32,7 @@ cast.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -61,13 +62,16 @@ class Float16:
 
 
 class SparseAllreduce:
-    """Average gradients over the workers by sending each worker's selected entries only (see
-    the module doc). ``hvd`` is ``horovod.tensorflow``; call with every worker's gradients, in
-    the same order every step. The residuals are created on the first call."""
+    """Average gradients over ``workers`` workers by sending each worker's selected entries
+    only (see the module doc). ``allgather`` concatenates a list of tensors over the workers
+    (Horovod's ``grouped_allgather``; with one worker, the identity). Call it with this
+    worker's gradients, in the same order every step. The residuals are created on the first
+    call."""
 
     def __init__(
         self,
-        hvd,
+        allgather: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+        workers: int,
         mode: str,
         *,
         ratio: float = 0.01,
@@ -83,7 +87,8 @@ class SparseAllreduce:
             raise ValueError(f"threshold must be > 0, got {threshold!r}")
         if fusion_threshold_bytes < 1:
             raise ValueError(f"fusion threshold must be >= 1 byte, got {fusion_threshold_bytes}")
-        self.hvd, self.mode, self.ratio, self.threshold = hvd, mode, ratio, threshold
+        self.allgather, self.workers = allgather, workers
+        self.mode, self.ratio, self.threshold = mode, ratio, threshold
         self.fusion_threshold_bytes = fusion_threshold_bytes
         self.residual = residual
         self.residuals: list[tf.Variable] | None = None
@@ -123,12 +128,12 @@ class SparseAllreduce:
             flats.append(flat)
             sent.append(values)
             positions.append(index)
-        all_sent = self.hvd.grouped_allgather(sent)  # one call per dtype: a group shares one
-        all_positions = self.hvd.grouped_allgather(positions)
+        all_sent = self.allgather(sent)  # one call per dtype: a group shares one
+        all_positions = self.allgather(positions)
         reduced = []
         for group, flat, values, index in zip(groups, flats, all_sent, all_positions, strict=True):
             total = tf.math.unsorted_segment_sum(values, index, tf.size(flat, tf.int64))
-            mean = total / tf.cast(self.hvd.size(), total.dtype)
+            mean = total / tf.cast(self.workers, total.dtype)
             sizes = [grads[i].shape.num_elements() for i in group]
             for i, part in zip(group, tf.split(mean, sizes), strict=True):
                 reduced.append(tf.reshape(part, grads[i].shape))

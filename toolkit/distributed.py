@@ -162,15 +162,18 @@ class GradientNoiseMeter:
         self._small_sq = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self._big_sq = tf.Variable(0.0, dtype=tf.float64, trainable=False)
 
-    def measure(self, local: list[tf.Tensor], reduced: list[tf.Tensor]) -> None:
+    def measure(self, local: list[tf.Tensor], reduced: list[tf.Tensor] | None) -> None:
         """Count one update; on every ``every``-th, record the two norms (every worker must
-        call it, as the allreduce hook does)."""
+        call it, as the allreduce hook does). ``reduced=None``: the hook's reduced gradient is
+        not the mean one (a sparsified allreduce), so the mean is allreduced here, on the
+        measured updates only."""
         count = self._updates.assign_add(1)
 
         def record():
             small = hvd.allreduce(squared_norm(local), op=hvd.Average, name="noise_small_sq")
             self._small_sq.assign(small)
-            self._big_sq.assign(squared_norm(reduced))
+            mean = hvd.grouped_allreduce(local, op=hvd.Average) if reduced is None else reduced
+            self._big_sq.assign(squared_norm(mean))
             self._measured.assign(count)
             return tf.constant(True)
 
@@ -219,7 +222,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
 
     ``backward_passes_per_step=N`` sets Keras's ``gradient_accumulation_steps``: N calls
     accumulate local gradients, the N-th reduces their mean once and applies it (so
-    ``optimizer.iterations`` counts updates). With ``size() == 1`` no collective is added.
+    ``optimizer.iterations`` counts updates). With ``size() == 1`` no collective is added; the
+    sparse modes still select (and keep residuals), so one worker trains as its share would.
 
     A ``LossScaleOptimizer`` is wrapped as a whole: the inner optimizer allreduces and
     accumulates, and the finite-gradient check becomes global. ``noise_meter`` measures the
@@ -254,10 +258,11 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         raise ValueError(f"{optimizer.name} is already a DistributedOptimizer")
     if backward_passes_per_step > 1:
         _accumulate(optimizer, int(backward_passes_per_step))
-    if size() > 1:
+    if isinstance(reduce, compression_lib.SparseAllreduce):  # changes the update, even alone
+        _allreduce_before_clipping(optimizer, reduce, noise_meter if size() > 1 else None)
+        _SPARSE[optimizer] = reduce
+    elif size() > 1:
         _allreduce_before_clipping(optimizer, reduce, noise_meter)
-        if isinstance(reduce, compression_lib.SparseAllreduce):
-            _SPARSE[optimizer] = reduce
     return optimizer
 
 
@@ -266,7 +271,7 @@ def sparse_allreduce(
 ) -> compression_lib.SparseAllreduce | None:
     """The sparsified allreduce (``topk``/``threshold``) that :func:`DistributedOptimizer`
     installed on ``optimizer`` (or on the optimizer a ``LossScaleOptimizer`` wraps), whose
-    residuals are training state; ``None`` for any other optimizer or with one worker."""
+    residuals are training state; ``None`` for any other optimizer."""
     return _SPARSE.get(getattr(optimizer, "inner_optimizer", optimizer))
 
 
@@ -281,7 +286,8 @@ def _reducer(
     """The function that averages a list of gradients over the workers, as configured."""
     if compression in compression_lib.SPARSE:
         return compression_lib.SparseAllreduce(
-            hvd,
+            hvd.grouped_allgather if size() > 1 else lambda tensors: tensors,
+            size(),
             compression,
             ratio=ratio,
             threshold=threshold,
@@ -325,11 +331,13 @@ def _allreduce_before_clipping(
 ) -> None:
     clip = optimizer._clip_gradients  # the class's hook, bound
 
+    sparse = isinstance(reduce, compression_lib.SparseAllreduce)
+
     def allreduce_then_clip(grads: list) -> list:
         dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices -> dense
         reduced = reduce(dense)
         if noise_meter is not None:
-            noise_meter.measure(dense, reduced)
+            noise_meter.measure(dense, None if sparse else reduced)
         return clip(reduced)
 
     optimizer._clip_gradients = allreduce_then_clip

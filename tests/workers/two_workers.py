@@ -101,6 +101,7 @@ def main(out: Path) -> None:
         ("noise", sgd(), 1, {}),
         ("noise_accumulate", sgd(), 2, {"backward_passes_per_step": 2}),
         ("noise_mixed", keras.optimizers.LossScaleOptimizer(sgd()), 1, {}),
+        ("noise_topk", sgd(), 1, {"compression": "topk", "ratio": 0.2}),
     ]:
         meter = distributed.GradientNoiseMeter(every=1)
         optimizer = distributed.DistributedOptimizer(optimizer, noise_meter=meter, **wrap)
