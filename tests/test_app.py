@@ -198,6 +198,27 @@ def test_launch_fixed_global_batch_derives_per_worker_or_is_refused(root, launch
     assert at.metric[0].value == "128"
 
 
+def test_launch_synchronisation_and_compression_fields(root, launches):
+    at = page("launch")
+    by_label(at.selectbox, "Sync").set_value("local_sgd")
+    by_label(at.selectbox, "Compression").set_value("fp16")
+    at.run()
+    (first, *_) = at.error  # a cross-field error: the slot above the form
+    assert "allreduce\\.compression must be \\'none\\'" in first.value, first.value
+    by_label(at.button, "Launch").click().run()
+    assert launches == []
+    by_label(at.selectbox, "Sync").set_value("full")
+    by_label(at.selectbox, "Compression").set_value("topk")
+    by_label(at.number_input, "topk: ratio sent").set_value(0.05)
+    by_label(at.checkbox, "Residual (error feedback)").uncheck()
+    at.run()
+    assert not at.error
+    by_label(at.button, "Launch").click().run()
+    ((config, _),) = launches
+    assert config.allreduce.compression == "topk" and config.allreduce.ratio == 0.05
+    assert config.allreduce.residual is False and config.sync.mode == "full"
+
+
 def test_launch_preset_through_the_launcher(root, launches):
     at = page("launch")
     by_label(at.selectbox, "Start from").set_value("large_batch_lars").run()

@@ -73,6 +73,16 @@ def test_presets_are_valid(path):
             ["compression=fp16", "allreduce.compression=topk"],
             "`compression` moved to allreduce.compression; give it there only",
         ),
+        (["sync.mode=async"], "sync.mode: Input should be 'full', 'partial' or 'local_sgd'"),
+        (["sync.period=0"], "sync.period: Input should be greater than or equal to 1"),
+        (
+            ["sync.mode=local_sgd", "allreduce.compression=fp16"],
+            "allreduce.compression must be 'none' (got 'fp16')",
+        ),
+        (
+            ["sync.mode=partial", "batch.accumulation=2"],
+            "sync.mode='partial' needs one batch per update: batch.accumulation must be 1",
+        ),
     ],
 )
 def test_errors_name_the_field_and_the_allowed_values(overrides, expected):

@@ -20,6 +20,8 @@ sys.path.insert(0, str(ROOT / "tests" / "workers"))
 from scenarios import (
     GLOBAL_BATCH,
     STEPS,
+    SYNC,
+    SYNC_STEPS,
     WIRE,
     WIRE_SHAPES,
     WIRE_STEPS,
@@ -116,12 +118,8 @@ def test_fp16_compression_stays_close_but_is_applied(two_workers):
     assert any(not np.array_equal(a, b) for a, b in zip(fp16, full))
 
 
-def simulate_sparse(options: dict, workers: int = 2) -> list[list[np.ndarray]]:
-    """A numpy simulation of ``workers`` workers sparsifying as SINGA's ``DistOpt`` does: per
-    step, per bucket of the flattened gradients (fused in order up to the fusion threshold),
-    each worker adds its residual, sends the top ``ceil(ratio * n)`` entries by magnitude (or
-    those ``>= threshold``) and keeps the rest as its residual (or drops it); the reduced
-    gradient is the sum of what was sent over ``workers``. Returns each step's gradients."""
+def fused(options: dict) -> list[list[int]]:
+    """SINGA's fusion of the float32 WIRE_SHAPES, in order, up to ``fusion_threshold_mb``."""
     limit = options.get("fusion_threshold_mb", 64) * 2**20
     sizes = [int(np.prod(shape)) for shape in WIRE_SHAPES]
     buckets, current = [], []
@@ -130,7 +128,51 @@ def simulate_sparse(options: dict, workers: int = 2) -> list[list[np.ndarray]]:
             buckets.append(current)
             current = []
         current.append(i)
-    buckets.append(current)
+    return [*buckets, current]
+
+
+def simulate_sync(options: dict, workers: int = 2) -> list[list[list[np.ndarray]]]:
+    """A numpy simulation of local updates (SGD, rate 1) with parameter averaging: after update
+    ``n``, if ``n`` is a multiple of the period, partition ``(n / period - 1) mod P`` (SINGA's
+    partial synchronisation) or all parameters (local SGD) take the workers' mean. Returns each
+    step's parameters, per worker."""
+    period = options.get("period", 1)
+    parts = fused(options) if options["sync"] == "partial" else [list(range(len(WIRE_SHAPES)))]
+    params = [[np.zeros(shape, "float32") for shape in WIRE_SHAPES] for _ in range(workers)]
+    steps = []
+    for step in range(SYNC_STEPS):
+        for rank in range(workers):
+            params[rank] = [w - g for w, g in zip(params[rank], wire_grads(rank, step))]
+        done = step + 1
+        if done % period == 0:
+            for i in parts[(done // period - 1) % len(parts)]:
+                mean = sum(params[rank][i] for rank in range(workers)) / np.float32(workers)
+                for rank in range(workers):
+                    params[rank][i] = mean
+        steps.append([[w.copy() for w in ws] for ws in params])
+    return steps
+
+
+@pytest.mark.parametrize("scenario", list(SYNC))
+def test_partial_sync_and_local_sgd_match_a_simulation_of_the_workers(two_workers, scenario):
+    ranks, _, _ = two_workers
+    simulated = simulate_sync(SYNC[scenario])
+    for step, expected in enumerate(simulated):
+        for rank, npz in enumerate(ranks):
+            got = weights(npz, f"sync_{scenario}_{step}")
+            assert_all_close(got, expected[rank], rtol=1e-6, atol=1e-6)
+    last = simulated[-1]
+    assert any(not np.array_equal(a, b) for a, b in zip(*last))  # the workers drift apart
+
+
+def simulate_sparse(options: dict, workers: int = 2) -> list[list[np.ndarray]]:
+    """A numpy simulation of ``workers`` workers sparsifying as SINGA's ``DistOpt`` does: per
+    step, per bucket of the flattened gradients (fused in order up to the fusion threshold),
+    each worker adds its residual, sends the top ``ceil(ratio * n)`` entries by magnitude (or
+    those ``>= threshold``) and keeps the rest as its residual (or drops it); the reduced
+    gradient is the sum of what was sent over ``workers``. Returns each step's gradients."""
+    buckets = fused(options)
+    sizes = [int(np.prod(shape)) for shape in WIRE_SHAPES]
     residuals = [np.zeros(sum(sizes), "float32") for _ in range(workers)]
     offsets = np.cumsum([0, *sizes])
     steps = []

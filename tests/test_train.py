@@ -283,3 +283,15 @@ def test_a_sparsified_run_resumes_bit_for_bit_with_every_workers_residual(runs):
         kernel = [saved[f"rank{r}_0"] for r in range(2)]  # the first conv kernel's residual
         assert kernel[0].any() and not np.array_equal(kernel[0], kernel[1])  # per worker
     assert a[a.phase == "eval"].accuracy.iloc[-1] > 0.2  # 5% of the entries: it still learns
+
+
+@pytest.mark.parametrize("mode", ["partial", "local_sgd"])
+def test_partial_sync_and_local_sgd_train_under_horovodrun(runs, mode):
+    """The averaging inside model.fit's compiled step (the simulation in test_distributed.py
+    checks its arithmetic): the run completes and learns."""
+    overrides = [f"sync.mode={mode}", "sync.period=4", "allreduce.fusion_threshold_mb=0.004"]
+    config = from_mapping(SMALL, ["epochs=2", *overrides])
+    run = launcher.launch(config, run_id=f"sync-{mode}")
+    assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+    evals = read_events(run.events_path).query("phase == 'eval'")
+    assert evals.epoch.tolist() == [1, 2] and evals.accuracy.iloc[-1] > 0.2

@@ -41,6 +41,20 @@ FLOAT16_MAX = float(np.finfo(np.float16).max)
 SPARSE = ("topk", "threshold")
 
 
+def fusion_buckets(nbytes: list[int], threshold: int) -> list[list[int]]:
+    """Indices of consecutive tensors of ``nbytes`` bytes fused together, in order: a bucket
+    takes tensors while its bytes stay within ``threshold`` (a larger tensor is a bucket of its
+    own). SINGA's fusion, and its partial synchronisation's partitions."""
+    groups, current, size = [], [], 0
+    for i, n in enumerate(nbytes):
+        if current and size + n > threshold:
+            groups.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += n
+    return groups + [current] if current else groups
+
+
 class Float16:
     """A Horovod compressor (``compress``/``decompress``) that casts to float16 after clipping
     finite values to ``[-clip, clip]``."""
@@ -94,19 +108,6 @@ class SparseAllreduce:
         self.residuals: list[tf.Variable] | None = None
         self._restored: list[np.ndarray] | None = None
 
-    def buckets(self, grads: list[tf.Tensor]) -> list[list[int]]:
-        """Indices of ``grads`` fused together, in order: consecutive tensors while their bytes
-        stay within the fusion threshold."""
-        groups, current, size = [], [], 0
-        for i, g in enumerate(grads):
-            nbytes = g.shape.num_elements() * g.dtype.size
-            if current and size + nbytes > self.fusion_threshold_bytes:
-                groups.append(current)
-                current, size = [], 0
-            current.append(i)
-            size += nbytes
-        return groups + [current] if current else groups
-
     def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         if self.residual and self.residuals is None:
             start = self._restored or [np.zeros(g.shape, g.dtype.as_numpy_dtype) for g in grads]
@@ -114,7 +115,8 @@ class SparseAllreduce:
                 raise ValueError("the restored residuals do not match the gradients' shapes")
             with tf.init_scope():  # created once, outside the traced step
                 self.residuals = [tf.Variable(a, trainable=False) for a in start]
-        groups = self.buckets(grads)
+        nbytes = [g.shape.num_elements() * g.dtype.size for g in grads]
+        groups = fusion_buckets(nbytes, self.fusion_threshold_bytes)
         flats, sent, positions = [], [], []
         for group in groups:
             flat = tf.concat([tf.reshape(grads[i], [-1]) for i in group], 0)

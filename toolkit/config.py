@@ -229,6 +229,16 @@ class AllreduceConfig(_Section):
     fusion_threshold_mb: float = Field(64.0, gt=0, description="fusion and bucket size (MB)")
 
 
+class SyncConfig(_Section):
+    """What is averaged over the workers (:mod:`toolkit.sync`): ``full``, the gradients of every
+    update (allreduce); ``partial`` (SINGA), each worker updates locally and every ``period``
+    updates the next partition of the parameters (``allreduce.fusion_threshold_mb`` each) is
+    averaged; ``local_sgd`` (Lin et al. 2020), all parameters every ``period`` updates."""
+
+    mode: Literal["full", "partial", "local_sgd"] = "full"
+    period: int = Field(1, ge=1, description="partial/local_sgd: updates between averagings")
+
+
 class CheckpointConfig(_Section):
     every_epochs: int = Field(1, ge=1)
 
@@ -248,6 +258,7 @@ class ExperimentConfig(_Section):
     steps_per_epoch: int | None = Field(None, ge=1, description="cap (throughput runs)")
     precision: Literal["float32", "mixed_float16"] = "float32"
     allreduce: AllreduceConfig = Field(default_factory=AllreduceConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     workers: int = Field(1, ge=1)
@@ -291,6 +302,22 @@ class ExperimentConfig(_Section):
         if self.optimizer.name == "lbsgd" and self.batch.accumulation > 1:
             raise ValueError(
                 "batch.accumulation must be 1 with lbsgd: use optimizer.params.batch_scale"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sync_alone(self):
+        if self.sync.mode == "full":
+            return self
+        if self.allreduce.compression != "none":
+            raise ValueError(
+                f"sync.mode={self.sync.mode!r} averages parameters, not gradients: "
+                f"allreduce.compression must be 'none' (got {self.allreduce.compression!r})"
+            )
+        if self.batch.accumulation > 1 or self.optimizer.name == "lbsgd":
+            raise ValueError(
+                f"sync.mode={self.sync.mode!r} needs one batch per update: "
+                "batch.accumulation must be 1, and the optimizer not lbsgd"
             )
         return self
 

@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit import compression as compression_lib
+from toolkit import sync as sync_lib
 
 _log = logging.getLogger(__name__)
 
@@ -202,10 +203,13 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     threshold: float = 1e-3,
     residual: bool = True,
     fusion_threshold_mb: float = 64.0,
+    sync: str = "full",
+    period: int = 1,
     backward_passes_per_step: int = 1,
     noise_meter: GradientNoiseMeter | None = None,
 ) -> keras.optimizers.Optimizer:
-    """Make ``optimizer`` average its gradients over all workers; returns the same object.
+    """Make ``optimizer`` average its gradients (or, with ``sync``, its parameters) over all
+    workers; returns the same object.
 
     Wrap before ``model.compile``. Each update reduces all gradients at once right before the
     optimizer's clipping and update (see the module docstring). Sparse gradients
@@ -220,6 +224,11 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
       magnitude, or those with ``|g| >= threshold``, per bucket of ``fusion_threshold_mb``;
       with ``residual`` what it did not send is added to its next gradient.
 
+    ``sync="partial"`` or ``"local_sgd"`` (:mod:`toolkit.sync`): no gradient is reduced; each
+    worker updates from its own gradient, and every ``period`` updates one partition of the
+    parameters (``partial``: up to ``fusion_threshold_mb`` each, in turn) or all of them
+    (``local_sgd``) is averaged. Not with a compression or local accumulation.
+
     ``backward_passes_per_step=N`` sets Keras's ``gradient_accumulation_steps``: N calls
     accumulate local gradients, the N-th reduces their mean once and applies it (so
     ``optimizer.iterations`` counts updates). With ``size() == 1`` no collective is added; the
@@ -231,6 +240,13 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    if sync not in sync_lib.MODES:
+        raise ValueError(f"sync must be one of {sync_lib.MODES}, got {sync!r}")
+    if sync != "full" and (compression != "none" or backward_passes_per_step != 1):
+        raise ValueError(
+            f"sync={sync!r} averages parameters, not gradients: it takes no compression and "
+            "no backward_passes_per_step"
+        )
     if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
         raise ValueError(
             f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}"
@@ -244,10 +260,20 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         fusion_threshold_mb=fusion_threshold_mb,
     )
     reduce = _reducer(**wire)  # checks the values, with any number of workers
+    averaging = None
+    if sync != "full":
+        averaging = sync_lib.ParameterAveraging(
+            _allreduce_mean_tensors,
+            sync,
+            period=period,
+            fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
+        )
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         DistributedOptimizer(
             optimizer.inner_optimizer,
             **wire,
+            sync=sync,
+            period=period,
             backward_passes_per_step=backward_passes_per_step,
             noise_meter=noise_meter,
         )
@@ -258,8 +284,17 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         raise ValueError(f"{optimizer.name} is already a DistributedOptimizer")
     if backward_passes_per_step > 1:
         _accumulate(optimizer, int(backward_passes_per_step))
-    if isinstance(reduce, compression_lib.SparseAllreduce):  # changes the update, even alone
-        _allreduce_before_clipping(optimizer, reduce, noise_meter if size() > 1 else None)
+    if averaging is not None:
+        if hasattr(optimizer, "batch_scale"):
+            raise ValueError(f"sync={sync!r}: {type(optimizer).__name__} accumulates gradients")
+        if size() > 1:
+            _average_after_update(optimizer, averaging)
+            if noise_meter is not None:  # the hook only measures: the gradient stays local
+                _allreduce_before_clipping(optimizer, lambda grads: grads, noise_meter, False)
+    elif isinstance(reduce, compression_lib.SparseAllreduce):  # changes the update, even alone
+        _allreduce_before_clipping(
+            optimizer, reduce, noise_meter if size() > 1 else None, mean=False
+        )
         _SPARSE[optimizer] = reduce
     elif size() > 1:
         _allreduce_before_clipping(optimizer, reduce, noise_meter)
@@ -328,23 +363,40 @@ def _allreduce_before_clipping(
     optimizer: keras.optimizers.Optimizer,
     reduce: Callable[[list[tf.Tensor]], list[tf.Tensor]],
     noise_meter: GradientNoiseMeter | None,
+    mean: bool = True,
 ) -> None:
+    """Put ``reduce`` before the optimizer's clipping (``mean``: it returns the workers' mean
+    gradient, which the noise meter can use as it is)."""
     clip = optimizer._clip_gradients  # the class's hook, bound
-
-    sparse = isinstance(reduce, compression_lib.SparseAllreduce)
 
     def allreduce_then_clip(grads: list) -> list:
         dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices -> dense
         reduced = reduce(dense)
         if noise_meter is not None:
-            noise_meter.measure(dense, None if sparse else reduced)
+            noise_meter.measure(dense, reduced if mean else None)
         return clip(reduced)
 
     optimizer._clip_gradients = allreduce_then_clip
 
 
+def _average_after_update(
+    optimizer: keras.optimizers.Optimizer, averaging: sync_lib.ParameterAveraging
+) -> None:
+    apply = optimizer.apply  # the class's, bound
+
+    def apply_then_average(grads, trainable_variables=None):
+        apply(grads, trainable_variables)
+        averaging.after_update(optimizer.iterations, optimizer._trainable_variables)
+
+    optimizer.apply = apply_then_average
+
+
+def _allreduce_mean_tensors(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+    return hvd.grouped_allreduce(tensors, op=hvd.Average)
+
+
 def _allreduces(optimizer: keras.optimizers.Optimizer) -> bool:
-    return "_clip_gradients" in vars(optimizer)
+    return "_clip_gradients" in vars(optimizer) or "apply" in vars(optimizer)
 
 
 def _make_finite_check_global(optimizer: keras.optimizers.LossScaleOptimizer) -> None:

@@ -126,6 +126,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     optimizer = distributed.DistributedOptimizer(
         optimizer,
         **config.allreduce.model_dump(),
+        sync=config.sync.mode,
+        period=config.sync.period,
         backward_passes_per_step=config.batch.accumulation,
         noise_meter=meter,
     )

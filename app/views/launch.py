@@ -201,7 +201,13 @@ with st.container(border=True):
     with cells[2]:
         raw["precision"] = select("Precision", form.choices(None, "precision"), "precision")
 
-with st.expander("Allreduce: what goes on the wire"):
+with st.expander("Synchronisation: what the workers average, and what goes on the wire"):
+    cells = st.columns(6)
+    with cells[0]:
+        sync = select("Sync", form.choices("SyncConfig", "mode"), "sync.mode", "SyncConfig")
+    with cells[1]:
+        period = number("partial/local_sgd: period (updates)", "sync.period", "SyncConfig")
+    raw["sync"] = {"mode": sync, "period": period}
     section = "AllreduceConfig"
     cells = st.columns(6)
     with cells[0]:

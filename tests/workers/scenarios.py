@@ -67,6 +67,15 @@ WIRE = {
 }
 
 
+# Partial synchronisation and local SGD (toolkit.sync), on the same gradients, SYNC_STEPS steps.
+SYNC_STEPS = 5
+SYNC = {
+    "partial": {"sync": "partial", "fusion_threshold_mb": 1e-4},  # one variable per partition
+    "partial_every2": {"sync": "partial", "period": 2, "fusion_threshold_mb": 1e-4},
+    "local_sgd": {"sync": "local_sgd", "period": 2},
+}
+
+
 def wire_grads(rank: int, step: int) -> list[np.ndarray]:
     """Rank ``rank``'s gradients at ``step``; on rank 0 one entry overflows float16."""
     rng = np.random.default_rng(1000 * step + rank)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from toolkit import distributed
 from toolkit.optimizers import SGD
@@ -22,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from scenarios import (
     GLOBAL_BATCH,
     STEPS,
+    SYNC,
+    SYNC_STEPS,
     WIRE,
     WIRE_SHAPES,
     WIRE_STEPS,
@@ -50,6 +53,12 @@ def train(model: keras.Model, x, y, steps: int, first_step: int = 0) -> None:
     for step in range(first_step, first_step + steps):
         start = step * GLOBAL_BATCH + rank * half
         model.train_on_batch(x[start : start + half], y[start : start + half])
+
+
+def compiled(optimizer, variables):
+    """``optimizer.apply(grads, variables)`` as a graph, the way ``model.fit`` runs it."""
+    optimizer.build(variables)
+    return tf.function(lambda grads: optimizer.apply(grads, variables))
 
 
 def main(out: Path) -> None:
@@ -120,11 +129,21 @@ def main(out: Path) -> None:
     for name, wrap in WIRE.items():
         optimizer = distributed.DistributedOptimizer(keras.optimizers.SGD(1.0), **wrap)
         variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
+        apply = compiled(optimizer, variables)
         for step in range(WIRE_STEPS):
             for v in variables:
                 v.assign(np.zeros(v.shape, "float32"))
-            optimizer.apply(wire_grads(rank, step), variables)
+            apply(wire_grads(rank, step))
             weights[f"wire_{name}_{step}"] = [-v.numpy() for v in variables]
+
+    # Partial synchronisation and local SGD: every rank's parameters after each update.
+    for name, wrap in SYNC.items():
+        optimizer = distributed.DistributedOptimizer(keras.optimizers.SGD(1.0), **wrap)
+        variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
+        apply = compiled(optimizer, variables)
+        for step in range(SYNC_STEPS):
+            apply(wire_grads(rank, step))
+            weights[f"sync_{name}_{step}"] = [v.numpy() for v in variables]
 
     # model.fit with the callbacks; rank-dependent momentum buffers, so the workers only agree
     # if BroadcastInitialState broadcasts the optimizer's state too.

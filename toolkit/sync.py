@@ -1,0 +1,75 @@
+"""Partial synchronisation and local SGD: each worker updates its own parameters from its own
+gradient every step, and parameters are averaged over the workers only now and then.
+
+- ``partial`` (SINGA's ``DistOpt.backward_and_partial_update``): the parameters are cut, in
+  variable order, into partitions of at most the fusion threshold's bytes
+  (:func:`toolkit.compression.fusion_buckets`); every ``period`` updates (SINGA: every update)
+  the next partition is averaged, cycling through them.
+- ``local_sgd`` (Lin et al., ICLR 2020, "Don't use large mini-batches, use local SGD"): every
+  ``period`` updates (their H) all parameters are averaged: the same mechanism with one
+  partition.
+
+No gradient is allreduced, and optimizer state (momentum buffers) is never averaged. Which
+partition is due follows ``optimizer.iterations`` (the updates done), which checkpoints hold,
+so a resumed run continues the cycle. Between two averagings the workers' parameters differ; a
+checkpoint holds rank 0's, and a resume starts every worker from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from toolkit.compression import fusion_buckets
+
+MODES = ("full", "partial", "local_sgd")
+
+
+class ParameterAveraging:
+    """Averages partitions of a model's parameters over the workers after updates (see the
+    module doc). ``allreduce_mean`` averages a list of tensors over the workers (Horovod's
+    ``grouped_allreduce`` with ``op=Average``)."""
+
+    def __init__(
+        self,
+        allreduce_mean: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+        mode: str,
+        *,
+        period: int = 1,
+        fusion_threshold_bytes: int = 64 * 2**20,
+    ):
+        if mode not in MODES[1:]:
+            raise ValueError(f"parameter averaging mode must be one of {MODES[1:]}, got {mode!r}")
+        if int(period) != period or period < 1:
+            raise ValueError(f"period must be an integer >= 1, got {period!r}")
+        self.allreduce_mean, self.mode, self.period = allreduce_mean, mode, int(period)
+        self.fusion_threshold_bytes = fusion_threshold_bytes
+
+    def partitions(self, variables: list) -> list[list[int]]:
+        """Indices of ``variables`` averaged together, in the order they take turns."""
+        if self.mode == "local_sgd":
+            return [list(range(len(variables)))]
+        nbytes = [v.value.shape.num_elements() * v.value.dtype.size for v in variables]
+        return fusion_buckets(nbytes, self.fusion_threshold_bytes)
+
+    def after_update(self, updates: tf.Tensor, variables: list) -> None:
+        """Call on every worker after each update, with the number of updates done so far
+        (``optimizer.iterations``): averages the partition due, if one is."""
+        parts = self.partitions(variables)
+        updates = tf.cast(updates, tf.int64)
+
+        def average(part: list[int]) -> Callable[[], tf.Tensor]:
+            def run() -> tf.Tensor:
+                means = self.allreduce_mean([variables[i].value for i in part])
+                for i, mean in zip(part, means, strict=True):
+                    variables[i].assign(mean)
+                return tf.constant(True)
+
+            return run
+
+        def due() -> tf.Tensor:
+            turn = tf.cast((updates // self.period - 1) % len(parts), tf.int32)
+            return tf.switch_case(turn, [average(part) for part in parts])
+
+        tf.cond(updates % self.period == 0, due, lambda: tf.constant(False))
