@@ -165,7 +165,7 @@ def test_partial_sync_and_local_sgd_match_a_simulation_of_the_workers(two_worker
     assert any(not np.array_equal(a, b) for a, b in zip(*last))  # the workers drift apart
 
 
-def simulate_sparse(options: dict, workers: int = 2) -> list[list[np.ndarray]]:
+def simulate_sparse(options: dict, workers: int = 2, sent_counts: list | None = None):
     """A numpy simulation of ``workers`` workers sparsifying as SINGA's ``DistOpt`` does: per
     step, per bucket of the flattened gradients (fused in order up to the fusion threshold),
     each worker adds its residual, sends the top ``ceil(ratio * n)`` entries by magnitude (or
@@ -192,6 +192,8 @@ def simulate_sparse(options: dict, workers: int = 2) -> list[list[np.ndarray]]:
                     chosen = np.nonzero(np.abs(values) >= options["threshold"])[0]
                 sent = np.zeros_like(values)
                 sent[chosen] = values[chosen]
+                if sent_counts is not None:
+                    sent_counts.append(len(chosen))
                 total[part] += sent
                 residuals[rank][part] = values - sent
         mean = total / np.float32(workers)
@@ -209,6 +211,40 @@ def test_sparsified_allreduce_matches_a_simulation_of_the_workers(two_workers, s
     assert 0 < sum(sent) < sum(int(np.prod(s)) for s in WIRE_SHAPES)  # sparse, not empty
 
 
+@pytest.mark.parametrize("scenario", list(WIRE))
+def test_traffic_counts_the_bytes_each_worker_sent(two_workers, scenario):
+    """Per update: sparse modes send a float32 value and an int64 index per selected entry
+    (the mean over the workers), fp16 two bytes per entry; against a dense float32 allreduce."""
+    _, infos, _ = two_workers
+    entries = sum(int(np.prod(s)) for s in WIRE_SHAPES)
+    options = WIRE[scenario]
+    if options["compression"] == "fp16":
+        expected = WIRE_STEPS * 2 * entries
+    else:
+        counts = []
+        simulate_sparse(options, sent_counts=counts)
+        expected = 12 * sum(counts) / 2
+    for info in infos:
+        sent, dense = info[f"traffic_{scenario}"]
+        assert sent == pytest.approx(expected, rel=1e-9) and dense == 4 * entries
+
+
+@pytest.mark.parametrize("scenario", list(SYNC))
+def test_traffic_counts_the_parameters_averaged(two_workers, scenario):
+    _, infos, _ = two_workers
+    options = SYNC[scenario]
+    period = options.get("period", 1)
+    parts = fused(options) if options["sync"] == "partial" else [list(range(len(WIRE_SHAPES)))]
+    sizes = [4 * int(np.prod(s)) for s in WIRE_SHAPES]
+    expected = sum(
+        sum(sizes[i] for i in parts[(done // period - 1) % len(parts)])
+        for done in range(1, SYNC_STEPS + 1)
+        if done % period == 0
+    )
+    for info in infos:
+        assert info[f"traffic_{scenario}"] == [expected, sum(sizes)]
+
+
 def test_one_worker_sparsifies_alone_without_collectives():
     optimizer = distributed.DistributedOptimizer(
         keras.optimizers.SGD(1.0), **WIRE["topk_per_tensor"]
@@ -221,6 +257,21 @@ def test_one_worker_sparsifies_alone_without_collectives():
         assert_all_close([-v.numpy() for v in variables], expected, rtol=1e-6)
     residuals = distributed.sparse_allreduce(optimizer).state()
     assert [r.shape for r in residuals] == list(WIRE_SHAPES) and any(r.any() for r in residuals)
+
+
+def test_what_was_sent_plus_the_residual_is_every_gradient():
+    """Conservation (one worker, so the update is what it sent): over the steps, the updates
+    plus the final residual add up to the gradients."""
+    optimizer = distributed.DistributedOptimizer(
+        keras.optimizers.SGD(1.0), compression="threshold", threshold=0.8
+    )
+    variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
+    for step in range(WIRE_STEPS):
+        optimizer.apply(wire_grads(0, step), variables)
+    residuals = distributed.sparse_allreduce(optimizer).state()
+    for i, v in enumerate(variables):
+        total = sum(wire_grads(0, step)[i] for step in range(WIRE_STEPS))
+        np.testing.assert_allclose(-v.numpy() + residuals[i], total, rtol=1e-5, atol=1e-5)
 
 
 def test_fp16_clips_before_the_cast_so_nothing_overflows(two_workers):
@@ -238,6 +289,22 @@ def test_fp16_clips_before_the_cast_so_nothing_overflows(two_workers):
             assert_all_close(got, expected, rtol=2e-3, atol=1e-3)
     overflowed = weights(ranks[0], "wire_fp16_saturates_0")[0][2, 3]
     assert 16_000 < overflowed < 16_500  # (65504 / 2 + a normal draw) / 2, not inf
+
+
+@pytest.mark.parametrize(
+    "sparse, dense",
+    [
+        ("topk_all", "sgd"),
+        ("threshold_all", "sgd"),
+        ("sparse_topk_all", "sparse"),  # an Embedding model: IndexedSlices made dense first
+        ("sparse_threshold_all", "sparse"),
+        ("topk_all_accumulate2", "accumulate2"),
+        ("mixed_topk_all", "mixed_plain"),
+    ],
+)
+def test_sparse_modes_selecting_everything_are_the_dense_allreduce(two_workers, sparse, dense):
+    for npz in two_workers[0]:
+        assert_all_close(weights(npz, sparse), weights(npz, dense), rtol=1e-6, atol=1e-7)
 
 
 def test_mixed_precision_skips_a_step_that_is_non_finite_on_one_worker(two_workers):

@@ -191,6 +191,12 @@ def test_nan_loss_stops_the_run_as_failed_with_a_reason(tmp_path):
         (["--set", "schedule.warmup.strategy=cubic"], "'linear', 'power2' or 'sqrt'"),
         (["--name", "../escape"], "must match ^[A-Za-z0-9_.-]{1,64}$"),
         (["--np", "4", "--hosts", "localhost:2"], "fewer slots than workers=4"),
+        (["--set", "allreduce.ratio=1.5"], "allreduce.ratio: Input should be less than or"),
+        (["--set", "allreduce.threshold=0"], "allreduce.threshold: Input should be greater"),
+        (
+            ["--set", "sync.mode=partial", "--set", "allreduce.compression=topk"],
+            "allreduce.compression must be 'none' (got 'topk')",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_anything_starts(args, message, runs, subprocess_env):
@@ -283,6 +289,10 @@ def test_a_sparsified_run_resumes_bit_for_bit_with_every_workers_residual(runs):
         kernel = [saved[f"rank{r}_0"] for r in range(2)]  # the first conv kernel's residual
         assert kernel[0].any() and not np.array_equal(kernel[0], kernel[1])  # per worker
     assert a[a.phase == "eval"].accuracy.iloc[-1] > 0.2  # 5% of the entries: it still learns
+    traffic = a[a.phase == "train"][["comm/bytes_sent", "comm/compression_ratio"]]
+    assert traffic.notna().all().all()
+    # 5% of the entries, each a float32 value and an int64 index, against float32: 4 / (0.05 x 12)
+    np.testing.assert_allclose(traffic["comm/compression_ratio"], 4 / (0.05 * 12), rtol=0.02)
 
 
 @pytest.mark.parametrize("mode", ["partial", "local_sgd"])

@@ -42,6 +42,10 @@ class EventLogger(keras.callbacks.Callback):
     A train event holds the step (batches done), epoch (fractional), lr and momentum used at
     that step, Keras's running loss/accuracy of the epoch, and global ``samples_per_sec`` over
     the interval (the first interval starts after the first step, so tracing is not counted).
+    With a ``traffic`` counter (:class:`toolkit.compression.Traffic`) it also holds
+    ``comm/bytes_sent``, the bytes a worker sent per update over the interval, and
+    ``comm/compression_ratio``, a dense float32 allreduce's bytes over those (when any were
+    sent).
     """
 
     def __init__(
@@ -52,23 +56,26 @@ class EventLogger(keras.callbacks.Callback):
         every_steps: int,
         steps_per_epoch: int,
         samples_per_step: int,
+        traffic=None,
+        steps_per_update: int = 1,
     ):
         super().__init__()
         self.writer, self.counter = writer, counter
         self.every_steps = every_steps
         self.steps_per_epoch = steps_per_epoch
         self.samples_per_step = samples_per_step
-        self._clock: tuple[int, float] | None = None
+        self.traffic, self.steps_per_update = traffic, steps_per_update
+        self._clock: tuple[int, float, float] | None = None
 
     def on_train_batch_end(self, batch, logs=None):
-        step, now = self.counter.step, time.perf_counter()
+        step, now, sent = self.counter.step, time.perf_counter(), self._sent()
         if self._clock is None:
-            self._clock = (step, now)
+            self._clock = (step, now, sent)
             return
         if step % self.every_steps:
             return
-        last_step, last_time = self._clock
-        self._clock = (step, now)
+        last_step, last_time, last_sent = self._clock
+        self._clock = (step, now, sent)
         record = {
             "step": step,
             "epoch": step / self.steps_per_epoch,
@@ -78,7 +85,15 @@ class EventLogger(keras.callbacks.Callback):
             "samples_per_sec": self.samples_per_step * (step - last_step) / (now - last_time),
         }
         record.update({k: float(v) for k, v in (logs or {}).items()})
+        if self.traffic is not None:
+            per_update = (sent - last_sent) * self.steps_per_update / (step - last_step)
+            record["comm/bytes_sent"] = per_update
+            if per_update > 0 and self.traffic.dense_bytes:
+                record["comm/compression_ratio"] = self.traffic.dense_bytes / per_update
         self.writer.write(record)
+
+    def _sent(self) -> float:
+        return float(self.traffic.sent.numpy()) if self.traffic is not None else 0.0
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}

@@ -24,6 +24,9 @@
   :meth:`SparseAllreduce.state` and :meth:`SparseAllreduce.restore` carry it through a
   checkpoint (training gathers every worker's into it).
 
+:class:`Traffic` counts the bytes a worker sends, against the dense float32 allreduce of the
+same gradients.
+
 Keras's ``clipnorm``/``clipvalue`` act after all of this, on the reduced gradient (see
 :mod:`toolkit.distributed`); :class:`Float16`'s clip acts on each worker's gradient before the
 cast.
@@ -39,6 +42,30 @@ import tensorflow as tf
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 SPARSE = ("topk", "threshold")
+
+
+class Traffic:
+    """The bytes one worker sent to average gradients or parameters, counted in the training
+    graph: ``sent`` (a float64 variable, cumulative since the process started) and
+    ``dense_bytes``, what one dense float32 allreduce of every gradient sends (known once the
+    step has been traced). For the sparse modes, ``sent`` is the mean over the workers (the
+    threshold's count varies per worker); values and int64 indices both count."""
+
+    def __init__(self):
+        self.sent = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.dense_bytes: int | None = None
+
+    def add(self, nbytes) -> None:
+        self.sent.assign_add(tf.cast(nbytes, tf.float64))
+
+    def count_dense(self, tensors: list) -> None:
+        """Record ``dense_bytes`` from the gradients (or parameters) being averaged."""
+        self.dense_bytes = sum(t.shape.num_elements() * 4 for t in tensors)
+
+
+def nbytes(tensors: list) -> int:
+    """Bytes of ``tensors`` as they are (static shapes)."""
+    return sum(t.shape.num_elements() * t.dtype.size for t in tensors)
 
 
 def fusion_buckets(nbytes: list[int], threshold: int) -> list[list[int]]:
@@ -92,6 +119,7 @@ class SparseAllreduce:
         threshold: float = 1e-3,
         residual: bool = True,
         fusion_threshold_bytes: int = 64 * 2**20,
+        traffic: Traffic | None = None,
     ):
         if mode not in SPARSE:
             raise ValueError(f"sparse mode must be one of {SPARSE}, got {mode!r}")
@@ -104,7 +132,7 @@ class SparseAllreduce:
         self.allgather, self.workers = allgather, workers
         self.mode, self.ratio, self.threshold = mode, ratio, threshold
         self.fusion_threshold_bytes = fusion_threshold_bytes
-        self.residual = residual
+        self.residual, self.traffic = residual, traffic
         self.residuals: list[tf.Variable] | None = None
         self._restored: list[np.ndarray] | None = None
 
@@ -115,8 +143,7 @@ class SparseAllreduce:
                 raise ValueError("the restored residuals do not match the gradients' shapes")
             with tf.init_scope():  # created once, outside the traced step
                 self.residuals = [tf.Variable(a, trainable=False) for a in start]
-        nbytes = [g.shape.num_elements() * g.dtype.size for g in grads]
-        groups = fusion_buckets(nbytes, self.fusion_threshold_bytes)
+        groups = fusion_buckets([nbytes([g]) for g in grads], self.fusion_threshold_bytes)
         flats, sent, positions = [], [], []
         for group in groups:
             flat = tf.concat([tf.reshape(grads[i], [-1]) for i in group], 0)
@@ -132,6 +159,11 @@ class SparseAllreduce:
             positions.append(index)
         all_sent = self.allgather(sent)  # one call per dtype: a group shares one
         all_positions = self.allgather(positions)
+        if self.traffic is not None:
+            self.traffic.count_dense(grads)
+            entries = tf.add_n([tf.size(v, tf.int64) for v in all_sent])
+            per_entry = grads[0].dtype.size + 8  # a value and its int64 index
+            self.traffic.add(tf.cast(entries * per_entry, tf.float64) / self.workers)
         reduced = []
         for group, flat, values, index in zip(groups, flats, all_sent, all_positions, strict=True):
             total = tf.math.unsorted_segment_sum(values, index, tf.size(flat, tf.int64))

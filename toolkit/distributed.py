@@ -37,6 +37,7 @@ Horovod's ops cannot run inside an XLA cluster on CPU: compile with ``jit_compil
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -61,7 +62,15 @@ except ImportError as error:  # a build without Horovod: one process
 
 T = TypeVar("T")
 COMPRESSIONS = ("none", "fp16", *compression_lib.SPARSE)
-_SPARSE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> its reducer
+_WIRING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Wiring
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wiring:
+    """What :func:`DistributedOptimizer` installed on an optimizer that training reads back."""
+
+    traffic: compression_lib.Traffic
+    sparse: compression_lib.SparseAllreduce | None
 
 
 def init() -> None:
@@ -259,7 +268,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         residual=residual,
         fusion_threshold_mb=fusion_threshold_mb,
     )
-    reduce = _reducer(**wire)  # checks the values, with any number of workers
+    traffic = compression_lib.Traffic()
+    reduce = _reducer(**wire, traffic=traffic)  # checks the values, with any number of workers
     averaging = None
     if sync != "full":
         averaging = sync_lib.ParameterAveraging(
@@ -267,6 +277,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
             sync,
             period=period,
             fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
+            traffic=traffic,
         )
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         DistributedOptimizer(
@@ -284,6 +295,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         raise ValueError(f"{optimizer.name} is already a DistributedOptimizer")
     if backward_passes_per_step > 1:
         _accumulate(optimizer, int(backward_passes_per_step))
+    sparse = reduce if isinstance(reduce, compression_lib.SparseAllreduce) else None
     if averaging is not None:
         if hasattr(optimizer, "batch_scale"):
             raise ValueError(f"sync={sync!r}: {type(optimizer).__name__} accumulates gradients")
@@ -291,14 +303,22 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
             _average_after_update(optimizer, averaging)
             if noise_meter is not None:  # the hook only measures: the gradient stays local
                 _allreduce_before_clipping(optimizer, lambda grads: grads, noise_meter, False)
-    elif isinstance(reduce, compression_lib.SparseAllreduce):  # changes the update, even alone
+    elif sparse is not None:  # changes the update, even alone
         _allreduce_before_clipping(
-            optimizer, reduce, noise_meter if size() > 1 else None, mean=False
+            optimizer, sparse, noise_meter if size() > 1 else None, mean=False
         )
-        _SPARSE[optimizer] = reduce
     elif size() > 1:
         _allreduce_before_clipping(optimizer, reduce, noise_meter)
+    if sparse is not None or size() > 1:
+        _WIRING[optimizer] = _Wiring(traffic, sparse)
     return optimizer
+
+
+def traffic(optimizer: keras.optimizers.Optimizer) -> compression_lib.Traffic | None:
+    """The bytes counter of what :func:`DistributedOptimizer` installed on ``optimizer`` (or on
+    the optimizer a ``LossScaleOptimizer`` wraps); ``None`` where nothing is sent."""
+    wiring = _WIRING.get(getattr(optimizer, "inner_optimizer", optimizer))
+    return wiring.traffic if wiring else None
 
 
 def sparse_allreduce(
@@ -307,7 +327,8 @@ def sparse_allreduce(
     """The sparsified allreduce (``topk``/``threshold``) that :func:`DistributedOptimizer`
     installed on ``optimizer`` (or on the optimizer a ``LossScaleOptimizer`` wraps), whose
     residuals are training state; ``None`` for any other optimizer."""
-    return _SPARSE.get(getattr(optimizer, "inner_optimizer", optimizer))
+    wiring = _WIRING.get(getattr(optimizer, "inner_optimizer", optimizer))
+    return wiring.sparse if wiring else None
 
 
 def _reducer(
@@ -317,8 +338,10 @@ def _reducer(
     threshold: float,
     residual: bool,
     fusion_threshold_mb: float,
+    traffic: compression_lib.Traffic,
 ) -> Callable[[list[tf.Tensor]], list[tf.Tensor]]:
-    """The function that averages a list of gradients over the workers, as configured."""
+    """The function that averages a list of gradients over the workers, as configured, and
+    counts what it sends in ``traffic``."""
     if compression in compression_lib.SPARSE:
         return compression_lib.SparseAllreduce(
             hvd.grouped_allgather if size() > 1 else lambda tensors: tensors,
@@ -328,18 +351,20 @@ def _reducer(
             threshold=threshold,
             residual=residual,
             fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
+            traffic=traffic,
         )
     if compression == "fp16":
         wire = compression_lib.Float16(fp16_clip or compression_lib.FLOAT16_MAX / size())
     else:
-        wire = None
-    if hvd is None:
-        return lambda grads: grads
-    return functools.partial(
-        hvd.grouped_allreduce,
-        op=hvd.Average,
-        compression=wire or hvd.Compression.none,
-    )
+        wire = hvd.Compression.none if hvd is not None else None
+    element = 2 if compression == "fp16" else 4
+
+    def allreduce(grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        traffic.count_dense(grads)
+        traffic.add(element * sum(g.shape.num_elements() for g in grads))
+        return hvd.grouped_allreduce(grads, op=hvd.Average, compression=wire)
+
+    return allreduce
 
 
 def _accumulate(optimizer: keras.optimizers.Optimizer, steps: int) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from toolkit.compression import fusion_buckets
+from toolkit.compression import Traffic, fusion_buckets, nbytes
 
 MODES = ("full", "partial", "local_sgd")
 
@@ -38,30 +38,36 @@ class ParameterAveraging:
         *,
         period: int = 1,
         fusion_threshold_bytes: int = 64 * 2**20,
+        traffic: Traffic | None = None,
     ):
         if mode not in MODES[1:]:
             raise ValueError(f"parameter averaging mode must be one of {MODES[1:]}, got {mode!r}")
         if int(period) != period or period < 1:
             raise ValueError(f"period must be an integer >= 1, got {period!r}")
         self.allreduce_mean, self.mode, self.period = allreduce_mean, mode, int(period)
-        self.fusion_threshold_bytes = fusion_threshold_bytes
+        self.fusion_threshold_bytes, self.traffic = fusion_threshold_bytes, traffic
 
     def partitions(self, variables: list) -> list[list[int]]:
         """Indices of ``variables`` averaged together, in the order they take turns."""
         if self.mode == "local_sgd":
             return [list(range(len(variables)))]
-        nbytes = [v.value.shape.num_elements() * v.value.dtype.size for v in variables]
-        return fusion_buckets(nbytes, self.fusion_threshold_bytes)
+        sizes = [nbytes([v.value]) for v in variables]
+        return fusion_buckets(sizes, self.fusion_threshold_bytes)
 
     def after_update(self, updates: tf.Tensor, variables: list) -> None:
         """Call on every worker after each update, with the number of updates done so far
         (``optimizer.iterations``): averages the partition due, if one is."""
         parts = self.partitions(variables)
         updates = tf.cast(updates, tf.int64)
+        if self.traffic is not None:
+            self.traffic.count_dense([v.value for v in variables])
 
         def average(part: list[int]) -> Callable[[], tf.Tensor]:
             def run() -> tf.Tensor:
-                means = self.allreduce_mean([variables[i].value for i in part])
+                values = [variables[i].value for i in part]
+                if self.traffic is not None:
+                    self.traffic.add(nbytes(values))
+                means = self.allreduce_mean(values)
                 for i, mean in zip(part, means, strict=True):
                     variables[i].assign(mean)
                 return tf.constant(True)

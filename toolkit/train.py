@@ -192,6 +192,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
                 every_steps=config.logging.every_steps,
                 steps_per_epoch=spe,
                 samples_per_step=per_worker * world,
+                traffic=distributed.traffic(optimizer),
+                steps_per_update=config.steps_per_update(world),
             )
         )
         if _has_trust_ratios(config):

@@ -72,20 +72,39 @@ def main(out: Path) -> None:
         "mean_rank": distributed.allreduce_mean(rank),
     }
 
+    every_entry = [  # the sparse modes selecting everything: the dense allreduce's result
+        ("topk_all", {"compression": "topk", "ratio": 1.0}),
+        ("threshold_all", {"compression": "threshold", "threshold": float(np.finfo("f4").tiny)}),
+    ]
     for name, wrap, steps in [
         ("sgd", {}, STEPS),
         ("accumulate2", {"backward_passes_per_step": 2}, 2 * STEPS),
         ("fp16", {"compression": "fp16"}, STEPS),
+        *[(name, wrap, STEPS) for name, wrap in every_entry],
+        ("topk_all_accumulate2", {"backward_passes_per_step": 2, **every_entry[0][1]}, 2 * STEPS),
     ]:
         model = make_model(100 + rank, sgd(), **wrap)
         distributed.broadcast_variables(model, model.optimizer)
         train(model, x, y, steps)
         weights[name] = model.get_weights()
 
-    model = make_model(100 + rank, sgd(), embedding=True)
-    distributed.broadcast_variables(model, model.optimizer)
-    train(model, *token_data(), STEPS)
-    weights["sparse"] = model.get_weights()
+    for name, wrap in [("sparse", {}), *[(f"sparse_{n}", w) for n, w in every_entry]]:
+        model = make_model(100 + rank, sgd(), embedding=True, **wrap)
+        distributed.broadcast_variables(model, model.optimizer)
+        train(model, *token_data(), STEPS)
+        weights[name] = model.get_weights()
+
+    # Mixed precision with a sparse mode selecting everything: the plain run's weights.
+    for name, wrap in [("mixed_plain", {}), ("mixed_topk_all", every_entry[0][1])]:
+        keras.config.set_dtype_policy("mixed_float16")
+        try:
+            optimizer = keras.optimizers.LossScaleOptimizer(sgd())
+            model = make_model(100 + rank, optimizer, **wrap)
+        finally:
+            keras.config.set_dtype_policy("float32")
+        distributed.broadcast_variables(model, model.optimizer)
+        train(model, x, y, STEPS)
+        weights[name] = model.get_weights()
 
     # Mixed precision: rank 1 alone gets non-finite gradients on the first step; both ranks
     # must skip it (global finite check) instead of one waiting in the allreduce forever.
@@ -135,6 +154,8 @@ def main(out: Path) -> None:
                 v.assign(np.zeros(v.shape, "float32"))
             apply(wire_grads(rank, step))
             weights[f"wire_{name}_{step}"] = [-v.numpy() for v in variables]
+        traffic = distributed.traffic(optimizer)
+        info[f"traffic_{name}"] = [float(traffic.sent.numpy()), traffic.dense_bytes]
 
     # Partial synchronisation and local SGD: every rank's parameters after each update.
     for name, wrap in SYNC.items():
@@ -144,6 +165,8 @@ def main(out: Path) -> None:
         for step in range(SYNC_STEPS):
             apply(wire_grads(rank, step))
             weights[f"sync_{name}_{step}"] = [v.numpy() for v in variables]
+        traffic = distributed.traffic(optimizer)
+        info[f"traffic_{name}"] = [float(traffic.sent.numpy()), traffic.dense_bytes]
 
     # model.fit with the callbacks; rank-dependent momentum buffers, so the workers only agree
     # if BroadcastInitialState broadcasts the optimizer's state too.
