@@ -27,12 +27,14 @@ def fake_run(
     eval_every: int = 100,
     trust_every: int = 200,
     gns_every: int | None = None,
+    bytes_per_update: float | None = None,
     seed: int = 0,
     pid: int | None = None,
 ) -> RunDir:
     """A run with ``events`` event lines (train rows, an eval row every ``eval_every`` steps,
     a trust-ratio row every ``trust_every``, a gradient-noise-scale row every ``gns_every``
-    if given) spread evenly over ``epochs``."""
+    if given) spread evenly over ``epochs``; with ``bytes_per_update``, train rows carry that
+    traffic (``comm/bytes_sent``, against 40 kB dense)."""
     rng = random.Random(seed)
     run = RunDir.create(root, run_id)
     config = from_mapping(
@@ -69,6 +71,14 @@ def fake_run(
                     "accuracy": 0.95 - 0.85 * decay + 0.02 * rng.random(),
                     "samples_per_sec": 3000 + 200 * rng.random(),
                 }
+                | (
+                    {}
+                    if bytes_per_update is None
+                    else {
+                        "comm/bytes_sent": bytes_per_update,
+                        "comm/compression_ratio": 40_000 / bytes_per_update,
+                    }
+                )
             )
             if step % eval_every == eval_every - 1:
                 writer.write(

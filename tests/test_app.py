@@ -423,6 +423,16 @@ def test_detail_shows_status_progress_curves_and_trust_ratios(root):
     ]
 
 
+def test_detail_shows_the_traffic_of_a_run_that_logs_it(root):
+    fake_run(root, "sparse", events=300, bytes_per_update=800.0)
+    at = page("detail")
+    titles = [f["layout"]["title"]["text"] for f in figures(at)]
+    assert "bytes a worker sent per update" in titles
+    assert "compression (dense bytes / sent)" in titles
+    ratio = figures(at)[titles.index("compression (dense bytes / sent)")]
+    np.testing.assert_allclose(decode(ratio["data"][0]["y"]), 50.0)
+
+
 def test_detail_gives_the_lines_that_open_the_run_in_a_notebook(root, subprocess_env):
     run = fake_run(root, "lars-run", events=120, epochs=2)
     at = page("detail")
@@ -521,6 +531,27 @@ def test_compare_overlays_runs_with_smoothing_and_axes(compare_runs):
     )
     by_label(at.radio, "x-axis").set_value("epoch").run()
     assert decode(figures(at)[0]["data"][0]["x"])[-1] == pytest.approx(train["epoch"].iloc[-1])
+
+
+def test_compare_against_the_bytes_each_run_sent(root):
+    fake_run(root, "dense", events=400, bytes_per_update=40_000.0)
+    fake_run(root, "topk", events=400, bytes_per_update=600.0, seed=1)
+    fake_run(root, "alone", events=400, seed=2)  # one worker: no traffic logged
+    at = page()
+    at.session_state["compare_runs"] = ["dense", "topk", "alone"]
+    at.switch_page("views/compare.py").run()
+    by_label(at.slider, "EMA smoothing").set_value(0.0)
+    by_label(at.multiselect, "Metrics").set_value(["eval/accuracy"])
+    by_label(at.radio, "x-axis").set_value("bytes sent").run()
+    assert not at.exception
+    (spec,) = figures(at)
+    assert [t["name"] for t in spec["data"]] == ["dense", "topk"]
+    assert spec["layout"]["xaxis"]["title"]["text"] == "bytes a worker sent (cumulative)"
+    for trace, per_update in zip(spec["data"], (40_000.0, 600.0)):
+        frame = read_events(root / trace["name"] / "events.jsonl")
+        steps = frame[frame["phase"] == "eval"]["step"].to_numpy()
+        # a train event every step from step 0, one update each: step s has sent s updates
+        np.testing.assert_allclose(decode(trace["x"]), per_update * steps)
 
 
 def test_compare_values_at_step_and_min_max_last(compare_runs):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from toolkit.curves import Curve, downsample, panels
+from toolkit.curves import Curve, bytes_axis, downsample, panels
 
 
 def test_panels_follow_the_rule_for_known_and_unplanned_metrics():
@@ -80,3 +80,18 @@ def test_downsample_keeps_extremes_and_ends():
     assert len(keep) <= 502 and keep[0] == 0 and keep[-1] == len(y) - 1
     assert 4321 in keep and np.all(np.diff(keep) > 0)
     assert list(downsample(y[:100], 500)) == list(range(100))
+
+
+def test_bytes_axis_sums_bytes_per_update_over_the_updates_between_events():
+    events = pd.DataFrame(
+        [
+            {"step": 10, "phase": "train", "comm/bytes_sent": 100.0},
+            {"step": 15, "phase": "eval", "accuracy": 0.5},
+            {"step": 20, "phase": "train", "comm/bytes_sent": 300.0},
+            {"step": 30, "phase": "train", "comm/bytes_sent": 0.0},  # no averaging in between
+        ]
+    )
+    # 2 batches per update: 5 updates to step 10, 5 more to 20, 5 more to 30
+    axis = bytes_axis(events, steps_per_update=2)
+    assert axis.tolist() == [500.0, 1000.0, 2000.0, 2000.0]  # the eval event interpolated
+    assert bytes_axis(events.drop(columns="comm/bytes_sent")) is None

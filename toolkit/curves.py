@@ -12,7 +12,8 @@ charts by one rule, so a metric nobody planned for is drawn too:
 - of the gradient-noise-scale diagnostics, ``b_simple`` is drawn (the others feed it);
 - panels come in :data:`FIRST` order, then alphabetically.
 
-Long curves are thinned for drawing by :func:`downsample`.
+Long curves are thinned for drawing by :func:`downsample`; :func:`bytes_axis` puts every event
+on the axis of traffic, for accuracy against bytes sent.
 """
 
 from __future__ import annotations
@@ -108,3 +109,21 @@ def downsample(y: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
     offsets = np.arange(len(rows)) * size
     keep = np.concatenate([[0, n - 1], offsets + low, offsets + high])
     return np.unique(keep[keep < n])
+
+
+def bytes_axis(events: pd.DataFrame, steps_per_update: int = 1) -> pd.Series | None:
+    """The bytes a worker had sent by each event's step (``None`` if the run logs no
+    ``comm/bytes_sent``): the train events' bytes per update, times the updates in each interval
+    since the previous one (from step 0), summed; any event between two is interpolated by step.
+    """
+    if not {"comm/bytes_sent", "step", "phase"} <= set(events.columns):
+        return None
+    train = events[events["phase"] == "train"][["step", "comm/bytes_sent"]].dropna()
+    if train.empty:
+        return None
+    train = train.sort_values("step")
+    steps = train["step"].to_numpy(dtype=float)
+    updates = np.diff(steps, prepend=0.0) / steps_per_update
+    total = np.cumsum(train["comm/bytes_sent"].to_numpy(dtype=float) * updates)
+    at = pd.to_numeric(events["step"], errors="coerce").to_numpy(dtype=float)
+    return pd.Series(np.interp(at, steps, total, left=0.0), index=events.index)

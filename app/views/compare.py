@@ -1,17 +1,20 @@
 """Compare: several runs overlaid per metric, against step, epoch, wall-clock or relative time,
-EMA-smoothed with the raw curve faint behind; values at a step, min/max/last, CSV export."""
+or the bytes a worker sent, EMA-smoothed with the raw curve faint behind; values at a step,
+min/max/last, CSV export."""
 
 import pandas as pd
 import streamlit as st
 
 from app import charts, data
 from app.charts import Series
+from toolkit.curves import bytes_axis
 
 X_AXES = {
     "step": "step",
     "epoch": "epoch",
     "wall-clock": "wall-clock (UTC)",
     "relative time": "time since the run's first event (s)",
+    "bytes sent": "bytes a worker sent (cumulative)",
 }
 NOT_METRICS = {"step", "epoch", "wall", "phase"}
 MAX_STEP = 2**53 - 1  # the largest whole number a browser's number input holds
@@ -55,6 +58,10 @@ log_y = controls[3].checkbox("log y")
 def x_values(run_id: str, rows: pd.DataFrame) -> pd.Series | None:
     if x_axis in ("step", "epoch"):
         return rows.get(x_axis)
+    if x_axis == "bytes sent":  # runs that log no traffic (one worker, older runs) are left out
+        config = data.config(by_id[run_id])
+        sent = bytes_axis(frames[run_id], config.steps_per_update() if config else 1)
+        return None if sent is None else sent.loc[rows.index]
     if "wall" not in rows:
         return None
     if x_axis == "wall-clock":

@@ -98,6 +98,12 @@ def panel() -> None:
     with right:
         curves(frame, "accuracy", "accuracy")
         curves(frame, "samples_per_sec", "samples/sec", phases=("train",))
+    if "comm/bytes_sent" in frame:
+        left, right = st.columns(2)
+        with left:
+            curves(frame, "comm/bytes_sent", "bytes a worker sent per update", ("train",))
+        with right:
+            curves(frame, "comm/compression_ratio", "compression (dense bytes / sent)", ("train",))
     noise_scale(data.phase(frame, "gns"))
     ratios = data.phase(frame, "trust_ratio")
     if not ratios.empty or (config and config.optimizer.name in ("lars", "lbsgd")):
