@@ -93,5 +93,5 @@ def test_bytes_axis_sums_bytes_per_update_over_the_updates_between_events():
     )
     # 2 batches per update: 5 updates to step 10, 5 more to 20, 5 more to 30
     axis = bytes_axis(events, steps_per_update=2)
-    assert axis.tolist() == [500.0, 1000.0, 2000.0, 2000.0]  # the eval event interpolated
+    assert axis.tolist() == [500.0, 1250.0, 2000.0, 2000.0]  # the eval event: interpolated
     assert bytes_axis(events.drop(columns="comm/bytes_sent")) is None
