@@ -11,11 +11,16 @@
   flattened and fused in variable order into buckets of at most ``fusion_threshold_bytes``
   (a larger tensor is a bucket of its own), as SINGA fuses them; selection is per bucket:
 
-  - ``topk``: the ``ceil(ratio * n)`` entries of largest magnitude (at least one);
+  - ``topk``: the ``ceil(ratio * n)`` entries of largest magnitude (at least one). A full
+    top-k over millions of entries costs more than a dense allreduce on one machine; with
+    ``topk_sample=s`` (Deep Gradient Compression's sampling) the k-th largest magnitude is
+    read off every ``round(1/s)``-th entry instead (deterministic, so resumes stay exact)
+    and the entries at or above it are sent: about ``k`` of them;
   - ``threshold``: the entries with ``|g| >= threshold`` (a count that varies per worker and
     step).
 
-  Horovod's allreduce cannot add index sets that differ between workers, so (values, indices)
+  Indices are int32 (int64 for a bucket of 2**31 entries or more). Horovod's allreduce
+  cannot add index sets that differ between workers, so (values, indices)
   travel by ``grouped_allgather`` (two calls: one for the values, one for the indices), as
   Horovod itself carries ``IndexedSlices``.
   With ``residual=True`` (SINGA's ``corr``, the error feedback of Deep Gradient Compression)
@@ -49,7 +54,7 @@ class Traffic:
     graph: ``sent`` (a float64 variable, cumulative since the process started) and
     ``dense_bytes``, what one dense float32 allreduce of every gradient sends (known once the
     step has been traced). For the sparse modes, ``sent`` is the mean over the workers (the
-    threshold's count varies per worker); values and int64 indices both count."""
+    threshold's count varies per worker); values and indices both count."""
 
     def __init__(self):
         self.sent = tf.Variable(0.0, dtype=tf.float64, trainable=False)
@@ -116,6 +121,7 @@ class SparseAllreduce:
         mode: str,
         *,
         ratio: float = 0.01,
+        topk_sample: float = 0.0,
         threshold: float = 1e-3,
         residual: bool = True,
         fusion_threshold_bytes: int = 64 * 2**20,
@@ -125,12 +131,15 @@ class SparseAllreduce:
             raise ValueError(f"sparse mode must be one of {SPARSE}, got {mode!r}")
         if not 0 < ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
+        if not 0 <= topk_sample < 1:
+            raise ValueError(f"topk_sample must be in [0, 1), got {topk_sample!r}")
         if not threshold > 0:
             raise ValueError(f"threshold must be > 0, got {threshold!r}")
         if fusion_threshold_bytes < 1:
             raise ValueError(f"fusion threshold must be >= 1 byte, got {fusion_threshold_bytes}")
         self.allgather, self.workers = allgather, workers
         self.mode, self.ratio, self.threshold = mode, ratio, threshold
+        self.stride = round(1 / topk_sample) if topk_sample else 1
         self.fusion_threshold_bytes = fusion_threshold_bytes
         self.residual, self.traffic = residual, traffic
         self.residuals: list[tf.Variable] | None = None
@@ -144,12 +153,14 @@ class SparseAllreduce:
             with tf.init_scope():  # created once, outside the traced step
                 self.residuals = [tf.Variable(a, trainable=False) for a in start]
         groups = fusion_buckets([nbytes([g]) for g in grads], self.fusion_threshold_bytes)
+        largest = max(sum(grads[i].shape.num_elements() for i in group) for group in groups)
+        index_dtype = tf.int32 if largest < 2**31 else tf.int64  # one dtype: one allgather
         flats, sent, positions = [], [], []
         for group in groups:
             flat = tf.concat([tf.reshape(grads[i], [-1]) for i in group], 0)
             if self.residual:
                 flat += tf.concat([tf.reshape(self.residuals[i], [-1]) for i in group], 0)
-            index = self._select(flat)
+            index = tf.cast(self._select(flat), index_dtype)
             values = tf.gather(flat, index)
             if self.residual:
                 left = tf.tensor_scatter_nd_update(flat, index[:, None], tf.zeros_like(values))
@@ -162,11 +173,11 @@ class SparseAllreduce:
         if self.traffic is not None:
             self.traffic.count_dense(grads)
             entries = tf.add_n([tf.size(v, tf.int64) for v in all_sent])
-            per_entry = grads[0].dtype.size + 8  # a value and its int64 index
+            per_entry = grads[0].dtype.size + index_dtype.size  # a value and its index
             self.traffic.add(tf.cast(entries * per_entry, tf.float64) / self.workers)
         reduced = []
         for group, flat, values, index in zip(groups, flats, all_sent, all_positions, strict=True):
-            total = tf.math.unsorted_segment_sum(values, index, tf.size(flat, tf.int64))
+            total = tf.math.unsorted_segment_sum(values, index, tf.size(flat, index_dtype))
             mean = total / tf.cast(self.workers, total.dtype)
             sizes = [grads[i].shape.num_elements() for i in group]
             for i, part in zip(group, tf.split(mean, sizes), strict=True):
@@ -186,11 +197,17 @@ class SparseAllreduce:
             variable.assign(value)
 
     def _select(self, flat: tf.Tensor) -> tf.Tensor:
-        """The int64 positions of ``flat`` this worker sends."""
-        if self.mode == "topk":
-            k = max(1, math.ceil(self.ratio * flat.shape.num_elements()))
-            return tf.cast(tf.math.top_k(tf.abs(flat), k, sorted=False).indices, tf.int64)
-        return tf.where(tf.abs(flat) >= self.threshold)[:, 0]
+        """The positions of ``flat`` this worker sends."""
+        magnitude = tf.abs(flat)
+        if self.mode == "threshold":
+            return tf.where(magnitude >= self.threshold)[:, 0]
+        if self.stride > 1 and flat.shape.num_elements() >= self.stride:
+            sample = magnitude[:: self.stride]
+            k = max(1, math.ceil(self.ratio * sample.shape.num_elements()))
+            kth = tf.math.top_k(sample, k, sorted=True).values[-1]
+            return tf.where(magnitude >= kth)[:, 0]
+        k = max(1, math.ceil(self.ratio * flat.shape.num_elements()))
+        return tf.math.top_k(magnitude, k, sorted=False).indices
 
     def _keep(self, group: list[int], left: tf.Tensor) -> None:
         sizes = [self.residuals[i].shape.num_elements() for i in group]

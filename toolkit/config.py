@@ -214,13 +214,17 @@ class LoggingConfig(_Section):
 class AllreduceConfig(_Section):
     """What the gradient allreduce sends (:mod:`toolkit.compression`): ``none`` (float32),
     ``fp16`` (clipped before the cast), or SINGA's sparsified modes, ``topk`` (the fraction
-    ``ratio`` of entries of largest magnitude) and ``threshold`` (entries with
+    ``ratio`` of entries of largest magnitude; with ``topk_sample``, about that many, the cut
+    estimated from a sample as DGC does) and ``threshold`` (entries with
     ``|g| >= threshold``), per bucket of ``fusion_threshold_mb``, with or without the
     ``residual`` (error feedback). ``fusion_threshold_mb`` is also Horovod's tensor fusion
     threshold (``HOROVOD_FUSION_THRESHOLD``, set by training before Horovod starts)."""
 
     compression: Literal["none", "fp16", "topk", "threshold"] = "none"
     ratio: float = Field(0.01, gt=0, le=1, description="topk: fraction of entries sent")
+    topk_sample: float = Field(
+        0.0, ge=0, lt=1, description="topk: k-th magnitude from this sample (0: exact top-k)"
+    )
     threshold: float = Field(1e-3, gt=0, description="threshold: smallest |g| sent")
     residual: bool = Field(True, description="topk/threshold: keep what was not sent")
     fp16_clip: float | None = Field(

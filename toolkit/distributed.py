@@ -209,6 +209,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     compression: str = "none",
     fp16_clip: float | None = None,
     ratio: float = 0.01,
+    topk_sample: float = 0.0,
     threshold: float = 1e-3,
     residual: bool = True,
     fusion_threshold_mb: float = 64.0,
@@ -230,7 +231,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
       clipped to ``±fp16_clip`` before the cast (default: float16's largest over the number of
       workers, so the sum over the workers cannot overflow to ``inf`` either);
     - ``"topk"``/``"threshold"``: each worker sends the fraction ``ratio`` of entries of largest
-      magnitude, or those with ``|g| >= threshold``, per bucket of ``fusion_threshold_mb``;
+      magnitude (``topk_sample``: about that many, the k-th magnitude estimated from a strided
+      sample), or those with ``|g| >= threshold``, per bucket of ``fusion_threshold_mb``;
       with ``residual`` what it did not send is added to its next gradient.
 
     ``sync="partial"`` or ``"local_sgd"`` (:mod:`toolkit.sync`): no gradient is reduced; each
@@ -264,6 +266,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         compression=compression,
         fp16_clip=fp16_clip,
         ratio=ratio,
+        topk_sample=topk_sample,
         threshold=threshold,
         residual=residual,
         fusion_threshold_mb=fusion_threshold_mb,
@@ -335,6 +338,7 @@ def _reducer(
     compression: str,
     fp16_clip: float | None,
     ratio: float,
+    topk_sample: float,
     threshold: float,
     residual: bool,
     fusion_threshold_mb: float,
@@ -348,6 +352,7 @@ def _reducer(
             size(),
             compression,
             ratio=ratio,
+            topk_sample=topk_sample,
             threshold=threshold,
             residual=residual,
             fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),

@@ -219,6 +219,12 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
         )
     with cells[1]:
         ratio = number("topk: ratio sent", "allreduce.ratio", section)
+        topk_sample = number(
+            "topk: sample (0: exact)",
+            "allreduce.topk_sample",
+            section,
+            help="estimate the k-th magnitude from this fraction of the entries (DGC)",
+        )
     with cells[2]:
         threshold = number("threshold: |g| ≥", "allreduce.threshold", section)
     with cells[3]:
@@ -243,6 +249,7 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
     raw["allreduce"] = {
         "compression": compression,
         "ratio": ratio,
+        "topk_sample": topk_sample,
         "threshold": threshold,
         "residual": residual,
         "fp16_clip": fp16_clip,

@@ -60,6 +60,7 @@ WIRE_STEPS = 3
 WIRE = {
     "topk": {"compression": "topk", "ratio": 0.1},
     "topk_per_tensor": {"compression": "topk", "ratio": 0.25, "fusion_threshold_mb": 1e-4},
+    "topk_sampled": {"compression": "topk", "ratio": 0.2, "topk_sample": 0.25},
     "threshold": {"compression": "threshold", "threshold": 1.0},
     "threshold_dropped": {"compression": "threshold", "threshold": 1.0, "residual": False},
     "fp16_saturates": {"compression": "fp16"},

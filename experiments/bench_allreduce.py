@@ -1,0 +1,153 @@
+"""What each allreduce mode costs an update, on real models' gradient shapes.
+
+    .venv/bin/python experiments/bench_allreduce.py [--np 2] [--models resnet20,resnet50]
+                                                    [--repeat 5]
+
+Under horovodrun (started by this script), for each model's trainable variables: one compiled
+update (``DistributedOptimizer(SGD)``, plain SGD, so the update itself costs one pass) with
+random gradients, for the dense float32 allreduce, fp16, topk 1% and 0.1% (with residual; 1%
+also with the k-th magnitude estimated from a 1% sample, as DGC does) and
+threshold (set to select about 1% of the entries, without residual), interleaved,
+``--repeat`` rounds of a block of updates.
+The table gives the median time per update, its spread over rounds, and the ratio to the dense
+allreduce in the same round, with the bytes a worker sent. "selection alone" times only the
+top-k (or threshold) selection over the flattened gradients, in one process: the number to set
+against the dense allreduce it replaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {"resnet20": ((32, 32, 3), 10), "resnet50": ((224, 224, 3), 1000)}
+
+
+def modes(threshold: float) -> dict[str, dict]:
+    return {
+        "dense": {},
+        "fp16": {"compression": "fp16"},
+        "topk 1%": {"compression": "topk", "ratio": 0.01},
+        "topk 0.1%": {"compression": "topk", "ratio": 0.001},
+        "topk 1%, sampled 1%": {"compression": "topk", "ratio": 0.01, "topk_sample": 0.01},
+        # no residual: with the same gradient every update, the residual would grow past the
+        # threshold everywhere and the selection would creep from 1% towards all entries
+        "threshold ~1%": {"compression": "threshold", "threshold": threshold, "residual": False},
+    }
+
+
+def compiled(function, *args):
+    """``function(*args)`` as a graph that takes no arguments (so variables stay variables)."""
+    import tensorflow as tf
+
+    return tf.function(lambda: function(*args))
+
+
+def top_k(flat, k: int):
+    import tensorflow as tf
+
+    return tf.math.top_k(tf.abs(flat), k)
+
+
+def at_least(flat, threshold: float):
+    import tensorflow as tf
+
+    return tf.where(tf.abs(flat) >= threshold)
+
+
+def worker(names: list[str], repeat: int, block: int) -> None:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from toolkit import distributed, models
+
+    distributed.init()
+    rows = []
+    for name in names:
+        shape, classes = SHAPES[name]
+        model = models.build(name, input_shape=shape, num_classes=classes, seed=0)
+        variables = model.trainable_variables
+        rng = np.random.default_rng(distributed.rank())
+        grads = [tf.constant(rng.normal(size=v.shape).astype("float32")) for v in variables]
+        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+        threshold = float(np.quantile(np.abs(flat.numpy()), 0.99))  # about 1% at or above
+        updates, traffic = {}, {}
+        for mode, options in modes(threshold).items():
+            optimizer = distributed.DistributedOptimizer(keras.optimizers.SGD(0.0), **options)
+            optimizer.build(variables)
+            updates[mode] = compiled(optimizer.apply, grads, variables)
+            traffic[mode] = distributed.traffic(optimizer)
+        k = flat.shape[0] // 100
+        selection = {
+            "selection alone: topk 1%": compiled(top_k, flat, k),
+            "selection alone: threshold": compiled(at_least, flat, threshold),
+        }
+        timings = {mode: [] for mode in [*updates, *selection]}
+        for step in [*updates.values(), *selection.values()]:
+            step()  # trace
+        sent = {mode: float(t.sent.numpy()) for mode, t in traffic.items()}
+        for _ in range(repeat):
+            for mode, step in {**updates, **selection}.items():
+                start = time.perf_counter()
+                for _ in range(block):
+                    step()
+                timings[mode].append((time.perf_counter() - start) / block * 1e3)
+        per_update = {
+            mode: (float(t.sent.numpy()) - sent[mode]) / (repeat * block)
+            for mode, t in traffic.items()
+        }
+        dense = np.array(timings["dense"])
+        for mode, values in timings.items():
+            values = np.array(values)
+            rows.append(
+                (
+                    name,
+                    f"{flat.shape[0] / 1e6:.2f}M",
+                    mode,
+                    f"{np.median(values):,.1f}",
+                    f"{values.min():,.1f}-{values.max():,.1f}",
+                    f"{np.median(values / dense):.2f}",
+                    f"{per_update[mode] / 1e6:.3f}" if mode in per_update else "-",
+                )
+            )
+    if distributed.is_rank0():
+        print(f"{distributed.size()} workers (Gloo, localhost), {repeat} rounds of {block}")
+        print("| model | entries | mode | ms per update (median) | spread | x dense | MB sent |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2, help="workers")
+    parser.add_argument("--models", default="resnet20,resnet50")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds")
+    parser.add_argument("--block", type=int, default=3, help="updates timed per round")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    names = args.models.split(",")
+    unknown = sorted(set(names) - set(SHAPES))
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; choose from {sorted(SHAPES)}")
+    if args.worker:
+        worker(names, args.repeat, args.block)
+        return 0
+    horovodrun = Path(sys.executable).with_name("horovodrun")
+    command = [str(horovodrun), "--gloo", "-np", str(args.np), "-H", f"localhost:{args.np}"]
+    command += [sys.executable, __file__, "--worker", "--models", args.models]
+    command += ["--repeat", str(args.repeat), "--block", str(args.block)]
+    return subprocess.run(command, check=False).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
