@@ -57,6 +57,15 @@ def top_k(flat, k: int):
     return tf.math.top_k(tf.abs(flat), k)
 
 
+def sampled_top_k(flat, k: int):
+    """The selection of ``topk_sample=0.01``: the k-th magnitude of every 100th entry."""
+    import tensorflow as tf
+
+    magnitude = tf.abs(flat)
+    kth = tf.math.top_k(magnitude[::100], max(1, k // 100)).values[-1]
+    return tf.where(magnitude >= kth)
+
+
 def at_least(flat, threshold: float):
     import tensorflow as tf
 
@@ -89,6 +98,7 @@ def worker(names: list[str], repeat: int, block: int) -> None:
         k = flat.shape[0] // 100
         selection = {
             "selection alone: topk 1%": compiled(top_k, flat, k),
+            "selection alone: topk 1%, sampled 1%": compiled(sampled_top_k, flat, k),
             "selection alone: threshold": compiled(at_least, flat, threshold),
         }
         timings = {mode: [] for mode in [*updates, *selection]}
