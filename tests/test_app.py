@@ -210,7 +210,7 @@ def test_launch_synchronisation_and_compression_fields(root, launches):
     by_label(at.selectbox, "Sync").set_value("full")
     by_label(at.selectbox, "Compression").set_value("topk")
     by_label(at.number_input, "topk: ratio sent").set_value(0.05)
-    by_label(at.checkbox, "Residual (error feedback)").uncheck()
+    by_label(at.checkbox, "Residual").uncheck()
     at.run()
     assert not at.error
     by_label(at.button, "Launch").click().run()

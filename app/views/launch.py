@@ -229,9 +229,10 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
         threshold = number("threshold: |g| ≥", "allreduce.threshold", section)
     with cells[3]:
         residual = st.checkbox(
-            "Residual (error feedback)",
+            "Residual",
             value=bool(default("allreduce.residual", section)),
             key=key("allreduce.residual"),
+            help="topk/threshold: error feedback, what was not sent joins the next step",
         )
     with cells[4]:
         clip = default("allreduce.fp16_clip", section)
