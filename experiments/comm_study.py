@@ -6,7 +6,7 @@ cosine decay, 2 workers x 32, 20 epochs) under every mode in ``MODES``, seeds 0-
 time under horovodrun. For each run: the final test accuracy and the bytes a worker sent over
 the whole run (``toolkit.curves.bytes_axis`` over its ``comm/bytes_sent`` events). The table
 gives each mode's mean ± std over seeds, its accuracy against dense, and how many times fewer
-bytes than dense it sent.
+bytes than dense it sent. The last two modes swap LARS for SGD with momentum (a diagnosis).
 
     .venv/bin/python experiments/comm_study.py             # ~30 minutes on 2 cores
     .venv/bin/python experiments/comm_study.py --smoke     # one seed, 2 epochs, 3 modes
@@ -30,6 +30,11 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "comm_study" / "runs.csv"
+SGD = [
+    "optimizer.name=sgd",
+    "optimizer.learning_rate=0.05",
+    "optimizer.params={momentum: 0.9, weight_decay: 0.0001}",
+]
 SEEDS = (0, 1, 2)
 MODES = {
     "dense": [],
@@ -52,9 +57,13 @@ MODES = {
         "allreduce.residual=false",
     ],
     "threshold 0.01": ["allreduce.compression=threshold", "allreduce.threshold=0.01"],
-    "partial (4 partitions)": ["sync.mode=partial", "allreduce.fusion_threshold_mb=0.005"],
+    "partial (5 partitions)": ["sync.mode=partial", "allreduce.fusion_threshold_mb=0.005"],
     "local SGD H=4": ["sync.mode=local_sgd", "sync.period=4"],
     "local SGD H=16": ["sync.mode=local_sgd", "sync.period=16"],
+    # a diagnosis: the same two settings with SGD + momentum instead of LARS (the rate of
+    # notebook 04's SGD clone), to tell sparsity's cost from its interplay with trust ratios
+    "dense, SGD": SGD,
+    "topk 1%, SGD": [*SGD, "allreduce.compression=topk", "allreduce.ratio=0.01"],
 }
 
 
