@@ -65,25 +65,43 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
 fi
 
 # --- Horovod, built from source once ---------------------------------------------------------
-if ! "$PY" -c 'import horovod.tensorflow' 2>/dev/null; then
-  tf_version="$("$PY" -c 'import tensorflow as tf; print(tf.__version__)')"
-  wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-tf$tf_version-py311"
-  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    say "building Horovod $HOROVOD_VERSION against TensorFlow $tf_version (about 3 minutes on 2 cores)"
-    mkdir -p "$wheel_dir"
-    # For GPUs, export HOROVOD_GPU_OPERATIONS=NCCL before running this script (see README).
-    env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-        HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
-      "$PY" -m pip wheel --disable-pip-version-check -q --no-build-isolation --no-deps \
-        --no-binary horovod -w "$wheel_dir" "horovod==$HOROVOD_VERSION" \
-      || { rm -rf "$wheel_dir"; die "Horovod build failed (see above). It needs cmake and g++ (apt-get install cmake g++)."; }
+# Checked without importing TensorFlow (seconds each time): package metadata, and a stamp that
+# records the Horovod and TensorFlow versions `horovodrun --check-build` last passed with.
+version_of() {  # the installed version of the first of the given distributions, or nothing
+  "$PY" - "$@" <<'PYEOF'
+import importlib.metadata as metadata, sys
+for name in sys.argv[1:]:
+    try:
+        print(metadata.version(name))
+        break
+    except metadata.PackageNotFoundError:
+        pass
+PYEOF
+}
+tf_version="$(version_of tensorflow-cpu tensorflow)"
+hstamp="$VENV/.lbl-horovod"
+hwant="horovod $HOROVOD_VERSION, tensorflow $tf_version"
+if [[ "$(version_of horovod)" != "$HOROVOD_VERSION" || "$(cat "$hstamp" 2>/dev/null)" != "$hwant" ]]; then
+  if ! "$PY" -c 'import horovod.tensorflow' 2>/dev/null; then
+    wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-tf$tf_version-py311"
+    if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+      say "building Horovod $HOROVOD_VERSION against TensorFlow $tf_version (about 3 minutes on 2 cores)"
+      mkdir -p "$wheel_dir"
+      # For GPUs, export HOROVOD_GPU_OPERATIONS=NCCL before running this script (see README).
+      env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+          HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+        "$PY" -m pip wheel --disable-pip-version-check -q --no-build-isolation --no-deps \
+          --no-binary horovod -w "$wheel_dir" "horovod==$HOROVOD_VERSION" \
+        || { rm -rf "$wheel_dir"; die "Horovod build failed (see above). It needs cmake and g++ (apt-get install cmake g++)."; }
+    fi
+    say "installing Horovod from $wheel_dir"
+    pip_quiet --no-deps "$wheel_dir"/horovod-*.whl
   fi
-  say "installing Horovod from $wheel_dir"
-  pip_quiet --no-deps "$wheel_dir"/horovod-*.whl
+  "$VENV/bin/horovodrun" --check-build >"$VENV/.horovod-check-build" 2>&1 || true
+  grep -qE '\[X\] TensorFlow' "$VENV/.horovod-check-build" && grep -qE '\[X\] Gloo' "$VENV/.horovod-check-build" \
+    || { cat "$VENV/.horovod-check-build"; die "Horovod was built without TensorFlow or Gloo; delete $CACHE and re-run."; }
+  echo "$hwant" >"$hstamp"
 fi
-"$VENV/bin/horovodrun" --check-build >"$VENV/.horovod-check-build" 2>&1 || true
-grep -qE '\[X\] TensorFlow' "$VENV/.horovod-check-build" && grep -qE '\[X\] Gloo' "$VENV/.horovod-check-build" \
-  || { cat "$VENV/.horovod-check-build"; die "Horovod was built without TensorFlow or Gloo; delete $CACHE and re-run."; }
 
 # --- Test dependencies -----------------------------------------------------------------------
 if ((WITH_TESTS)); then
@@ -95,4 +113,4 @@ if ((WITH_TESTS)); then
     echo "$twant" >"$tstamp"
   fi
 fi
-say "ready: $("$PY" -c 'import tensorflow as tf, keras, horovod; print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, Horovod {horovod.__version__} (TensorFlow + Gloo)")')"
+say "ready: TensorFlow $tf_version, Keras $(version_of keras), Horovod $(version_of horovod) (TensorFlow + Gloo)"

@@ -73,12 +73,12 @@ def nbytes(tensors: list) -> int:
     return sum(t.shape.num_elements() * t.dtype.size for t in tensors)
 
 
-def fusion_buckets(nbytes: list[int], threshold: int) -> list[list[int]]:
-    """Indices of consecutive tensors of ``nbytes`` bytes fused together, in order: a bucket
+def fusion_buckets(sizes: list[int], threshold: int) -> list[list[int]]:
+    """Indices of consecutive tensors of ``sizes`` bytes fused together, in order: a bucket
     takes tensors while its bytes stay within ``threshold`` (a larger tensor is a bucket of its
     own). SINGA's fusion, and its partial synchronisation's partitions."""
     groups, current, size = [], [], 0
-    for i, n in enumerate(nbytes):
+    for i, n in enumerate(sizes):
         if current and size + n > threshold:
             groups.append(current)
             current, size = [], 0

@@ -24,6 +24,11 @@ trust ratios see the global gradient, and the optimizer's class, config and save
 untouched (a dynamic subclass would not do: Keras serialises a registered class by its
 registered name, which a subclass lacks, so ``model.save`` could not be loaded back).
 
+What that hook sends is :mod:`toolkit.compression`'s choice (float32, fp16, or a sparsified
+allgather with error feedback). Partial synchronisation and local SGD (:mod:`toolkit.sync`)
+reduce no gradient: they wrap the instance's ``apply`` instead, averaging parameters after the
+update.
+
 Mixed precision: wrap the ``LossScaleOptimizer``, not the other way round. Its finite-gradient
 check runs on the local, still-scaled gradients before the inner optimizer is called; the
 wrapper makes it global (a ``Min`` allreduce), so all workers skip or apply the same steps, and
@@ -359,7 +364,8 @@ def _reducer(
             traffic=traffic,
         )
     if compression == "fp16":
-        wire = compression_lib.Float16(fp16_clip or compression_lib.FLOAT16_MAX / size())
+        clip = fp16_clip if fp16_clip is not None else compression_lib.FLOAT16_MAX / size()
+        wire = compression_lib.Float16(clip)
     else:
         wire = hvd.Compression.none if hvd is not None else None
     element = 2 if compression == "fp16" else 4
