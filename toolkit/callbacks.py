@@ -68,11 +68,12 @@ class EventLogger(keras.callbacks.Callback):
         self._clock: tuple[int, float, float] | None = None
 
     def on_train_batch_end(self, batch, logs=None):
-        step, now, sent = self.counter.step, time.perf_counter(), self._sent()
+        step = self.counter.step
+        if self._clock is not None and step % self.every_steps:
+            return
+        now, sent = time.perf_counter(), self._sent()  # a host read: only when an event needs it
         if self._clock is None:
             self._clock = (step, now, sent)
-            return
-        if step % self.every_steps:
             return
         last_step, last_time, last_sent = self._clock
         self._clock = (step, now, sent)

@@ -276,17 +276,6 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         residual=residual,
         fusion_threshold_mb=fusion_threshold_mb,
     )
-    traffic = compression_lib.Traffic()
-    reduce = _reducer(**wire, traffic=traffic)  # checks the values, with any number of workers
-    averaging = None
-    if sync != "full":
-        averaging = sync_lib.ParameterAveraging(
-            _allreduce_mean_tensors,
-            sync,
-            period=period,
-            fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
-            traffic=traffic,
-        )
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         DistributedOptimizer(
             optimizer.inner_optimizer,
@@ -299,6 +288,17 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         if size() > 1:
             _make_finite_check_global(optimizer)
         return optimizer
+    traffic = compression_lib.Traffic()
+    reduce = _reducer(**wire, traffic=traffic)  # checks the values, with any number of workers
+    averaging = None
+    if sync != "full":
+        averaging = sync_lib.ParameterAveraging(
+            _allreduce_mean_tensors,
+            sync,
+            period=period,
+            fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
+            traffic=traffic,
+        )
     if _allreduces(optimizer):
         raise ValueError(f"{optimizer.name} is already a DistributedOptimizer")
     if backward_passes_per_step > 1:
@@ -325,7 +325,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
 def traffic(optimizer: keras.optimizers.Optimizer) -> compression_lib.Traffic | None:
     """The bytes counter of what :func:`DistributedOptimizer` installed on ``optimizer`` (or on
     the optimizer a ``LossScaleOptimizer`` wraps); ``None`` where nothing is sent."""
-    wiring = _WIRING.get(getattr(optimizer, "inner_optimizer", optimizer))
+    wiring = _wiring(optimizer)
     return wiring.traffic if wiring else None
 
 
@@ -335,8 +335,12 @@ def sparse_allreduce(
     """The sparsified allreduce (``topk``/``threshold``) that :func:`DistributedOptimizer`
     installed on ``optimizer`` (or on the optimizer a ``LossScaleOptimizer`` wraps), whose
     residuals are training state; ``None`` for any other optimizer."""
-    wiring = _WIRING.get(getattr(optimizer, "inner_optimizer", optimizer))
+    wiring = _wiring(optimizer)
     return wiring.sparse if wiring else None
+
+
+def _wiring(optimizer: keras.optimizers.Optimizer) -> _Wiring | None:
+    return _WIRING.get(getattr(optimizer, "inner_optimizer", optimizer))
 
 
 def _reducer(

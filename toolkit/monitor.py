@@ -167,6 +167,7 @@ class LiveView:
         self.figures: dict[str, object] = {}  # panel title -> FigureWidget
         self._drawn: dict[curves_lib.Curve, tuple[object, int]] = {}  # -> (trace, rows drawn)
         self._last_refresh = -math.inf
+        self.total: int | None = None  # steps, from meta.json once training has written it
         self.bar = widgets.FloatProgress(min=0.0, max=1.0, layout={"width": "30%"})
         self.line = widgets.HTML()
         self.grid = widgets.Box(layout={"display": "flex", "flex_flow": "row wrap"})
@@ -234,7 +235,8 @@ class LiveView:
 
     def _progress(self, status: dict) -> None:
         state = status.get("state") or "unknown"
-        total, step = self.run.meta().get("total_steps"), _newest_step(self.events)
+        self.total = self.total or self.run.meta().get("total_steps")
+        total, step = self.total, _newest_step(self.events)
         parts = [f"<b>{html.escape(self.run.run_id)}</b>", html.escape(state)]
         if step is not None:
             parts.append(f"step {step:,}" + (f" / {total:,}" if total else ""))

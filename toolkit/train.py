@@ -257,10 +257,10 @@ def _restore_residuals(optimizer, checkpoint: Path | None, world: int) -> None:
     another number of workers has residuals that fit no one: they restart at zero, with a
     warning."""
     reducer = distributed.sparse_allreduce(optimizer)
+    if reducer is None or not reducer.residual:  # the same on every worker
+        return
     saved = checkpoints.residuals(checkpoint) if checkpoint is not None else None
     saved = distributed.broadcast_object(saved)
-    if reducer is None or not reducer.residual:
-        return
     if saved is not None and len(saved) == world:
         reducer.restore(saved[distributed.rank()])
     elif distributed.is_rank0():
