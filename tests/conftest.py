@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -11,6 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"  # Debian's: the browser tests never download one
 
 
 @pytest.fixture(scope="session")
@@ -33,4 +39,54 @@ def run_cli(args: list[str], runs, env: dict | None = None, timeout: float = 300
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(
+    command: list[str],
+    *,
+    log_path: Path,
+    ready: Callable[[], bool],
+    timeout_s: float,
+    **popen,
+) -> Iterator[subprocess.Popen]:
+    """A server started by ``command`` (its output in ``log_path``), yielded once ``ready()``
+    is true, and ended afterwards (terminated, then killed), also when it never got ready."""
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, **popen)
+        try:
+            deadline = time.time() + timeout_s
+            while not _answers(ready):
+                assert process.poll() is None, log_path.read_text()
+                assert time.time() < deadline, f"{command[:4]} did not start"
+                time.sleep(0.5)
+            yield process
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _answers(ready: Callable[[], bool]) -> bool:
+    try:
+        return ready()
+    except OSError:  # not listening yet
+        return False
+
+
+def headless_chromium(playwright):
+    """Debian's Chromium, headless, as every browser test drives it."""
+    return playwright.chromium.launch(
+        executable_path=CHROMIUM,
+        headless=True,
+        args=["--no-sandbox", "--enable-unsafe-swiftshader"],
     )

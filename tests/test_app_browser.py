@@ -5,24 +5,13 @@ page, follow it until it completes, and see the Compare page draw its charts."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, free_port, headless_chromium, serving
 from playwright.sync_api import expect, sync_playwright
-
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -31,54 +20,30 @@ def server(tmp_path):
     port, runs = free_port(), tmp_path / "runs"
     env = dict(os.environ, LBL_RUNS=str(runs))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    log = open(tmp_path / "streamlit.log", "wb")  # noqa: SIM115 -- closed after the server
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            "app/main.py",
-            "--server.port",
-            str(port),
-            "--server.headless",
-            "true",
-        ],
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+            return response.read() == b"ok"
+
+    command = [sys.executable, "-m", "streamlit", "run", "app/main.py"]
+    command += ["--server.port", str(port), "--server.headless", "true"]
+    with serving(
+        command,
+        log_path=tmp_path / "streamlit.log",
+        ready=healthy,
+        timeout_s=60,
         cwd=ROOT,
         env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.read() == b"ok":
-                    break
-        except OSError:
-            pass
-        assert process.poll() is None, (tmp_path / "streamlit.log").read_text()
-        assert time.time() < deadline, "streamlit did not start"
-        time.sleep(0.5)
-    yield url, runs
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+    ):
+        yield url, runs
 
 
 @pytest.mark.timeout(300)
 def test_launch_follow_and_compare_in_chromium(server, tmp_path):
     url, runs = server
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--enable-unsafe-swiftshader"],
-        )
+        browser = headless_chromium(playwright)
         page = browser.new_page(viewport={"width": 1400, "height": 2400})
         errors = []
         page.on("pageerror", lambda error: errors.append(str(error)))

@@ -24,13 +24,24 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
-from conftest import run_cli
+from conftest import free_port, headless_chromium, run_cli, serving
 from playwright.sync_api import sync_playwright
-from test_app_browser import CHROMIUM, free_port
 
 from toolkit import jupyter
 
 QUICKSTART = "01_quickstart.ipynb"
+
+
+def get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    """``GET url``, with ``token`` in the Authorization header if given."""
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"token {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
 
 
 @dataclass
@@ -41,15 +52,7 @@ class Lab:
     process: subprocess.Popen
 
     def get(self, path: str, token: str | None = None) -> tuple[int, bytes]:
-        """``GET path``, with ``token`` in the Authorization header if given."""
-        request = urllib.request.Request(self.url + path)
-        if token is not None:
-            request.add_header("Authorization", f"token {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as error:
-            return error.code, error.read()
+        return get(self.url + path, token)
 
 
 @pytest.fixture(scope="module")
@@ -76,26 +79,15 @@ def lab(tmp_path_factory, subprocess_env):
         JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
         JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
     )
-    log = open(tmp / "jupyterlab.log", "wb")  # noqa: SIM115 -- closed after the server
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = Lab(f"http://127.0.0.1:{port}", token, notebooks, process)
-    deadline = time.time() + 90
-    while True:
-        try:
-            if server.get("/api/status", token)[0] == 200:
-                break
-        except OSError:
-            pass
-        assert process.poll() is None, (tmp / "jupyterlab.log").read_text()
-        assert time.time() < deadline, "JupyterLab did not start"
-        time.sleep(0.5)
-    yield server
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+    url = f"http://127.0.0.1:{port}"
+    with serving(
+        command,
+        log_path=tmp / "jupyterlab.log",
+        ready=lambda: get(f"{url}/api/status", token)[0] == 200,
+        timeout_s=90,
+        env=env,
+    ) as process:
+        yield Lab(url, token, notebooks, process)
 
 
 def test_the_api_refuses_requests_without_the_token(lab):
@@ -153,11 +145,7 @@ def test_safe_arguments_pass_through_after_the_rules():
 def test_the_quickstart_runs_in_jupyterlab_in_chromium(lab, tmp_path):
     outside = []  # requests to anything but the server: there must be none (offline figures)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--enable-unsafe-swiftshader"],
-        )
+        browser = headless_chromium(playwright)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.on("request", lambda r: outside.append(r.url) if leaves(r.url) else None)
         page.goto(f"{lab.url}/lab/tree/{QUICKSTART}?token={lab.token}")

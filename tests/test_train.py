@@ -58,6 +58,18 @@ def wait(run: RunDir, states=TERMINAL, timeout=240.0) -> dict:
     )
 
 
+def stop_after_the_first_checkpoint_and_resume(run: RunDir) -> None:
+    """Stop ``run`` as soon as its epoch-1 checkpoint exists, resume it, wait until it completes."""
+    deadline = time.time() + 240
+    while not (run.checkpoints_path / "epoch-0001").exists():
+        assert time.time() < deadline and run.status()["state"] not in TERMINAL
+        time.sleep(0.05)
+    launcher.stop(run)
+    assert wait(run)["state"] == "stopped"
+    launcher.resume(run)
+    assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+
+
 @pytest.fixture(scope="module")
 def completed(tmp_path_factory, subprocess_env):
     """One complete 2-worker run, shared by the tests that only read it."""
@@ -113,14 +125,7 @@ def test_events_written_once_by_rank0_with_the_scheduled_lr(completed):
 
 def test_resumed_run_matches_an_uninterrupted_one(completed, runs):
     run = launcher.launch(from_mapping(SMALL), run_id="interrupted")
-    deadline = time.time() + 240
-    while not (run.checkpoints_path / "epoch-0001").exists():
-        assert time.time() < deadline and run.status()["state"] not in TERMINAL
-        time.sleep(0.05)
-    launcher.stop(run)
-    assert wait(run)["state"] == "stopped"
-    launcher.resume(run)
-    assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+    stop_after_the_first_checkpoint_and_resume(run)
 
     a = read_events(completed.events_path)
     b = read_events(run.events_path)
@@ -264,14 +269,7 @@ def test_a_sparsified_run_resumes_bit_for_bit_with_every_workers_residual(runs):
     complete = launcher.launch(config, run_id="sparse-complete")
     assert wait(complete)["state"] == "completed", complete.stdout_path.read_text()[-3000:]
     run = launcher.launch(config, run_id="sparse-interrupted")
-    deadline = time.time() + 240
-    while not (run.checkpoints_path / "epoch-0001").exists():
-        assert time.time() < deadline and run.status()["state"] not in TERMINAL
-        time.sleep(0.05)
-    launcher.stop(run)
-    assert wait(run)["state"] == "stopped"
-    launcher.resume(run)
-    assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+    stop_after_the_first_checkpoint_and_resume(run)
 
     a, b = read_events(complete.events_path), read_events(run.events_path)
     for phase in ("train", "eval"):
