@@ -6,6 +6,8 @@ python -m toolkit stop RUN
 python -m toolkit resume RUN [--wait]
 python -m toolkit delete RUN
 python -m toolkit probe CONFIG [--np N] [--steps K] [--set k=v ...]
+python -m toolkit sweep SWEEP [--dry-run | --status] [--max-parallel K] [--retry-failed] [--csv F]
+python -m toolkit queue [--capacity h1:2,h2:2 | --capacity default]
 python -m toolkit notebook [JUPYTERLAB ARGS]   (see toolkit.jupyter)
 
 Every user error (a bad config, an unknown or invalid run id, a run that is busy or in the wrong
@@ -49,6 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     probe.add_argument("--np", type=int, default=1, help="workers (default 1, in this process)")
     probe.add_argument("--steps", type=int, default=200, help="updates to measure over")
     probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    grid = sub.add_parser("sweep", help="run a grid of experiments (toolkit.sweep)")
+    grid.add_argument("sweep")
+    shown = grid.add_mutually_exclusive_group()
+    shown.add_argument("--dry-run", action="store_true", help="print the cells, start nothing")
+    shown.add_argument("--status", action="store_true", help="print each cell's state and results")
+    grid.add_argument("--max-parallel", type=int, help="cells launched at a time (default: fit)")
+    grid.add_argument("--retry-failed", action="store_true", help="rerun failed/stopped cells")
+    grid.add_argument("--csv", help="write the per-cell results table here")
+    queue = sub.add_parser("queue", help="the launch queue: capacity, running and waiting runs")
+    queue.add_argument("--capacity", help="set the slots: name:slots,... or 'default'")
     sub.add_parser(
         "notebook", help="JupyterLab on 127.0.0.1 in notebooks/; other arguments go to it"
     )
@@ -82,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "delete":
             launcher.delete(args.run, args.runs)
             print(f"deleted {args.run}")
+        elif args.command == "sweep":
+            return _sweep(args)
+        elif args.command == "queue":
+            print(_queue(args.runs, args.capacity))
         elif args.command == "notebook":
             if args.runs:
                 os.environ["LBL_RUNS"] = args.runs
@@ -123,6 +139,51 @@ def _cell(value) -> str:
     if isinstance(value, float):
         return f"{value:.0f}" if value.is_integer() or abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
+
+
+def _sweep(args) -> int:
+    """``sweep``: the plan, the state, or the run; the aggregate over seeds at the end."""
+    from toolkit import sweep
+
+    if args.max_parallel is not None and args.max_parallel < 1:
+        raise ValueError(f"--max-parallel must be at least 1 (got {args.max_parallel})")
+    grid = sweep.load(args.sweep)
+    if args.dry_run:
+        print(f"sweep {grid.name}: {len(grid.cells)} cells")
+        print(sweep.dry_run(grid).map(_cell).to_string(index=False))
+        return 0
+    if args.status:
+        table = sweep.results(grid, args.runs)
+    else:
+        table = sweep.run(
+            grid,
+            args.runs,
+            max_parallel=args.max_parallel,
+            retry_failed=args.retry_failed,
+            log=lambda line: print(line, flush=True),
+        )
+    shown = table.drop(columns=["reason"], errors="ignore")
+    print(shown.map(_cell).to_string(index=False))
+    metrics = ("final_test_accuracy", "best_test_accuracy", "updates")
+    print("\nover seeds:\n" + sweep.aggregate(table, metrics).map(_cell).to_string(index=False))
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
+    return 0 if (table["state"] == "completed").all() else 1
+
+
+def _queue(root: str | None, capacity: str | None) -> str:
+    from toolkit import slots
+
+    if capacity:
+        slots.set_capacity(None if capacity == "default" else capacity, root)
+    have = ", ".join(f"{host}:{n}" for host, n in slots.capacity(root).items())
+    lines = [f"capacity: {have}"]
+    for entry in slots.entries(root):
+        where = ",".join(f"{h}:{n}" for h, n in entry["slots"].items())
+        place = "running" if entry["position"] is None else f"waiting #{entry['position']}"
+        lines.append(f"  {entry['run_id']}  {where}  {place}")
+    return "\n".join(lines if len(lines) > 1 else [*lines, "  (empty)"])
 
 
 def _wait(run) -> int:

@@ -138,11 +138,25 @@ class OptimizerConfig(Component):
 
 
 class WarmupConfig(_Section):
-    """Goyal et al.'s gradual warmup in front of the schedule (0 epochs: none)."""
+    """Goyal et al.'s gradual warmup in front of the schedule (0 epochs: none). It starts at
+    ``initial_multiplier`` times the scaled rate or, with ``from_unscaled``, at the unscaled
+    rate ``optimizer.learning_rate`` (Goyal et al.: ``initial_multiplier`` is then
+    ``min(1, 1 / scaling factor)``, whatever the batch), and ramps to the scaled rate."""
 
     epochs: float = Field(0.0, ge=0)
     strategy: Literal["linear", "power2", "sqrt"] = "linear"
     initial_multiplier: float = Field(0.0, ge=0, le=1)
+    from_unscaled: bool = Field(False, description="start at the unscaled learning rate")
+
+    @model_validator(mode="after")
+    def _one_start(self):
+        if self.from_unscaled and self.initial_multiplier:
+            raise ValueError(
+                "give initial_multiplier or from_unscaled, not both: from_unscaled sets the "
+                "multiplier to the unscaled rate's "
+                f"(got initial_multiplier={self.initial_multiplier})"
+            )
+        return self
 
 
 class ScheduleConfig(_Section):
@@ -270,6 +284,29 @@ class ExperimentConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
+    def _auto_batch_scale(cls, data: Any) -> Any:
+        """LBSGD's ``batch_scale: auto`` is as many ``batch.per_worker`` batches per worker and
+        update as make ``batch.global_size`` (so a device batch stays fixed as the global batch
+        grows); it is resolved here, and the stored config holds the number."""
+        try:
+            optimizer, batch = data["optimizer"], data.get("batch") or {}
+            if optimizer.get("name") != "lbsgd" or optimizer["params"]["batch_scale"] != "auto":
+                return data
+        except (KeyError, TypeError, AttributeError):
+            return data
+        size, per_worker = batch.get("global_size"), batch.get("per_worker", 32)
+        splits = per_worker * data.get("workers", 1) * batch.get("accumulation", 1)
+        if not isinstance(size, int) or not isinstance(splits, int) or size % splits:
+            raise ValueError(
+                "optimizer.params.batch_scale: 'auto' needs batch.global_size, a multiple of "
+                f"batch.per_worker x workers (got global_size={size!r}, {splits!r} examples per "
+                "step)"
+            )
+        params = {**optimizer["params"], "batch_scale": size // splits}
+        return {**data, "optimizer": {**optimizer, "params": params}}
+
+    @model_validator(mode="before")
+    @classmethod
     def _compression_moved(cls, data: Any) -> Any:
         """The top-level ``compression`` of earlier configs (and stored runs) is
         ``allreduce.compression`` now; both given and different is an error."""
@@ -373,6 +410,13 @@ class ExperimentConfig(_Section):
         factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[self.lr_scaling.rule]
         return self.optimizer.learning_rate * factor
 
+    def warmup_multiplier(self, world_size: int | None = None) -> float:
+        """The fraction of the scaled rate the warmup starts at (see :class:`WarmupConfig`)."""
+        warmup = self.schedule.warmup
+        if not warmup.from_unscaled:
+            return warmup.initial_multiplier
+        return min(1.0, self.optimizer.learning_rate / self.scaled_learning_rate(world_size))
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
@@ -390,17 +434,24 @@ def set_dotted(raw: dict[str, Any], assignment: str) -> None:
     key, sep, text = assignment.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {assignment!r} must look like section.field=value")
-    *parents, leaf = key.strip().split(".")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        problem = str(error).splitlines()[0]
+        raise ConfigError(f"override {assignment!r}: not a plain YAML value ({problem})") from None
+    set_path(raw, key.strip(), value, f"override {assignment!r}")
+
+
+def set_path(raw: dict[str, Any], path: str, value: Any, what: str | None = None) -> None:
+    """Set the dotted ``path`` (``optimizer.params.momentum``) of ``raw`` to ``value`` in place,
+    making the sections on the way; ``what`` names the change in errors."""
+    *parents, leaf = path.split(".")
     node = raw
     for part in parents:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"override {assignment!r}: {part!r} is not a section")
-    try:
-        node[leaf] = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        problem = str(error).splitlines()[0]
-        raise ConfigError(f"override {assignment!r}: not a plain YAML value ({problem})") from None
+            raise ConfigError(f"{what or path}: {part!r} is not a section")
+    node[leaf] = value
 
 
 def from_mapping(

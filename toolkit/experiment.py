@@ -58,7 +58,7 @@ def learning_rate_schedule(config: ExperimentConfig, steps_per_epoch: int, world
         schedule,
         warmup_steps=round(warmup.epochs * steps_per_epoch),
         strategy=warmup.strategy,
-        initial_multiplier=warmup.initial_multiplier,
+        initial_multiplier=config.warmup_multiplier(world_size),
     )
 
 

@@ -1,8 +1,9 @@
 """Start, resume, stop and delete runs under horovodrun; used by the CLI, the app and notebooks.
 
 :func:`launch` validates the config (a bad one raises :class:`~toolkit.config.ConfigError`
-before anything is created), creates ``runs/<run_id>/`` all or nothing and starts a small
-*supervisor* process in a new session. The supervisor runs::
+before anything is created), creates ``runs/<run_id>/`` all or nothing, puts it in the launch
+queue (:mod:`toolkit.slots`) and starts a small *supervisor* process in a new session. The
+supervisor waits, ``queued``, until the run's workers fit the free slots, then runs::
 
     horovodrun --gloo -np N -H HOSTS python -m toolkit.train runs/<id>/config.yaml --run-dir ...
 
@@ -21,6 +22,7 @@ run outside the runs root, or a run in the wrong state.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 
 from toolkit import config as config_lib
-from toolkit import processes
+from toolkit import processes, slots
 from toolkit.files import writing
 from toolkit.rundir import LIVE, RUN_FILES, RunDir, RunError, new_run_id, resolve, runs_root
 
@@ -55,11 +57,13 @@ def launch(
     changes = {k: v for k, v in (("workers", np), ("hosts", hosts)) if v is not None}
     config = config_lib.from_mapping({**config.model_dump(mode="json"), **changes}, overrides)
     check_fits_dataset(config)
+    slots.check_fits(slots.slots_of(config), runs_root_dir)
     run = RunDir.create(runs_root_dir, run_id or new_run_id(config.name), config)
     try:
         with run.lock():
             _start(run, config, resume=False, meta=meta)
     except OSError as error:  # nothing was started: leave nothing behind
+        slots.release(run)
         shutil.rmtree(run.path, ignore_errors=True)
         raise RunError(f"cannot start run {run.run_id}: {error}") from None
     return run
@@ -75,6 +79,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
         if not any(run.checkpoints_path.glob("epoch-*")):
             raise RunError(f"run {run.run_id} has no checkpoint to resume from")
         config = config_lib.from_mapping(run.config().model_dump(mode="json"))  # checked again
+        slots.check_fits(slots.slots_of(config), run.path.parent)
         try:
             _start(run, config, resume=True)
         except OSError as error:
@@ -140,6 +145,7 @@ def _start(
         seed=config.seed,
         **(meta or {}),
     )
+    slots.enqueue(run, slots.slots_of(config))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_package_root()), env.get("PYTHONPATH")]))
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
@@ -160,12 +166,18 @@ def _start(
 
 
 def supervise(run: RunDir, argv: list[str]) -> int:
-    """Run ``argv`` and record the final state if training did not (the supervisor's job), as
-    long as the run is still this supervisor's (a stop and a resume may have come between)."""
+    """Wait for the run's turn in the launch queue, run ``argv`` and record the final state if
+    training did not (the supervisor's job), as long as the run is still this supervisor's (a
+    stop and a resume may have come between). A run stopped while queued never starts."""
     signal.signal(signal.SIGTERM, lambda *_: None)  # outlive the child to record the state
     me = processes.record("supervisor")
-    child = subprocess.Popen(argv)
-    run.record_processes(processes.record("horovodrun", child.pid))
+    try:
+        child = _start_when_free(run, argv)
+    except BaseException:
+        slots.release(run)
+        raise
+    if child is None:
+        return 0
     while True:
         try:
             code = child.wait()
@@ -173,17 +185,40 @@ def supervise(run: RunDir, argv: list[str]) -> int:
         except InterruptedError:
             continue
     try:
-        _record_exit(run, me, code)
+        mine = _record_exit(run, me, code)
     except RunError:  # deleted after a stop: nothing left to record into
-        pass
+        mine = False
+    finally:
+        slots.release(run)
+    if mine:  # the final state is recorded: this only adds when the slots were given back
+        with contextlib.suppress(RunError):
+            run.finish("failed", released=time.time())
     return code
 
 
-def _record_exit(run: RunDir, me: dict, code: int) -> None:
+def _start_when_free(run: RunDir, argv: list[str]) -> subprocess.Popen | None:
+    """``argv`` started once the run holds its slots; ``None`` if it was stopped first. The
+    start and the stop check hold the run's lock, so a stop either sees the child recorded
+    (and ends it) or is seen here (and nothing starts)."""
+    if not slots.wait_turn(run):
+        return None
+    with run.lock(timeout=120):
+        if run.recorded_status().get("stop_requested"):
+            slots.release(run)
+            return None
+        launched = time.time()
+        child = subprocess.Popen(argv)
+        run.record_processes(processes.record("horovodrun", child.pid), launched=launched)
+    return child
+
+
+def _record_exit(run: RunDir, me: dict, code: int) -> bool:
+    """Record the final state unless training did; ``False`` if the run is no longer this
+    supervisor's."""
     with run.lock(timeout=120):
         status = run.recorded_status()
         if me not in status.get("processes", []):  # resumed meanwhile: no longer this run's
-            return
+            return False
         finished = time.time()
         if status.get("stop_requested"):
             run.finish("stopped", exit_code=code, finished=finished)
@@ -194,6 +229,7 @@ def _record_exit(run: RunDir, me: dict, code: int) -> None:
                 else "training exited without finishing"
             )
             run.finish("failed", exit_code=code, finished=finished, reason=reason)
+    return True
 
 
 def stop(
@@ -223,6 +259,7 @@ def stop(
             pids = ", ".join(str(p.pid) for p in survivors)
             raise RunError(f"run {run.run_id}: processes {pids} survived SIGKILL; still running")
         run.finish("stopped", finished=time.time(), reason="stopped on request")
+    slots.release(run)
     return run
 
 

@@ -6,7 +6,8 @@
       config.yaml    the resolved config, exactly what ran
       meta.json      run id, created time, argv, world size, versions, git commit, seed
       status.json    state (queued | running | completed | failed | stopped), the run's
-                     processes (toolkit.processes), exit code, reason
+                     processes (toolkit.processes), exit code, reason; launched and
+                     released: when it took and gave back its slots (toolkit.slots)
       events.jsonl   one JSON object per line (toolkit.events)
       stdout.log     combined output of horovodrun
       checkpoints/   model + optimizer state (toolkit.checkpoints)
@@ -91,6 +92,8 @@ STATUS_FIELDS = _fields(
     updated=float,
     stop_requested=bool,
     world_size=int,
+    launched=float,
+    released=float,
 )
 META_FIELDS = _fields(
     run_id=str,
@@ -102,6 +105,9 @@ META_FIELDS = _fields(
     steps_per_epoch=int,
     total_steps=int,
     probe=bool,
+    sweep=str,
+    cell=str,
+    coordinates=dict[str, Any],
 )
 
 

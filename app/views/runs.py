@@ -9,12 +9,16 @@ import streamlit as st
 from app import data
 from app.data import md_escape
 from toolkit import launch as launcher
+from toolkit import slots
 from toolkit.config import ConfigError
 from toolkit.rundir import LIVE
 
 COLUMNS = {
     "run_id": st.column_config.TextColumn("run"),
     "state": st.column_config.TextColumn("state"),
+    "queue": st.column_config.NumberColumn(
+        "queue", format="%d", help="place in the launch queue while it waits for slots (1: next)"
+    ),
     "optimizer": st.column_config.TextColumn("optimizer"),
     "global_batch": st.column_config.NumberColumn("global batch", format="%d"),
     "workers": st.column_config.NumberColumn("workers", format="%d"),
@@ -57,6 +61,7 @@ summaries = pd.DataFrame([data.summary(r) for r in runs])
 probes = summaries["probe"].astype(bool)  # short runs of `toolkit probe`, hidden by default
 if not st.toggle(f"Show noise-scale probes ({int(probes.sum())})", value=False):
     summaries = summaries[~probes]
+summaries["queue"] = summaries["run_id"].map(slots.positions(data.root()))
 table = summaries.reindex(columns=list(COLUMNS))
 table["started"] = pd.to_datetime(table["started"], unit="s", errors="coerce")
 left, middle, right = st.columns([1, 1, 2])

@@ -1,0 +1,154 @@
+"""The launch queue (toolkit.slots): slots taken in order, never more than the capacity, not
+even by processes racing for the last slot; stale entries dropped; impossible runs refused."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from toolkit import slots
+from toolkit.rundir import RunDir, RunError
+
+RACERS = 8
+CYCLES = 10
+
+
+def _queued_run(root, name: str) -> RunDir:
+    """A queued run with no process yet: live for rundir.STARTUP_GRACE_S."""
+    return RunDir.create(root, name)
+
+
+def _race(root: str, name: str, start_at: float, out) -> None:
+    """One racer: from ``start_at``, CYCLES times enqueue, take the slot when granted, hold it
+    briefly and give it back; report each interval it held the slot (from after try_start
+    returned to before release: inside the real holding)."""
+    run = RunDir(Path(root) / name)
+    time.sleep(max(0.0, start_at - time.time()))
+    for _ in range(CYCLES):
+        slots.enqueue(run, {"localhost": 1})
+        deadline = time.time() + 30
+        while (granted := slots.try_start(run)) is False and time.time() < deadline:
+            time.sleep(random.uniform(0, 0.002))
+        taken = time.time()
+        if granted:
+            time.sleep(random.uniform(0, 0.01))
+        given_back = time.time()
+        slots.release(run)
+        out.put((name, granted, taken, given_back))
+
+
+def test_racing_processes_never_hold_more_slots_than_the_capacity(tmp_path):
+    """8 processes each take, hold and give back one of 2 slots, 10 times, all starting at the
+    same instant: every request is granted, in turn, and at no instant do more than 2 hold a
+    slot. (With the queue's lock removed, concurrent read-modify-writes lose entries and
+    grants, and this fails.)"""
+    slots.set_capacity("localhost:2", tmp_path)
+    names = [f"racer{i}" for i in range(RACERS)]
+    for name in names:
+        _queued_run(tmp_path, name)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    start_at = time.time() + 3  # after every child has imported the toolkit
+    children = [
+        context.Process(target=_race, args=(str(tmp_path), n, start_at, out)) for n in names
+    ]
+    for child in children:
+        child.start()
+    reports = [out.get(timeout=120) for _ in range(RACERS * CYCLES)]
+    for child in children:
+        child.join(timeout=30)
+    assert [granted for _, granted, _, _ in reports] == [True] * len(reports)
+    assert sorted(n for n, *_ in reports) == sorted(names * CYCLES)
+    edges = sorted([(t, 1) for *_, t, _ in reports] + [(t, -1) for *_, t in reports])
+    holding = peak = 0
+    for _, change in edges:
+        holding += change
+        peak = max(peak, holding)
+    assert peak <= 2
+    assert slots.entries(tmp_path) == []
+
+
+def test_runs_start_in_the_order_they_were_queued(tmp_path):
+    slots.set_capacity("localhost:2", tmp_path)
+    a, b, c = (_queued_run(tmp_path, n) for n in ("a", "b", "c"))
+    slots.enqueue(a, {"localhost": 2})
+    slots.enqueue(b, {"localhost": 2})
+    slots.enqueue(c, {"localhost": 1})
+    assert slots.try_start(b) is False  # a was first
+    assert slots.try_start(a) is True
+    assert slots.try_start(c) is False  # no overtaking b, though one slot... none free anyway
+    assert slots.positions(tmp_path) == {"b": 1, "c": 2}
+    slots.release(a)
+    assert slots.try_start(c) is False  # b is next in line
+    assert slots.try_start(b) is True
+    assert slots.positions(tmp_path) == {"c": 1}
+
+
+def test_a_first_run_too_big_for_the_free_slots_holds_back_smaller_later_ones(tmp_path):
+    slots.set_capacity("localhost:3", tmp_path)
+    big, small, later = (_queued_run(tmp_path, n) for n in ("big", "small", "later"))
+    slots.enqueue(small, {"localhost": 2})
+    assert slots.try_start(small) is True
+    slots.enqueue(big, {"localhost": 2})
+    slots.enqueue(later, {"localhost": 1})
+    assert slots.try_start(big) is False and slots.try_start(later) is False
+    assert [e["run_id"] for e in slots.entries(tmp_path)] == ["small", "big", "later"]
+
+
+def test_ended_deleted_and_dead_runs_give_their_slots_back(tmp_path):
+    slots.set_capacity("localhost:1", tmp_path)
+    ended, deleted, dead, waiting = (
+        _queued_run(tmp_path, n) for n in ("ended", "deleted", "dead", "waiting")
+    )
+    for run in (ended, deleted, dead, waiting):
+        slots.enqueue(run, {"localhost": 1})
+    assert slots.try_start(ended) is True
+    ended.finish("completed")  # its supervisor died before releasing
+    assert slots.try_start(deleted) is True
+    shutil.rmtree(deleted.path)
+    assert slots.try_start(dead) is True
+    # its only process is gone (a record no live process matches): the run reads as failed
+    gone = {"role": "supervisor", "pid": 2**22 + 7, "started": 1.0, "host": socket.gethostname()}
+    dead.set_status("running", processes=[gone])
+    assert slots.try_start(waiting) is True
+    assert [e["run_id"] for e in slots.entries(tmp_path)] == ["waiting"]
+    assert slots.try_start(ended) is None  # no longer queued
+
+
+def test_capacity_defaults_to_this_machine_and_can_be_set(tmp_path):
+    assert slots.capacity(tmp_path) == {"localhost": slots.local_slots()}
+    assert slots.set_capacity("localhost:3,h2:4", tmp_path) == {"localhost": 3, "h2": 4}
+    assert slots.set_capacity(None, tmp_path) == {"localhost": slots.local_slots()}
+    with pytest.raises(ValueError, match="name:slots"):
+        slots.set_capacity("localhost", tmp_path)
+
+
+def test_a_run_that_could_never_start_is_refused_before_anything_is_created(tmp_path):
+    slots.set_capacity("localhost:1", tmp_path)
+    with pytest.raises(RunError, match="2 workers on localhost can never start"):
+        slots.check_fits({"localhost": 2}, tmp_path)
+    slots.check_fits({"localhost": 1, "elsewhere": 8}, tmp_path)  # undeclared hosts: theirs
+    result = run_cli(
+        ["launch", "experiments/quickstart.yaml", "--np", "2", "--name", "big"], tmp_path
+    )
+    assert result.returncode == 2
+    assert "can never start" in result.stderr and "--capacity localhost:2" in result.stderr
+    assert not (tmp_path / "big").exists()
+
+
+def test_queue_command_sets_and_shows_the_capacity(tmp_path):
+    result = run_cli(["queue", "--capacity", "localhost:3"], tmp_path)
+    assert result.returncode == 0 and "capacity: localhost:3" in result.stdout
+    run = _queued_run(tmp_path, "waiting-one")
+    slots.enqueue(run, {"localhost": 4})
+    shown = run_cli(["queue"], tmp_path).stdout
+    assert "waiting-one  localhost:4  waiting #1" in shown
+    bad = run_cli(["queue", "--capacity", "nope"], tmp_path)
+    assert bad.returncode == 2 and "name:slots" in bad.stderr

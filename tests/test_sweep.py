@@ -1,0 +1,328 @@
+"""Sweeps (toolkit.sweep): expansion and validation of sweep files, the results and their
+aggregate against numpy, and one real sweep of 4 cells on 2 slots under horovodrun whose
+runner is killed mid-way and run again."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import ROOT, run_cli
+from toolkit import slots, sweep
+from toolkit.config import ConfigError, load, run_name_problem
+from toolkit.rundir import RunDir, list_runs
+
+QUICK = str(ROOT / "experiments" / "quickstart.yaml")
+METHODS = {
+    "sgd": {"optimizer.name": "sgd", "optimizer.params": {"momentum": 0.9}},
+    "lars_sqrt": {"lr_scaling.rule": "sqrt"},
+}
+
+
+def spec(**changes) -> dict:
+    return {
+        "name": "t",
+        "base": QUICK,
+        "grid": {"batch.global_size": [64, 256]},
+        "methods": METHODS,
+        "seeds": [0, 1],
+        **changes,
+    }
+
+
+# ------------------------------------------------------------------------------- expansion
+
+
+def test_cells_are_the_product_of_methods_grid_and_seeds_in_order():
+    grid = sweep.from_mapping(spec())
+    coordinates = [cell.coordinates for cell in grid.cells]
+    expected = [
+        {"method": m, "batch.global_size": b, "seed": s}
+        for m, b, s in itertools.product(METHODS, [64, 256], [0, 1])
+    ]
+    assert coordinates == expected
+    assert grid.axes() == ["method", "batch.global_size", "seed"]
+
+
+def test_a_cell_is_the_base_then_its_method_then_its_coordinates_then_its_seed():
+    grid = sweep.from_mapping(spec(grid={"batch.global_size": [256], "optimizer.name": ["lars"]}))
+    base = load(QUICK)
+    by_method = {cell.coordinates["method"]: cell.config for cell in grid.cells}
+    sgd = by_method["sgd"]  # the grid's optimizer.name wins over the method's
+    assert sgd.optimizer.name == "lars" and sgd.optimizer.params == {"momentum": 0.9}
+    assert sgd.batch.global_size == 256 and sgd.seed in (0, 1)
+    lars = by_method["lars_sqrt"]
+    assert lars.lr_scaling.rule == "sqrt" and lars.optimizer.params == base.optimizer.params
+    # everything else is the base's
+    assert lars.model_dump(exclude={"name", "lr_scaling", "batch", "seed"}) == base.model_dump(
+        exclude={"name", "lr_scaling", "batch", "seed"}
+    )
+    assert lars.scaled_learning_rate() == pytest.approx(0.5 * math.sqrt(256 / 64))
+
+
+def test_a_list_of_grids_is_the_union_and_method_restricts_the_methods_axis():
+    grid = sweep.from_mapping(
+        spec(
+            grid=[
+                {"method": ["sgd"], "batch.global_size": [64]},
+                {"batch.global_size": [128]},
+            ],
+            seeds=None,
+        )
+    )
+    assert [c.coordinates for c in grid.cells] == [
+        {"method": "sgd", "batch.global_size": 64, "seed": 0},
+        {"method": "sgd", "batch.global_size": 128, "seed": 0},
+        {"method": "lars_sqrt", "batch.global_size": 128, "seed": 0},
+    ]
+
+
+def test_run_ids_are_valid_unique_and_labels_live_in_meta_not_the_name():
+    grid = sweep.from_mapping(spec(name="a" * 32, grid={"optimizer.learning_rate": [0.1, 0.2]}))
+    ids = [cell.run_id for cell in grid.cells]
+    assert len(set(ids)) == len(ids) and all(run_name_problem(i) is None for i in ids)
+    keys = {cell.key for cell in grid.cells}
+    assert len(keys) == len(grid.cells)  # the key hashes the whole config
+    cell = grid.cells[0]
+    assert cell.meta() == {"sweep": "a" * 32, "cell": cell.key, "coordinates": cell.coordinates}
+    again = sweep.from_mapping(spec(name="a" * 32, grid={"optimizer.learning_rate": [0.1, 0.2]}))
+    assert [c.key for c in again.cells] == [c.key for c in grid.cells]  # stable across loads
+
+
+def test_the_study_sweeps_expand_to_their_93_and_11_cells():
+    study = sweep.load(ROOT / "experiments" / "study" / "study.yaml")
+    tuning = sweep.load(ROOT / "experiments" / "study" / "tuning.yaml")
+    assert (len(study.cells), len(tuning.cells)) == (93, 11)
+    cells = {(c.coordinates["method"], c.coordinates["batch.global_size"]): c for c in study.cells}
+    warm = cells[("sgd_linear_warmup", 1024)].config  # Goyal: from the B=32 rate to 32x it
+    assert warm.scaled_learning_rate() == pytest.approx(0.1 * 1024 / 32)
+    assert warm.warmup_multiplier() == pytest.approx(32 / 1024)
+    lbsgd = cells[("lbsgd_sqrt", 4096)].config  # a device batch of 128, 32 of them per update
+    assert lbsgd.per_worker_batch() == 128 and lbsgd.optimizer.params["batch_scale"] == 32
+    assert lbsgd.global_batch() == 4096
+    root_sqrt = cells[("lars_sqrt", 1024)].config
+    assert root_sqrt.scaled_learning_rate() == pytest.approx(0.3 * math.sqrt(1024 / 32))
+
+
+# ------------------------------------------------------------------------------ bad sweeps
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"grid": {"optimizer.nme": ["sgd"]}}, "optimizer.nme: Extra inputs are not permitted"),
+        ({"grid": {"dataset.params.bogus": [1]}}, "bogus"),
+        ({"grid": {}}, "the grid is empty"),
+        ({"grid": []}, "the grid is empty"),
+        ({"grid": {"batch.global_size": []}}, "'batch.global_size' has no values"),
+        ({"grid": {"seed": [1, 2]}}, "seeds go in `seeds`"),
+        ({"seeds": []}, "seeds is empty"),
+        ({"name": "bad name"}, "name: sweep names must match"),
+        ({"base": "nowhere.yaml"}, "base: config file 'nowhere.yaml' does not exist"),
+        ({"grid": {"method": ["adam"], "epochs": [1]}}, "method 'adam' is not in methods"),
+        ({"grids": {}}, "grids: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_sweeps_are_refused_naming_the_field(change, message):
+    with pytest.raises(ConfigError) as error:
+        sweep.from_mapping(spec(**change))
+    assert message in str(error.value)
+
+
+def test_one_bad_value_in_one_cell_names_the_cell_and_the_field():
+    with pytest.raises(ConfigError) as error:
+        sweep.from_mapping(spec(grid={"batch.global_size": [64, 0]}, seeds=[3]))
+    text = str(error.value)
+    assert "cell (method=sgd, batch.global_size=0, seed=3)" in text
+    assert "cell (method=lars_sqrt, batch.global_size=0, seed=3)" in text
+    assert "batch.global_size: Input should be greater than or equal to 1" in text
+    assert "global_size=64" not in text  # the good cells are not blamed
+
+
+def test_the_cli_refuses_bad_sweep_files_before_anything_starts(tmp_path):
+    runs = tmp_path / "runs"
+    for name, body in {
+        "unknown-path": spec(grid={"optimizer.foo": [1]}),
+        "empty-grid": spec(grid={}),
+        "one-bad-cell": spec(grid={"batch.global_size": [64, 7]}),
+    }.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(body))
+        result = run_cli(["sweep", str(path)], runs)
+        assert result.returncode == 2, (name, result.stdout, result.stderr)
+        assert result.stderr.startswith("error: invalid sweep"), result.stderr
+    assert not runs.exists() or list_runs(runs) == []
+
+
+def test_dry_run_prints_each_cell_with_its_batch_rate_and_steps(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(spec(seeds=[0])))
+    result = run_cli(["sweep", str(path), "--dry-run"], tmp_path / "runs")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "sweep t: 4 cells"
+    header = lines[1].split()
+    assert header[:3] == ["method", "batch.global_size", "seed"]
+    rows = [dict(zip(header, line.split())) for line in lines[2:]]
+    lars = next(r for r in rows if r["method"] == "lars_sqrt" and r["batch.global_size"] == "256")
+    # quickstart: 2 workers, 4,000 training examples, 20 epochs; sqrt scaling from base 64
+    assert lars["global_batch"] == "256" and float(lars["scaled_lr"]) == pytest.approx(1.0)
+    assert int(lars["total_steps"]) == 20 * (2000 // 128)
+    assert not (tmp_path / "runs").exists()  # nothing created
+
+
+# ---------------------------------------------------------------------- results, aggregate
+
+
+def test_aggregate_is_the_mean_and_spread_over_seeds_of_completed_cells():
+    rng = np.random.default_rng(0)
+    rows = []
+    for method, batch, seed in itertools.product(["a", "b"], [64, 256], [0, 1, 2]):
+        state = "failed" if (method, batch, seed) == ("b", 256, 2) else "completed"
+        rows.append(
+            {
+                "method": method,
+                "batch.global_size": batch,
+                "seed": seed,
+                "run_id": f"{method}{batch}{seed}",
+                "state": state,
+                "diverged": state == "failed",
+                "final_test_accuracy": rng.uniform() if state == "completed" else math.nan,
+                "global_batch": batch,
+            }
+        )
+    table = pd.DataFrame(rows)
+    summary = sweep.aggregate(table, ("final_test_accuracy",))
+    assert len(summary) == 4
+    for _, row in summary.iterrows():
+        values = [
+            r["final_test_accuracy"]
+            for r in rows
+            if r["method"] == row["method"]
+            and r["batch.global_size"] == row["batch.global_size"]
+            and r["state"] == "completed"
+        ]
+        assert row["final_test_accuracy_mean"] == pytest.approx(np.mean(values))
+        assert row["final_test_accuracy_std"] == pytest.approx(np.std(values, ddof=1))
+        assert row["completed"] == len(values) and row["cells"] == 3
+    failed = summary[(summary["method"] == "b") & (summary["batch.global_size"] == 256)]
+    assert failed[["failed", "diverged"]].values.tolist() == [[1, 1]]
+    figure = sweep.figure(table, "final_test_accuracy", x="batch.global_size", color="method")
+    assert [trace.name for trace in figure.data] == ["a", "b"]
+    assert figure.layout.xaxis.type is None  # 64..256 spans less than 8x: linear
+    np.testing.assert_allclose(
+        figure.data[0].y, summary[summary["method"] == "a"]["final_test_accuracy_mean"]
+    )
+
+
+# ------------------------------------------------------------------ a real sweep, 2 slots
+
+
+REAL = {
+    "name": "real",
+    "base": QUICK,
+    "grid": {"batch.global_size": [32, 64]},
+    "methods": {
+        "sgd": {"optimizer.name": "sgd", "optimizer.params": {"momentum": 0.9}},
+        "lars": {},
+    },
+    "seeds": [0],
+}
+SHORT = {"epochs": 1, "workers": 1, "checkpoint.every_epochs": 1, "logging.every_steps": 20}
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory, subprocess_env):
+    """4 cells (quickstart, 1 epoch, 1 worker) on 2 slots. The first runner launches 3 at once
+    (one must wait in the queue) and is killed with SIGKILL while they are in flight; a second
+    runner adopts them, launches the missing one and waits for all."""
+    root = tmp_path_factory.mktemp("sweep-runs")
+    slots.set_capacity("localhost:2", root)
+    path = root.parent / "real.yaml"
+    body = {**REAL, "methods": {m: {**o, **SHORT} for m, o in REAL["methods"].items()}}
+    path.write_text(yaml.safe_dump(body))
+    command = [sys.executable, "-m", "toolkit", "--runs", str(root), "sweep", str(path)]
+    first = subprocess.Popen(
+        [*command, "--max-parallel", "3"], cwd=ROOT, env=subprocess_env, stdout=subprocess.PIPE
+    )
+    seen_waiting, deadline = {}, time.time() + 120
+    while len(sweep.cell_runs("real", root)) < 3 or not seen_waiting:
+        assert first.poll() is None and time.time() < deadline
+        seen_waiting |= slots.positions(root)
+        time.sleep(0.05)
+    at_kill = {key: run.run_id for key, run in sweep.cell_runs("real", root).items()}
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    second = subprocess.run(
+        command, cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=600
+    )
+    return {
+        "root": root,
+        "sweep": sweep.load(path),
+        "at_kill": at_kill,
+        "seen_waiting": seen_waiting,
+        "second": second,
+    }
+
+
+def test_every_cell_completes_once(real):
+    assert real["second"].returncode == 0, real["second"].stdout + real["second"].stderr
+    runs = list_runs(real["root"])
+    assert len(runs) == 4  # no cell launched twice
+    assert sorted(r.meta()["cell"] for r in runs) == sorted(c.key for c in real["sweep"].cells)
+    assert all(r.status()["state"] == "completed" for r in runs)
+
+
+def test_the_second_runner_adopts_the_cells_in_flight_and_launches_only_the_missing(real):
+    assert len(real["at_kill"]) == 3
+    now = {key: run.run_id for key, run in sweep.cell_runs("real", real["root"]).items()}
+    for key, run_id in real["at_kill"].items():
+        assert now[key] == run_id  # the same run directory, not a new attempt
+    first_line = real["second"].stdout.splitlines()[0]
+    counts = re.fullmatch(
+        r"sweep real: 4 cells, (\d) ended, (\d) in flight, 1 to launch, 2 at a time", first_line
+    )
+    assert counts and int(counts[1]) + int(counts[2]) == 3, first_line  # adopted, not relaunched
+
+
+def test_no_more_than_two_workers_were_ever_busy(real):
+    """Each run held its slots from `launched` (before horovodrun started) to `released`
+    (recorded after they were given back: later than the real release)."""
+    held = [RunDir(r.path).status() for r in list_runs(real["root"])]
+    edges = sorted([(s["launched"], 1) for s in held] + [(s["released"], -1) for s in held])
+    busy = peak = 0
+    for _, change in edges:
+        busy += change
+        peak = max(peak, busy)
+    assert peak == 2  # both slots used, never a third run
+    launched = {
+        run_id: RunDir(real["root"] / run_id).status()["launched"]
+        for run_id in real["seen_waiting"]
+    }
+    # the third cell of the first runner waited in the queue until a run gave its slots back
+    assert any(s["released"] <= t for t in launched.values() for s in held), (launched, held)
+
+
+def test_the_results_table_has_a_row_per_cell_with_its_coordinates(real):
+    table = sweep.results(real["sweep"], real["root"])
+    assert len(table) == 4
+    got = set(zip(table["method"], table["batch.global_size"], table["seed"]))
+    assert got == {(m, b, 0) for m in ("sgd", "lars") for b in (32, 64)}
+    assert (table["state"] == "completed").all() and not table["diverged"].any()
+    assert table["final_test_accuracy"].between(0.1, 1).all()
+    assert (table["global_batch"] == table["batch.global_size"]).all()
+    assert (table["updates"] == 4000 // table["global_batch"]).all()  # 1 epoch, 1 worker
+    summary = sweep.aggregate(table)
+    assert len(summary) == 4 and (summary["completed"] == 1).all()
+    status = run_cli(["sweep", str(real["root"].parent / "real.yaml"), "--status"], real["root"])
+    assert status.returncode == 0 and status.stdout.count("completed") == 4
