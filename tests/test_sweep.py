@@ -5,6 +5,7 @@ runner is killed mid-way and run again."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 import signal
@@ -244,7 +245,7 @@ SHORT = {"epochs": 1, "workers": 1, "checkpoint.every_epochs": 1, "logging.every
 @pytest.fixture(scope="module")
 def real(tmp_path_factory, subprocess_env):
     """4 cells (quickstart, 1 epoch, 1 worker) on 2 slots. The first runner launches 3 at once
-    (one must wait in the queue) and is killed with SIGKILL while they are in flight; a second
+    and is killed with SIGKILL once two run and the third waits in the queue; a second
     runner adopts them, launches the missing one and waits for all."""
     root = tmp_path_factory.mktemp("sweep-runs")
     slots.set_capacity("localhost:2", root)
@@ -255,10 +256,12 @@ def real(tmp_path_factory, subprocess_env):
     first = subprocess.Popen(
         [*command, "--max-parallel", "3"], cwd=ROOT, env=subprocess_env, stdout=subprocess.PIPE
     )
-    seen_waiting, deadline = {}, time.time() + 120
-    while len(sweep.cell_runs("real", root)) < 3 or not seen_waiting:
+    waiting, deadline = [], time.time() + 120
+    while not waiting:  # until two cells hold the slots and the third waits for one
         assert first.poll() is None and time.time() < deadline
-        seen_waiting |= slots.positions(root)
+        entries = slots.entries(root)
+        if len(entries) == 3 and [e["position"] for e in entries].count(None) == 2:
+            waiting = [e["run_id"] for e in entries if e["position"] == 1]
         time.sleep(0.05)
     at_kill = {key: run.run_id for key, run in sweep.cell_runs("real", root).items()}
     first.send_signal(signal.SIGKILL)
@@ -270,7 +273,7 @@ def real(tmp_path_factory, subprocess_env):
         "root": root,
         "sweep": sweep.load(path),
         "at_kill": at_kill,
-        "seen_waiting": seen_waiting,
+        "waiting": waiting[0],
         "second": second,
     }
 
@@ -305,12 +308,9 @@ def test_no_more_than_two_workers_were_ever_busy(real):
         busy += change
         peak = max(peak, busy)
     assert peak == 2  # both slots used, never a third run
-    launched = {
-        run_id: RunDir(real["root"] / run_id).status()["launched"]
-        for run_id in real["seen_waiting"]
-    }
-    # the third cell of the first runner waited in the queue until a run gave its slots back
-    assert any(s["released"] <= t for t in launched.values() for s in held), (launched, held)
+    waited = RunDir(real["root"] / real["waiting"]).status()
+    # the cell that waited in the queue started only once a run had given its slots back
+    assert any(s["released"] <= waited["launched"] for s in held)
 
 
 def test_the_results_table_has_a_row_per_cell_with_its_coordinates(real):
@@ -325,4 +325,76 @@ def test_the_results_table_has_a_row_per_cell_with_its_coordinates(real):
     summary = sweep.aggregate(table)
     assert len(summary) == 4 and (summary["completed"] == 1).all()
     status = run_cli(["sweep", str(real["root"].parent / "real.yaml"), "--status"], real["root"])
-    assert status.returncode == 0 and status.stdout.count("completed") == 4
+    cells, over_seeds = status.stdout.split("\nover seeds:\n")
+    assert status.returncode == 0 and cells.count(" completed ") == 4
+    assert len(over_seeds.strip().splitlines()) == 1 + 4  # a header and a row per method x batch
+
+
+# ------------------------------------------------------------------------- the Sweep page
+
+
+def sweep_page(root, monkeypatch, source: str):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("LBL_RUNS", str(root))
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120).run()
+    at.switch_page("views/sweep.py").run()
+    at.radio[0].set_value(source).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def labelled(widgets, label: str):
+    (found,) = [w for w in widgets if w.label == label]
+    return found
+
+
+def test_sweep_page_shows_a_finished_sweep_its_results_and_opens_compare(real, monkeypatch):
+    at = sweep_page(real["root"], monkeypatch, "A sweep run here")
+    assert labelled(at.selectbox, "Sweep").value == "real"
+    plan, states, summary = (frame.value for frame in at.dataframe)
+    assert len(plan) == 4 and set(plan["global_batch"]) == {32, 64}
+    assert states["state"].tolist() == ["completed"] * 4
+    assert set(zip(states["method"], states["batch.global_size"])) == {
+        (m, b) for m in ("sgd", "lars") for b in (32, 64)
+    }
+    assert len(summary) == 4 and "final_test_accuracy_mean" in summary
+    (chart,) = at.get("plotly_chart")
+    traces = json.loads(chart.proto.spec)["data"]
+    assert sorted(t["name"] for t in traces) == ["lars", "sgd"]
+    labelled(at.button, "Open these runs in Compare").click().run()
+    assert sorted(at.session_state["compare_runs"]) == sorted(states["run_id"])
+
+
+def test_sweep_page_refuses_a_bad_grid_naming_the_field(tmp_path, monkeypatch):
+    at = sweep_page(tmp_path, monkeypatch, "Build a grid")
+    labelled(at.text_area, "Grid: config path → values (YAML)").set_value(
+        "optimizer.nme: [sgd]"
+    ).run()
+    shown = at.error[0].value.replace("\\", "")  # Markdown-escaped
+    assert "optimizer.nme: Extra inputs are not permitted" in shown
+    assert "cell (method=linear, optimizer.nme=sgd, seed=0)" in shown
+    assert not [b for b in at.button if b.label == "Launch sweep"]
+
+
+def test_sweep_page_builds_a_grid_dry_runs_and_launches_it(tmp_path, monkeypatch):
+    at = sweep_page(tmp_path, monkeypatch, "Build a grid")
+    labelled(at.text_input, "Sweep name").set_value("page")
+    grid = "epochs: [1]\nworkers: [1]\nbatch.global_size: [64, 128]\n"
+    labelled(at.text_area, "Grid: config path → values (YAML)").set_value(grid)
+    labelled(at.text_area, "Methods: name → overrides (YAML, optional)").set_value("")
+    labelled(at.text_input, "Seeds (YAML list)").set_value("[0]").run()
+    assert not at.exception, at.exception
+    plan = at.dataframe[0].value
+    assert plan["global_batch"].tolist() == [64, 128] and plan["workers"].tolist() == [1, 1]
+    assert plan["total_steps"].tolist() == [4000 // 64, 4000 // 128]
+    labelled(at.button, "Launch sweep").click().run()
+    assert "Sweep page started" in at.success[0].value
+    grid = sweep.saved(tmp_path)[0]
+    deadline = time.time() + 180
+    while not sweep.states(grid, tmp_path)["state"].isin(["completed", "failed"]).all():
+        assert time.time() < deadline, (tmp_path / ".sweeps" / "page.log").read_text()
+        time.sleep(1)
+    assert sweep.states(grid, tmp_path)["state"].tolist() == ["completed"] * 2
+    at.run()
+    assert at.dataframe[1].value["state"].tolist() == ["completed"] * 2

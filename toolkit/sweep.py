@@ -418,11 +418,53 @@ def _runner_lock(name: str, base: Path) -> Iterator[None]:
 
 def runner_active(name: str, root: str | Path | None = None) -> bool:
     """Whether a runner of sweep ``name`` is alive (it holds the sweep's lock)."""
+    if not (runs_root(root) / SWEEPS_DIR / f"{name}.lock").exists():
+        return False
     try:
         with _runner_lock(name, runs_root(root)):
             return False
     except SweepError:
         return True
+
+
+def start(
+    sweep: Sweep,
+    root: str | Path | None = None,
+    *,
+    max_parallel: int | None = None,
+    retry_failed: bool = False,
+) -> int:
+    """Run ``sweep`` in a background process of its own session (the app's and notebooks'
+    way: it outlives them), output to ``<root>/.sweeps/<name>.log``; returns its pid. Raises
+    :class:`SweepError` if a runner of this sweep is alive already."""
+    import subprocess
+    import sys
+
+    base = runs_root(root)
+    if runner_active(sweep.name, base):
+        raise SweepError(f"sweep {sweep.name!r} is already being run by another process")
+    command = [
+        sys.executable,
+        "-m",
+        "toolkit",
+        "--runs",
+        str(base),
+        "sweep",
+        str(save(sweep, base)),
+    ]
+    command += [f"--max-parallel={max_parallel}"] * bool(max_parallel)
+    command += ["--retry-failed"] * retry_failed
+    log_path = base / SWEEPS_DIR / f"{sweep.name}.log"
+    with files.writing(log_path), open(log_path, "ab") as log:
+        runner = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+    return runner.pid
 
 
 def save(sweep: Sweep, root: str | Path | None = None) -> Path:

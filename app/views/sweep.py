@@ -1,0 +1,135 @@
+"""Sweep: a sweep file from experiments/, a grid built from a preset, or a sweep run here
+before; its cells before launch (the dry run); the launch (a background runner through the
+launch queue); each cell's state, live; results against any axis; the runs in Compare."""
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+import yaml
+
+from app import data, form
+from app.data import md_escape
+from toolkit import sweep as sweeps
+from toolkit.config import ConfigError
+
+REFRESH_S = 2.0
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+SOURCES = ("A sweep file", "Build a grid", "A sweep run here")
+EXAMPLE_GRID = "batch.global_size: [64, 256, 1024]\n"
+EXAMPLE_METHODS = "linear: {lr_scaling.rule: linear}\nsqrt: {lr_scaling.rule: sqrt}\n"
+
+
+def sweep_files() -> list[str]:
+    """The YAML files under experiments/ that look like sweeps (a top-level ``grid``)."""
+    found = []
+    for path in sorted(EXPERIMENTS.rglob("*.yaml")):
+        try:
+            if "grid" in (yaml.safe_load(path.read_text()) or {}):
+                found.append(str(path.relative_to(EXPERIMENTS.parent)))
+        except (OSError, yaml.YAMLError, TypeError):
+            continue
+    return found
+
+
+def built_grid() -> dict:
+    """A sweep mapping from the form: a name, a preset as base, the grid and methods (YAML)."""
+    left, right = st.columns(2)
+    name = left.text_input("Sweep name", value="my-sweep")
+    presets = [p for p in form.presets() if p != form.BLANK]
+    base = right.selectbox("Base preset", presets, index=presets.index("quickstart"))
+    left, right = st.columns(2)
+    grid = left.text_area("Grid: config path → values (YAML)", value=EXAMPLE_GRID, height=150)
+    methods = right.text_area("Methods: name → overrides (YAML, optional)", EXAMPLE_METHODS)
+    seeds = st.text_input("Seeds (YAML list)", value="[0, 1, 2]")
+    parsed = {}
+    for field, text in (("grid", grid), ("methods", methods), ("seeds", seeds)):
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            st.error(md_escape(f"{field}: not valid YAML: {str(error).splitlines()[0]}"))
+            st.stop()
+        if value is not None:
+            parsed[field] = value
+    return {"name": name, "base": str(form.PRESETS / f"{base}.yaml"), **parsed}
+
+
+@st.cache_data(max_entries=20, show_spinner="Working out each cell's steps…")
+def plan(sweep_yaml: str) -> pd.DataFrame:
+    return sweeps.dry_run(sweeps.from_mapping(yaml.safe_load(sweep_yaml)))
+
+
+st.title("Sweep")
+if flash := st.session_state.pop("sweep_flash", None):
+    st.success(md_escape(flash))
+source = st.radio("Sweep", SOURCES, horizontal=True, label_visibility="collapsed")
+try:
+    if source == SOURCES[0]:
+        choices = sweep_files()
+        if not choices:
+            st.info("No sweep files under experiments/. Build a grid instead.")
+            st.stop()
+        grid = sweeps.load(EXPERIMENTS.parent / st.selectbox("Sweep file", choices))
+    elif source == SOURCES[1]:
+        grid = sweeps.from_mapping(built_grid())
+    else:
+        saved = {s.name: s for s in sweeps.saved(data.root())}
+        if not saved:
+            st.info("No sweep has run under this runs root yet.")
+            st.stop()
+        grid = saved[st.selectbox("Sweep", list(saved))]
+except ConfigError as error:
+    st.error(md_escape(error))
+    st.stop()
+
+root = data.root()
+running = sweeps.runner_active(grid.name, root)
+with st.expander(f"{grid.name}: {len(grid.cells)} cells (the dry run)", expanded=not running):
+    st.dataframe(plan(grid.to_yaml()), hide_index=True)
+left, middle, right = st.columns([1, 1, 2])
+parallel = left.number_input(
+    "Cells at a time", min_value=1, value=sweeps.default_parallel(grid, root), step=1
+)
+retry = middle.checkbox("Rerun failed cells", help="failed or stopped cells run again")
+if right.button("Launch sweep", type="primary", disabled=running, width="stretch"):
+    try:
+        pid = sweeps.start(grid, root, max_parallel=int(parallel), retry_failed=retry)
+    except (ConfigError, OSError) as error:
+        st.error(md_escape(error))
+        st.stop()
+    st.session_state.sweep_flash = f"Sweep {grid.name} started (runner pid {pid})."
+    st.rerun()
+
+
+@st.fragment(run_every=REFRESH_S if running else None)
+def progress() -> None:
+    states = sweeps.states(grid, root)
+    counts = states["state"].value_counts()
+    active = sweeps.runner_active(grid.name, root)
+    st.caption(
+        ("a runner is working on this sweep · " if active else "")
+        + " · ".join(f"{state}: {n}" for state, n in counts.items())
+    )
+    st.dataframe(states, hide_index=True)
+    table = sweeps.results(grid, root, events=data.events)
+    ended = table[table["state"] != "pending"]
+    if ended.empty:
+        st.info("No cell has run yet.")
+        return
+    axes = [a for a in grid.axes() if a != "seed"] or ["seed"]
+    metrics = [m for m in sweeps.METRICS if ended[m].notna().any()]
+    left, right = st.columns(2)
+    metric = left.selectbox("Metric", metrics, key="sweep_metric")
+    x = right.selectbox("Against", axes, index=len(axes) - 1, key="sweep_x")
+    st.plotly_chart(sweeps.figure(table, metric, x=x), key="sweep_chart")
+    st.dataframe(sweeps.aggregate(table, (metric,)), hide_index=True)
+    left, right = st.columns(2)
+    left.download_button("Results (CSV)", table.to_csv(index=False), f"{grid.name}.csv", "text/csv")
+    if right.button("Open these runs in Compare", width="stretch"):
+        st.session_state.compare_runs = list(ended["run_id"])
+        st.switch_page("views/compare.py")
+    if running and not active:  # the runner finished: stop refreshing
+        st.rerun()
+
+
+progress()
