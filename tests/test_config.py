@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import ROOT
 
@@ -287,3 +288,49 @@ def test_a_stored_config_is_read_without_tensorflow(tmp_path, subprocess_env):
     assert config_lib.from_mapping(raw, stored=True).optimizer.params["momentun"] == 0.9
     with pytest.raises(ConfigError, match="has no parameter 'momentun'"):
         config_lib.from_mapping(raw)
+
+
+def test_warmup_from_unscaled_starts_at_the_small_batch_rate():
+    """Goyal et al.: the rate ramps linearly from eta (the base batch's) to k * eta over the
+    warmup, k = B / base_batch, then follows the schedule (constant here)."""
+    config = from_mapping(
+        {
+            "dataset": {"name": "digits"},
+            "optimizer": {"name": "sgd", "learning_rate": 0.1},
+            "batch": {"per_worker": 64},
+            "lr_scaling": {"rule": "linear", "base_batch": 16},
+            "schedule": {"warmup": {"epochs": 2, "from_unscaled": True}},
+            "epochs": 4,
+        }
+    )
+    assert config.warmup_multiplier() == pytest.approx(16 / 64)
+    spe = steps_per_epoch(config, 1437, 1)
+    curve = schedule_preview(config, num_train=1437, points=10**6)
+    eta, k, warm = 0.1, 64 / 16, 2 * spe
+    n = curve["step"].to_numpy()
+    expected = np.where(n < warm, eta + (k * eta - eta) * n / warm, k * eta)
+    np.testing.assert_allclose(curve["lr"], expected, rtol=1e-6)
+    smaller = from_mapping(config.model_dump(), ["batch.per_worker=8"])  # B < base: no ramp down
+    assert smaller.warmup_multiplier() == 1.0
+    with pytest.raises(ConfigError, match="initial_multiplier or from_unscaled, not both"):
+        from_mapping(config.model_dump(), ["schedule.warmup.initial_multiplier=0.5"])
+
+
+@pytest.mark.parametrize(("workers", "global_size", "scale"), [(1, 1024, 8), (2, 1024, 4)])
+def test_lbsgd_batch_scale_auto_keeps_the_device_batch(workers, global_size, scale):
+    raw = {
+        "optimizer": {"name": "lbsgd", "params": {"batch_scale": "auto"}},
+        "batch": {"per_worker": 128, "global_size": global_size},
+        "workers": workers,
+    }
+    config = from_mapping(raw)
+    assert config.optimizer.params["batch_scale"] == scale  # resolved: the stored config says so
+    assert config.per_worker_batch() == 128 and config.global_batch() == global_size
+    assert config.steps_per_update() == scale
+
+
+@pytest.mark.parametrize("batch", [{"per_worker": 128}, {"per_worker": 128, "global_size": 1000}])
+def test_lbsgd_batch_scale_auto_needs_a_global_size_that_divides(batch):
+    raw = {"optimizer": {"name": "lbsgd", "params": {"batch_scale": "auto"}}, "batch": batch}
+    with pytest.raises(ConfigError, match=r"optimizer.params.batch_scale: 'auto' needs"):
+        from_mapping(raw)
