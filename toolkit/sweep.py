@@ -63,6 +63,9 @@ SWEEPS_DIR = ".sweeps"
 SEED = "seed"
 METHOD = "method"
 POLL_S = 1.0
+DIVERGED = "NonFiniteLoss: loss became"
+"""How training's failure reason starts when the loss became NaN or infinite
+(``toolkit.callbacks.NonFiniteLoss``, named here without importing TensorFlow)."""
 METRICS = (
     "final_test_accuracy",
     "best_test_accuracy",
@@ -541,7 +544,7 @@ def _measure(cell: Cell, run_dir: RunDir | None, events) -> dict[str, Any]:
     steps = run_dir.meta().get("total_steps")
     return {
         "state": row["state"],
-        "diverged": str(row.get("reason") or "").startswith("loss became"),
+        "diverged": DIVERGED in str(row.get("reason") or ""),
         "final_test_accuracy": row["last_eval_accuracy"] if completed else math.nan,
         "best_test_accuracy": row["best_eval_accuracy"],
         "final_test_loss": float(losses.iloc[-1]) if completed and len(losses) else math.nan,
