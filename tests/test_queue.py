@@ -10,10 +10,15 @@ import socket
 import time
 from pathlib import Path
 
+import pandas as pd
+import psutil
 import pytest
+from conftest import ROOT, run_cli
+from test_train import SMALL, wait
 
-from tests.conftest import run_cli
+from toolkit import launch as launcher
 from toolkit import slots
+from toolkit.config import from_mapping
 from toolkit.rundir import RunDir, RunError
 
 RACERS = 8
@@ -152,3 +157,41 @@ def test_queue_command_sets_and_shows_the_capacity(tmp_path):
     assert "waiting-one  localhost:4  waiting #1" in shown
     bad = run_cli(["queue", "--capacity", "nope"], tmp_path)
     assert bad.returncode == 2 and "name:slots" in bad.stderr
+
+
+def test_a_run_stopped_while_queued_never_starts(tmp_path):
+    """One slot: the second launch waits; stopped there, its supervisor leaves without starting
+    horovodrun, and it does not start when the slot frees up."""
+    slots.set_capacity("localhost:1", tmp_path)
+    config = from_mapping({**SMALL, "workers": 1, "epochs": 200})
+    first = launcher.launch(config, runs_root_dir=tmp_path, run_id="first")
+    second = launcher.launch(config, runs_root_dir=tmp_path, run_id="second")
+    wait(first, states=("running",))
+    assert second.status()["state"] == "queued"
+    assert slots.positions(tmp_path) == {"second": 1}
+    supervisor = psutil.Process(second.status()["pid"])
+    launcher.stop("second", tmp_path)
+    supervisor.wait(timeout=10)  # gone, without starting anything
+    launcher.stop("first", tmp_path)
+    assert wait(first)["state"] == "stopped"
+    time.sleep(2 * slots.POLL_S)  # a free slot now: nothing may take it
+    status = second.status()
+    assert status["state"] == "stopped" and "launched" not in status
+    assert [p["role"] for p in status["processes"]] == ["supervisor"]
+    assert not second.events_path.exists()
+    assert slots.entries(tmp_path) == []
+
+
+def test_the_runs_page_shows_each_queued_runs_place(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("LBL_RUNS", str(tmp_path))
+    slots.set_capacity("localhost:1", tmp_path)
+    for name in ("holder", "next", "after"):
+        slots.enqueue(_queued_run(tmp_path, name), {"localhost": 1})
+    assert slots.try_start(RunDir(tmp_path / "holder")) is True
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    places = dict(zip(table["run_id"], table["queue"]))
+    assert places["next"] == 1 and places["after"] == 2 and pd.isna(places["holder"])

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import ROOT, run_cli
 
-from tests.conftest import ROOT, run_cli
 from toolkit import slots, sweep
 from toolkit.config import ConfigError, load, run_name_problem
 from toolkit.rundir import RunDir, list_runs
@@ -398,3 +398,32 @@ def test_sweep_page_builds_a_grid_dry_runs_and_launches_it(tmp_path, monkeypatch
     assert sweep.states(grid, tmp_path)["state"].tolist() == ["completed"] * 2
     at.run()
     assert at.dataframe[1].value["state"].tolist() == ["completed"] * 2
+
+
+def test_failed_cells_are_reported_and_rerun_only_when_asked(tmp_path):
+    """Cells left by an earlier runner: one completed, one failed. Running again reports the
+    failed one and launches nothing; with retry_failed it runs it again, as a new attempt
+    beside the old run, and the results read the new one."""
+    grid = sweep.from_mapping(
+        {
+            "name": "retry",
+            "base": QUICK,
+            "grid": {"batch.global_size": [32, 64]},
+            "methods": {"short": SHORT},
+        }
+    )
+    done, failed = grid.cells
+    for cell, state in ((done, "completed"), (failed, "failed")):
+        run = RunDir.create(tmp_path, cell.run_id, cell.config)
+        run.update_meta(**cell.meta())
+        run.finish(state, reason="killed" if state == "failed" else None)
+    lines = []
+    table = sweep.run(grid, tmp_path, log=lines.append, poll_s=0.2)
+    assert table["state"].tolist() == ["completed", "failed"]
+    assert any(f"{failed.run_id}); --retry-failed reruns it" in line for line in lines), lines
+    assert len(list_runs(tmp_path)) == 2  # nothing launched
+    table = sweep.run(grid, tmp_path, retry_failed=True, log=lines.append, poll_s=0.2)
+    assert table["state"].tolist() == ["completed", "completed"]
+    assert table["run_id"].tolist() == [done.run_id, f"{failed.run_id}-2"]
+    assert RunDir(tmp_path / failed.run_id).status()["state"] == "failed"  # kept, not deleted
+    assert len(list_runs(tmp_path)) == 3
