@@ -17,7 +17,7 @@ from conftest import ROOT, run_cli
 from test_train import SMALL, wait
 
 from toolkit import launch as launcher
-from toolkit import slots
+from toolkit import processes, slots
 from toolkit.config import from_mapping
 from toolkit.rundir import RunDir, RunError
 
@@ -32,8 +32,9 @@ def _queued_run(root, name: str) -> RunDir:
 
 def _race(root: str, name: str, start_at: float, out) -> None:
     """One racer: from ``start_at``, CYCLES times enqueue, take the slot when granted, hold it
-    briefly and give it back; report each interval it held the slot (from after try_start
-    returned to before release: inside the real holding)."""
+    briefly and give it back, as a run's supervisor does; report each interval it held the
+    slot (from after try_start returned to before it recorded the release: inside the real
+    holding)."""
     run = RunDir(Path(root) / name)
     time.sleep(max(0.0, start_at - time.time()))
     for _ in range(CYCLES):
@@ -42,10 +43,14 @@ def _race(root: str, name: str, start_at: float, out) -> None:
         while (granted := slots.try_start(run)) is False and time.time() < deadline:
             time.sleep(random.uniform(0, 0.002))
         taken = time.time()
-        if granted:
+        if granted:  # what a supervisor does: record the slots it holds, leave the line
+            record = processes.record("supervisor")
+            run.record_processes(record, launched=taken, released=None, slots={"localhost": 1})
+            slots.leave_line(run)
             time.sleep(random.uniform(0, 0.01))
         given_back = time.time()
-        slots.release(run)
+        run.finish("completed", released=given_back)  # training ends; the slot is free
+        run.set_status("queued")  # and the next cycle queues it again
         out.put((name, granted, taken, given_back))
 
 
@@ -90,7 +95,7 @@ def test_runs_start_in_the_order_they_were_queued(tmp_path):
     assert slots.try_start(a) is True
     assert slots.try_start(c) is False  # no overtaking b, though one slot... none free anyway
     assert slots.positions(tmp_path) == {"b": 1, "c": 2}
-    slots.release(a)
+    slots.leave_line(a)  # it gave its grant back without starting
     assert slots.try_start(c) is False  # b is next in line
     assert slots.try_start(b) is True
     assert slots.positions(tmp_path) == {"c": 1}

@@ -63,7 +63,7 @@ def launch(
         with run.lock():
             _start(run, config, resume=False, meta=meta)
     except OSError as error:  # nothing was started: leave nothing behind
-        slots.release(run)
+        slots.leave_line(run)
         shutil.rmtree(run.path, ignore_errors=True)
         raise RunError(f"cannot start run {run.run_id}: {error}") from None
     return run
@@ -136,6 +136,9 @@ def _start(
         finished=None,
         pid=None,
         processes=[],
+        launched=None,  # a resumed run holds no slots until its new supervisor takes them
+        released=None,
+        slots=None,
     )
     run.update_meta(
         run_id=run.run_id,
@@ -171,11 +174,7 @@ def supervise(run: RunDir, argv: list[str]) -> int:
     stop and a resume may have come between). A run stopped while queued never starts."""
     signal.signal(signal.SIGTERM, lambda *_: None)  # outlive the child to record the state
     me = processes.record("supervisor")
-    try:
-        child = _start_when_free(run, argv)
-    except BaseException:
-        slots.release(run)
-        raise
+    child = _start_when_free(run, argv)
     if child is None:
         return 0
     while True:
@@ -188,8 +187,6 @@ def supervise(run: RunDir, argv: list[str]) -> int:
         mine = _record_exit(run, me, code)
     except RunError:  # deleted after a stop: nothing left to record into
         mine = False
-    finally:
-        slots.release(run)
     if mine:  # the final state is recorded: this only adds when the slots were given back
         with contextlib.suppress(RunError):
             run.finish("failed", released=time.time())
@@ -197,19 +194,23 @@ def supervise(run: RunDir, argv: list[str]) -> int:
 
 
 def _start_when_free(run: RunDir, argv: list[str]) -> subprocess.Popen | None:
-    """``argv`` started once the run holds its slots; ``None`` if it was stopped first. The
-    start and the stop check hold the run's lock, so a stop either sees the child recorded
-    (and ends it) or is seen here (and nothing starts)."""
-    if not slots.wait_turn(run):
-        return None
-    with run.lock(timeout=120):
-        if run.recorded_status().get("stop_requested"):
-            slots.release(run)
+    """``argv`` started once the run has its slots (recorded in its status from then on, see
+    :mod:`toolkit.slots`); ``None`` if it was stopped first. The start and the stop check hold
+    the run's lock, so a stop either sees the child recorded (and ends it) or is seen here (and
+    nothing starts)."""
+    try:
+        if not slots.wait_turn(run):
             return None
-        launched = time.time()
-        child = subprocess.Popen(argv)
-        run.record_processes(processes.record("horovodrun", child.pid), launched=launched)
-    return child
+        with run.lock(timeout=120):
+            if run.recorded_status().get("stop_requested"):
+                return None
+            need, launched = slots.slots_of(run.config()), time.time()
+            child = subprocess.Popen(argv)
+            record = processes.record("horovodrun", child.pid)
+            run.record_processes(record, launched=launched, released=None, slots=need)
+        return child
+    finally:
+        slots.leave_line(run)
 
 
 def _record_exit(run: RunDir, me: dict, code: int) -> bool:
@@ -259,7 +260,7 @@ def stop(
             pids = ", ".join(str(p.pid) for p in survivors)
             raise RunError(f"run {run.run_id}: processes {pids} survived SIGKILL; still running")
         run.finish("stopped", finished=time.time(), reason="stopped on request")
-    slots.release(run)
+    slots.leave_line(run)
     return run
 
 

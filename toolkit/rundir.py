@@ -6,8 +6,9 @@
       config.yaml    the resolved config, exactly what ran
       meta.json      run id, created time, argv, world size, versions, git commit, seed
       status.json    state (queued | running | completed | failed | stopped), the run's
-                     processes (toolkit.processes), exit code, reason; launched and
-                     released: when it took and gave back its slots (toolkit.slots)
+                     processes (toolkit.processes), exit code, reason; launched,
+                     released, slots: when it took and gave back its slots, and how
+                     many on each host (toolkit.slots)
       events.jsonl   one JSON object per line (toolkit.events)
       stdout.log     combined output of horovodrun
       checkpoints/   model + optimizer state (toolkit.checkpoints)
@@ -94,6 +95,7 @@ STATUS_FIELDS = _fields(
     world_size=int,
     launched=float,
     released=float,
+    slots=dict[str, int],
 )
 META_FIELDS = _fields(
     run_id=str,

@@ -1,11 +1,15 @@
 """The launch queue: every launched run waits here until its workers fit the free slots.
 
 The queue lives in the runs root, so it outlives whichever terminal, notebook or dashboard
-launched a run::
+launched a run, and leaves nothing behind when nothing waits:
 
-    runs/.queue.json   {"capacity": {"host": slots, ...} (optional),
-                        "entries": [{"run_id", "slots": {"host": n}, "enqueued", "started"}]}
-    runs/.queue.lock   the lock every read-modify-write of the queue holds (flock)
+- ``runs/.queue.json`` holds the runs waiting in line, each with the slots it needs, and the
+  capacity if one was set; it exists only while either does.
+- A run that has started holds its slots from ``launched`` until ``released`` (both in its
+  ``status.json``, with ``slots``), and only while its supervisor is alive: a killed run never
+  holds slots, and a run that has ended holds them until its workers have exited.
+- Every read-modify-write holds an ``flock`` on the runs root directory itself, released if
+  its holder dies.
 
 The rules:
 
@@ -15,11 +19,10 @@ The rules:
   only by a run's ``hosts`` (``h1:2,h2:2``) has the slots that run declares for it.
 - **In order.** A run takes its slots only when every run queued before it has taken theirs
   and all its hosts have enough free: first come, first started (no overtaking).
-- **One winner.** Taking slots is a check-then-act under the queue's ``flock``, so two runs
-  can never both take the last slot; the lock is released if its holder dies.
-- **Nothing stale.** An entry whose run is gone, or has ended and has no live process left
-  (see :meth:`~toolkit.rundir.RunDir.status`), is dropped by the next reader, so a killed run
-  never holds slots, and a run that has ended keeps them until its workers have exited.
+- **One winner.** Taking slots is a check-then-act under the lock, so two runs can never both
+  take the last slot.
+- **Nothing stale.** A waiting entry whose run is gone, or has ended with no live process left,
+  is dropped by the next reader.
 
 The waiting itself is done by the run's supervisor (:mod:`toolkit.launch`), in its own
 session: a queued run starts even when nothing that launched it is still running, and stopping
@@ -34,6 +37,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,10 +45,9 @@ from typing import Any
 
 from toolkit import files, processes
 from toolkit.config import HOSTS, ExperimentConfig
-from toolkit.rundir import LIVE, RunDir, RunError, runs_root
+from toolkit.rundir import LIVE, RunDir, RunError, list_runs, runs_root
 
 QUEUE_FILE = ".queue.json"
-LOCK_FILE = ".queue.lock"
 POLL_S = 0.5
 """How often a waiting supervisor looks at the queue again."""
 
@@ -88,14 +91,12 @@ def _capacity(state: dict[str, Any]) -> dict[str, int]:
 
 
 def set_capacity(hosts: str | None, root: str | Path | None = None) -> dict[str, int]:
-    """Set the queue's capacity (``name:slots,...``; ``None``: back to this machine's default)
-    and start whatever now fits on the next look of the waiting supervisors."""
+    """Set the queue's capacity (``name:slots,...``; ``None``: back to this machine's default);
+    waiting runs that now fit start on their supervisors' next look."""
     chosen = parse_hosts(hosts) if hosts else None
     with _locked(runs_root(root)) as (state, write):
         state.pop("capacity", None)
-        if chosen:
-            state["capacity"] = chosen
-        write(state)
+        write({**state, "capacity": chosen} if chosen else state)
     return capacity(root)
 
 
@@ -114,40 +115,43 @@ def check_fits(slots: dict[str, int], root: str | Path | None = None) -> None:
 
 
 def enqueue(run: RunDir, slots: dict[str, int]) -> None:
-    """Put ``run`` at the end of the queue (again, if it was in it: a resume)."""
+    """Put ``run`` at the end of the line (again, if it was in it: a resume)."""
     with _locked(run.path.parent) as (state, write):
         entries = [e for e in state["entries"] if e["run_id"] != run.run_id]
-        entry = {"run_id": run.run_id, "slots": slots, "enqueued": time.time(), "started": None}
+        entry = {"run_id": run.run_id, "slots": slots, "enqueued": time.time(), "granted": None}
         write({**state, "entries": [*entries, entry]})
 
 
 def try_start(run: RunDir) -> bool | None:
-    """Take ``run``'s slots if it is first in line and they are free: ``True`` when taken (or
-    already held), ``False`` while it must wait, ``None`` when it is no longer queued (stopped,
-    or dropped as stale)."""
-    with _locked(run.path.parent) as (state, write):
-        entries = _live(state["entries"], run.path.parent)
+    """Take ``run``'s slots if it is first in line and they are free: ``True`` when granted,
+    ``False`` while it must wait, ``None`` when it is no longer in line (stopped, or dropped as
+    stale). A grant stays in line, counted as taken, until :func:`leave_line` hands it over."""
+    base = run.path.parent
+    with _locked(base) as (state, write):
+        entries = _live(state["entries"], base)
         mine = next((e for e in entries if e["run_id"] == run.run_id), None)
-        taken = False
-        if mine is not None and mine["started"] is None:
-            first = next(e for e in entries if e["started"] is None)
-            if first is mine and _fits(mine["slots"], entries, _capacity(state)):
-                mine["started"] = time.time()
-                taken = True
-        if taken or len(entries) != len(state["entries"]):
+        changed = len(entries) != len(state["entries"])
+        if mine is not None and mine["granted"] is None:
+            first = next(e for e in entries if e["granted"] is None)
+            if first is mine and _fits(mine["slots"], _taken(entries, base), _capacity(state)):
+                mine["granted"] = time.time()
+                changed = True
+        if changed:
             write({**state, "entries": entries})
-    return None if mine is None else mine["started"] is not None
+    return None if mine is None else mine["granted"] is not None
 
 
 def wait_turn(run: RunDir, poll_s: float = POLL_S) -> bool:
-    """Block until ``run`` has its slots (``True``) or has left the queue (``False``)."""
-    while (started := try_start(run)) is False:
+    """Block until ``run`` has its slots (``True``) or has left the line (``False``)."""
+    while (granted := try_start(run)) is False:
         time.sleep(poll_s)
-    return bool(started)
+    return bool(granted)
 
 
-def release(run: RunDir) -> None:
-    """Give back ``run``'s slots, or its place in line."""
+def leave_line(run: RunDir) -> None:
+    """Take ``run`` out of the line: once it has started (its supervisor has recorded
+    ``launched`` and ``slots`` in its status, which hold the slots from then on), or when it
+    leaves without starting (stopped while queued)."""
     with _locked(run.path.parent) as (state, write):
         entries = [e for e in state["entries"] if e["run_id"] != run.run_id]
         if len(entries) != len(state["entries"]):
@@ -155,14 +159,17 @@ def release(run: RunDir) -> None:
 
 
 def entries(root: str | Path | None = None) -> list[dict[str, Any]]:
-    """The queue's live entries in order, each with ``position`` (1 for the next to start;
-    ``None`` for a run that holds its slots)."""
+    """The runs holding slots (``position`` ``None``), then those waiting in line, each with
+    ``run_id``, ``slots`` and ``position`` (1 is the next to start)."""
     base = runs_root(root)
-    if not (base / QUEUE_FILE).exists():
-        return []
-    live = _live(_read(base).get("entries", []), base)
-    waiting = [e for e in live if e["started"] is None]
-    return [{**e, "position": waiting.index(e) + 1 if e["started"] is None else None} for e in live]
+    waiting = _live(_read(base)["entries"], base)
+    holding = [{"run_id": r, "slots": s, "position": None} for r, s in _holding(base)]
+    held = {e["run_id"] for e in holding}
+    holding += [
+        {**e, "position": None} for e in waiting if e["granted"] and e["run_id"] not in held
+    ]
+    line = [e for e in waiting if e["granted"] is None]
+    return holding + [{**e, "position": i} for i, e in enumerate(line, 1)]
 
 
 def positions(root: str | Path | None = None) -> dict[str, int]:
@@ -170,23 +177,40 @@ def positions(root: str | Path | None = None) -> dict[str, int]:
     return {e["run_id"]: e["position"] for e in entries(root) if e["position"] is not None}
 
 
-def _fits(slots: dict[str, int], entries: list[dict], have: dict[str, int]) -> bool:
-    for host, need in slots.items():
-        busy = sum(e["slots"].get(host, 0) for e in entries if e["started"] is not None)
-        if busy + need > have.get(host, need):
-            return False
-    return True
+def _fits(need: dict[str, int], taken: Counter, have: dict[str, int]) -> bool:
+    return all(taken[host] + n <= have.get(host, n) for host, n in need.items())
+
+
+def _taken(entries: list[dict], base: Path) -> Counter:
+    """Slots in use: granted entries not yet handed over, and runs that hold theirs."""
+    taken = Counter()
+    for entry in entries:
+        if entry["granted"] is not None:
+            taken.update(entry["slots"])
+    handed = {e["run_id"] for e in entries}
+    for run_id, slots in _holding(base):
+        if run_id not in handed:  # counted once: a grant and its hand-over may overlap
+            taken.update(slots)
+    return taken
+
+
+def _holding(base: Path) -> Iterator[tuple[str, dict[str, int]]]:
+    """``(run_id, slots)`` of the runs that took slots, have not released them, and whose
+    supervisor is alive."""
+    for run in list_runs(base):
+        status = run.recorded_status()
+        if "launched" not in status or "released" in status or "slots" not in status:
+            continue
+        supervisors = [p for p in run.process_records(status) if p.get("role") == "supervisor"]
+        if any(processes.find(p) for p in supervisors):
+            yield run.run_id, status["slots"]
 
 
 def _live(entries: list[dict], base: Path) -> list[dict]:
-    """The entries whose runs still exist and are queued or running, or still have a live
-    process (a completed run's workers may take seconds to exit: they keep its slots)."""
+    """The entries whose runs still exist and are queued or running, or have a live process."""
     kept = []
     for entry in entries:
-        try:
-            run = RunDir(base / entry["run_id"])
-        except (KeyError, TypeError):
-            continue
+        run = RunDir(base / entry["run_id"])
         if not run.path.is_dir():
             continue
         status = run.status()
@@ -199,21 +223,40 @@ def _live(entries: list[dict], base: Path) -> list[dict]:
 def _read(base: Path) -> dict[str, Any]:
     try:
         state = files.read_json(base / QUEUE_FILE)
-    except (OSError, ValueError):  # none yet, or unreadable: start an empty queue
+    except (OSError, ValueError):  # none (nothing waits), or unreadable: an empty line
         return {"entries": []}
     if not isinstance(state, dict) or not isinstance(state.get("entries"), list):
         return {"entries": []}
-    return state
+    entries = [e for e in state["entries"] if _is_entry(e)]
+    return {**state, "entries": entries}
+
+
+def _is_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("run_id"), str)
+        and isinstance(entry.get("slots"), dict)
+        and "granted" in entry
+    )
 
 
 @contextmanager
 def _locked(base: Path) -> Iterator[tuple[dict[str, Any], Any]]:
-    """The queue's state under its lock, and a function that writes it back."""
-    with files.writing(base / LOCK_FILE):
+    """The queue's state under the runs root's lock, and a function that writes it back (and
+    removes the file when nothing waits and no capacity is set)."""
+    with files.writing(base):
         base.mkdir(parents=True, exist_ok=True)
-        fd = os.open(base / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield _read(base), lambda state: files.write_json(base / QUEUE_FILE, state)
+        yield _read(base), functools.partial(_write, base)
     finally:
         os.close(fd)
+
+
+def _write(base: Path, state: dict[str, Any]) -> None:
+    path = base / QUEUE_FILE
+    if state.get("entries") or state.get("capacity"):
+        files.write_json(path, state)
+    else:
+        path.unlink(missing_ok=True)
