@@ -88,14 +88,14 @@ def test_racing_processes_never_hold_more_slots_than_the_capacity(tmp_path):
 def test_runs_start_in_the_order_they_were_queued(tmp_path):
     slots.set_capacity("localhost:2", tmp_path)
     a, b, c = (_queued_run(tmp_path, n) for n in ("a", "b", "c"))
-    slots.enqueue(a, {"localhost": 2})
-    slots.enqueue(b, {"localhost": 2})
-    slots.enqueue(c, {"localhost": 1})
+    assert slots.enqueue(a, {"localhost": 2}) is True  # nobody waits and it fits: at once
+    assert slots.enqueue(b, {"localhost": 2}) is False
+    assert slots.enqueue(c, {"localhost": 1}) is False
     assert slots.try_start(b) is False  # a was first
     assert slots.try_start(a) is True
     assert slots.try_start(c) is False  # no overtaking b, though one slot... none free anyway
     assert slots.positions(tmp_path) == {"b": 1, "c": 2}
-    slots.leave_line(a)  # it gave its grant back without starting
+    a.finish("completed", released=time.time())  # it gave its slots back
     assert slots.try_start(c) is False  # b is next in line
     assert slots.try_start(b) is True
     assert slots.positions(tmp_path) == {"c": 1}

@@ -204,7 +204,9 @@ def _start_when_free(run: RunDir, argv: list[str]) -> subprocess.Popen | None:
         with run.lock(timeout=120):
             if run.recorded_status().get("stop_requested"):
                 return None
-            need, launched = slots.slots_of(run.config()), time.time()
+            status = run.recorded_status()  # slots taken at launch, or now from the line
+            launched = status.get("launched") or time.time()
+            need = status.get("slots") or slots.slots_of(run.config())
             child = subprocess.Popen(argv)
             record = processes.record("horovodrun", child.pid)
             run.record_processes(record, launched=launched, released=None, slots=need)

@@ -5,9 +5,10 @@ launched a run, and leaves nothing behind when nothing waits:
 
 - ``runs/.queue.json`` holds the runs waiting in line, each with the slots it needs, and the
   capacity if one was set; it exists only while either does.
-- A run that has started holds its slots from ``launched`` until ``released`` (both in its
-  ``status.json``, with ``slots``), and only while its supervisor is alive: a killed run never
-  holds slots, and a run that has ended holds them until its workers have exited.
+- A run that has its slots holds them from ``launched`` until ``released`` (both in its
+  ``status.json``, with ``slots``), and only while it is live or has a live process: a killed
+  run never holds slots, and a run that has ended holds them until its workers have exited.
+  A launch that fits when nobody waits takes its slots at once, so the file is never written.
 - Every read-modify-write holds an ``flock`` on the runs root directory itself, released if
   its holder dies.
 
@@ -114,18 +115,27 @@ def check_fits(slots: dict[str, int], root: str | Path | None = None) -> None:
             )
 
 
-def enqueue(run: RunDir, slots: dict[str, int]) -> None:
-    """Put ``run`` at the end of the line (again, if it was in it: a resume)."""
-    with _locked(run.path.parent) as (state, write):
-        entries = [e for e in state["entries"] if e["run_id"] != run.run_id]
+def enqueue(run: RunDir, slots: dict[str, int]) -> bool:
+    """Give ``run`` its slots now if nobody waits and they are free (``True``: recorded in its
+    status, as a started run holds them), else put it at the end of the line (``False``)."""
+    base = run.path.parent
+    with _locked(base) as (state, write):
+        entries = _live([e for e in state["entries"] if e["run_id"] != run.run_id], base)
+        if not entries and _fits(slots, _taken(entries, base), _capacity(state)):
+            run.record_processes(launched=time.time(), released=None, slots=slots)
+            if state["entries"]:
+                write({**state, "entries": entries})
+            return True
         entry = {"run_id": run.run_id, "slots": slots, "enqueued": time.time(), "granted": None}
         write({**state, "entries": [*entries, entry]})
+        return False
 
 
 def try_start(run: RunDir) -> bool | None:
-    """Take ``run``'s slots if it is first in line and they are free: ``True`` when granted,
-    ``False`` while it must wait, ``None`` when it is no longer in line (stopped, or dropped as
-    stale). A grant stays in line, counted as taken, until :func:`leave_line` hands it over."""
+    """Take ``run``'s slots if it is first in line and they are free: ``True`` when granted (or
+    given at :func:`enqueue`), ``False`` while it must wait, ``None`` when it is no longer in
+    line (stopped, or dropped as stale). A grant stays in line, counted as taken, until
+    :func:`leave_line` hands it over to the run's status."""
     base = run.path.parent
     with _locked(base) as (state, write):
         entries = _live(state["entries"], base)
@@ -138,7 +148,9 @@ def try_start(run: RunDir) -> bool | None:
                 changed = True
         if changed:
             write({**state, "entries": entries})
-    return None if mine is None else mine["granted"] is not None
+    if mine is None:
+        return True if _held_by(run) else None
+    return mine["granted"] is not None
 
 
 def wait_turn(run: RunDir, poll_s: float = POLL_S) -> bool:
@@ -195,15 +207,23 @@ def _taken(entries: list[dict], base: Path) -> Counter:
 
 
 def _holding(base: Path) -> Iterator[tuple[str, dict[str, int]]]:
-    """``(run_id, slots)`` of the runs that took slots, have not released them, and whose
-    supervisor is alive."""
+    """``(run_id, slots)`` of the runs that hold slots through their status."""
     for run in list_runs(base):
-        status = run.recorded_status()
-        if "launched" not in status or "released" in status or "slots" not in status:
-            continue
-        supervisors = [p for p in run.process_records(status) if p.get("role") == "supervisor"]
-        if any(processes.find(p) for p in supervisors):
-            yield run.run_id, status["slots"]
+        if held := _held_by(run):
+            yield run.run_id, held
+
+
+def _held_by(run: RunDir) -> dict[str, int] | None:
+    """The slots ``run`` holds: taken (``launched``), not ``released``, and the run live or
+    with a live process."""
+    recorded = run.recorded_status()
+    if "launched" not in recorded or "released" in recorded or "slots" not in recorded:
+        return None
+    status = run.status()  # checked against its processes
+    records = run.process_records(status)
+    if status["state"] in LIVE or any(processes.find(record) for record in records):
+        return recorded["slots"]
+    return None
 
 
 def _live(entries: list[dict], base: Path) -> list[dict]:
