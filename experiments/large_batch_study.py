@@ -46,16 +46,11 @@ LABELS = {
 }
 BASELINE = "sgd"
 CHANCE = 0.15  # final test accuracy below this counts as a failed run (chance is 10%)
-COLUMNS = [  # results.csv, one row per run
+COLUMNS = [
     "method",
     "global_batch",
     "seed",
-    "final_test_accuracy",
-    "best_test_accuracy",
-    "final_test_loss",
-    "final_train_loss",
-    "updates",
-    "wall_s",
+    *sweep.METRICS,
     "state",
     "diverged",
     "reason",

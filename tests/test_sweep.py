@@ -427,3 +427,17 @@ def test_failed_cells_are_reported_and_rerun_only_when_asked(tmp_path):
     assert table["run_id"].tolist() == [done.run_id, f"{failed.run_id}-2"]
     assert RunDir(tmp_path / failed.run_id).status()["state"] == "failed"  # kept, not deleted
     assert len(list_runs(tmp_path)) == 3
+
+
+def test_cells_that_could_not_launch_are_refused_before_any_starts(tmp_path):
+    """Valid configs, but one cell's batch is larger than its workers' shards and another's
+    workers exceed the queue's slots: the runner starts nothing and names both."""
+    slots.set_capacity("localhost:2", tmp_path)
+    grid = sweep.from_mapping(spec(grid={"batch.global_size": [64, 8192], "workers": [2, 4]}))
+    with pytest.raises(ConfigError) as error:
+        sweep.run(grid, tmp_path)
+    text = str(error.value)
+    too_big = "cell (method=sgd, batch.global_size=8192, workers=2, seed=0): batch.per_worker=4096"
+    too_wide = "batch.global_size=64, workers=4, seed=0): 4 workers on localhost can never start"
+    assert too_big in text and too_wide in text
+    assert list_runs(tmp_path) == [] and not (tmp_path / ".sweeps").exists()

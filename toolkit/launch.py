@@ -22,7 +22,6 @@ run outside the runs root, or a run in the wrong state.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import secrets
 import shutil
@@ -184,12 +183,9 @@ def supervise(run: RunDir, argv: list[str]) -> int:
         except InterruptedError:
             continue
     try:
-        mine = _record_exit(run, me, code)
+        _record_exit(run, me, code)
     except RunError:  # deleted after a stop: nothing left to record into
-        mine = False
-    if mine:  # the final state is recorded: this only adds when the slots were given back
-        with contextlib.suppress(RunError):
-            run.finish("failed", released=time.time())
+        pass
     return code
 
 
@@ -202,37 +198,38 @@ def _start_when_free(run: RunDir, argv: list[str]) -> subprocess.Popen | None:
         if not slots.wait_turn(run):
             return None
         with run.lock(timeout=120):
-            if run.recorded_status().get("stop_requested"):
+            status = run.recorded_status()
+            if status.get("stop_requested"):
                 return None
-            status = run.recorded_status()  # slots taken at launch, or now from the line
-            launched = status.get("launched") or time.time()
+            launched = status.get("launched") or time.time()  # slots taken at launch, or now
             need = status.get("slots") or slots.slots_of(run.config())
             child = subprocess.Popen(argv)
             record = processes.record("horovodrun", child.pid)
-            run.record_processes(record, launched=launched, released=None, slots=need)
+            run.record_processes(record, launched=launched, slots=need)
         return child
     finally:
         slots.leave_line(run)
 
 
-def _record_exit(run: RunDir, me: dict, code: int) -> bool:
-    """Record the final state unless training did; ``False`` if the run is no longer this
-    supervisor's."""
+def _record_exit(run: RunDir, me: dict, code: int) -> None:
+    """Record the final state unless training did, and that the slots are free (``released``),
+    if the run is still this supervisor's."""
     with run.lock(timeout=120):
         status = run.recorded_status()
         if me not in status.get("processes", []):  # resumed meanwhile: no longer this run's
-            return False
-        finished = time.time()
+            return
+        finished = time.time()  # horovodrun has exited: its slots are free too
         if status.get("stop_requested"):
-            run.finish("stopped", exit_code=code, finished=finished)
+            run.finish("stopped", exit_code=code, finished=finished, released=finished)
         else:  # training's own reason, if it wrote one, wins (the first final state)
             reason = (
                 f"horovodrun exited with code {code}; see stdout.log"
                 if code
                 else "training exited without finishing"
             )
-            run.finish("failed", exit_code=code, finished=finished, reason=reason)
-    return True
+            run.finish(
+                "failed", exit_code=code, finished=finished, reason=reason, released=finished
+            )
 
 
 def stop(

@@ -185,8 +185,11 @@ def entries(root: str | Path | None = None) -> list[dict[str, Any]]:
 
 
 def positions(root: str | Path | None = None) -> dict[str, int]:
-    """``{run_id: position}`` of the runs waiting for slots (1 is next)."""
-    return {e["run_id"]: e["position"] for e in entries(root) if e["position"] is not None}
+    """``{run_id: position}`` of the runs waiting for slots (1 is next); reads the line only
+    (nothing when no run waits), so the Runs page can ask on every render."""
+    base = runs_root(root)
+    line = [e for e in _live(_read(base)["entries"], base) if e["granted"] is None]
+    return {e["run_id"]: i for i, e in enumerate(line, 1)}
 
 
 def _fits(need: dict[str, int], taken: Counter, have: dict[str, int]) -> bool:

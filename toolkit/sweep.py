@@ -64,7 +64,7 @@ SEED = "seed"
 METHOD = "method"
 POLL_S = 1.0
 DIVERGED = "NonFiniteLoss: loss became"
-"""How training's failure reason starts when the loss became NaN or infinite
+"""What training's failure reason holds when the loss became NaN or infinite
 (``toolkit.callbacks.NonFiniteLoss``, named here without importing TensorFlow)."""
 METRICS = (
     "final_test_accuracy",
@@ -204,10 +204,13 @@ def _read_base(name: str, folder: Path) -> dict[str, Any]:
     path = next((p for p in (Path(name), folder / name) if p.is_file()), None)
     if path is None:
         raise SweepError(f"base: config file {name!r} does not exist (nor in {folder})")
-    raw = yaml.safe_load(path.read_text())
-    if not isinstance(raw, dict):
-        raise SweepError(f"base: {path} is not a mapping of config sections")
-    config_lib.from_mapping(raw)  # a bad base is reported once, as the base's fault
+    try:
+        raw = yaml.safe_load(path.read_text())
+        if not isinstance(raw, dict):
+            raise SweepError(f"base: {path} is not a mapping of config sections")
+        config_lib.from_mapping(raw)  # a bad base is reported once, as the base's fault
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError) as error:
+        raise SweepError(f"base {path}: {error}") from None
     return raw
 
 
@@ -229,16 +232,9 @@ def expand(spec: SweepSpec) -> list[Cell]:
             try:
                 cells.append(_cell(spec, method, coordinates, seed))
             except ConfigError as error:
-                where = ", ".join(f"{k}={v}" for k, v in coordinates.items())
-                detail = str(error).removeprefix("invalid experiment config:\n").strip()
-                problems.append(
-                    f"cell ({where}{f', seed={seed}' if seed is not None else ''}): {detail}"
-                )
-    if problems:
-        shown = problems[:10] + (
-            [f"... and {len(problems) - 10} more"] if len(problems) > 10 else []
-        )
-        raise SweepError(f"invalid sweep {spec.name!r}:\n  " + "\n  ".join(shown))
+                seeded = coordinates | ({SEED: seed} if seed is not None else {})
+                problems.append(_problem(seeded, error))
+    _refuse(spec.name, problems)
     keys = [c.key for c in cells]
     if len(set(keys)) != len(keys):
         twice = next(c for c in cells if keys.count(c.key) > 1)
@@ -246,6 +242,18 @@ def expand(spec: SweepSpec) -> list[Cell]:
             f"two cells of sweep {spec.name!r} have the same config: {twice.coordinates}"
         )
     return cells
+
+
+def _problem(coordinates: dict[str, Any], error: Exception) -> str:
+    where = ", ".join(f"{k}={v}" for k, v in coordinates.items())
+    return f"cell ({where}): " + str(error).removeprefix("invalid experiment config:\n").strip()
+
+
+def _refuse(name: str, problems: list[str]) -> None:
+    """Raise :class:`SweepError` listing ``problems`` (the first 10, and how many more)."""
+    if problems:
+        more = [f"... and {len(problems) - 10} more"] if len(problems) > 10 else []
+        raise SweepError(f"invalid sweep {name!r}:\n  " + "\n  ".join(problems[:10] + more))
 
 
 def _cell(spec: SweepSpec, method: str | None, coordinates: dict, seed: int | None) -> Cell:
@@ -269,20 +277,29 @@ def _cell(spec: SweepSpec, method: str | None, coordinates: dict, seed: int | No
 # --------------------------------------------------------------------------------- the plan
 
 
-def dry_run(sweep: Sweep) -> pd.DataFrame:
+def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     """One row per cell: coordinates, run id, workers, global batch, scaled rate, total steps
-    (per worker) and updates."""
+    (per worker) and updates. Raises :class:`SweepError` naming every cell that could not
+    launch: a batch larger than its workers' shards of the dataset, or more workers than the
+    launch queue's slots (of the runs root ``root``)."""
     from toolkit import data
     from toolkit.experiment import steps_per_epoch
+    from toolkit.slots import check_fits, slots_of
 
     sizes: dict[str, int] = {}
-    rows = []
+    rows, problems = [], []
     for cell in sweep.cells:
         c = cell.config
         dataset = json.dumps([c.dataset.name, c.dataset.params, c.seed], sort_keys=True)
-        if dataset not in sizes:
-            sizes[dataset] = len(data.load(c.dataset.name, seed=c.seed, **c.dataset.params).x_train)
-        steps = c.epochs * steps_per_epoch(c, sizes[dataset], c.workers)
+        try:
+            if dataset not in sizes:
+                loaded = data.load(c.dataset.name, seed=c.seed, **c.dataset.params)
+                sizes[dataset] = len(loaded.x_train)
+            steps = c.epochs * steps_per_epoch(c, sizes[dataset], c.workers)
+            check_fits(slots_of(c), root)
+        except (ValueError, RuntimeError) as error:  # ConfigError, RunError; offline data
+            problems.append(_problem(cell.coordinates, error))
+            continue
         rows.append(
             {
                 **cell.coordinates,
@@ -294,6 +311,7 @@ def dry_run(sweep: Sweep) -> pd.DataFrame:
                 "updates": steps // c.steps_per_update(),
             }
         )
+    _refuse(sweep.name, problems)
     return pd.DataFrame(rows)
 
 
@@ -358,6 +376,7 @@ def run(
     root: a second raises :class:`SweepError` while the first is alive."""
     sweep = sweep if isinstance(sweep, Sweep) else load(sweep)
     base = runs_root(root)
+    dry_run(sweep, base)  # every cell can launch, before any does
     with _runner_lock(sweep.name, base):
         save(sweep, base)
         return _run(sweep, base, max_parallel, retry_failed, log, poll_s)
