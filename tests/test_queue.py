@@ -170,7 +170,11 @@ def test_a_run_stopped_while_queued_never_starts(tmp_path):
     slots.set_capacity("localhost:1", tmp_path)
     config = from_mapping({**SMALL, "workers": 1, "epochs": 200})
     first = launcher.launch(config, runs_root_dir=tmp_path, run_id="first")
-    second = launcher.launch(config, runs_root_dir=tmp_path, run_id="second")
+    path = tmp_path.parent / f"{tmp_path.name}-long.yaml"
+    path.write_text(config.to_yaml())
+    told = run_cli(["launch", str(path), "--name", "second"], tmp_path)
+    assert "queued: number 1 in line for slots" in told.stdout, told.stdout + told.stderr
+    second = RunDir(tmp_path / "second")
     wait(first, states=("running",))
     assert second.status()["state"] == "queued"
     assert slots.positions(tmp_path) == {"second": 1}

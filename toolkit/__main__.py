@@ -27,6 +27,7 @@ from toolkit import jupyter
 from toolkit import launch as launcher
 from toolkit.monitor import follow
 from toolkit.rundir import list_runs, summary
+from toolkit.slots import positions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_id=args.name,
             )
             print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
+            if place := positions(args.runs).get(run.run_id):
+                print(f"queued: number {place} in line for slots (python -m toolkit queue)")
             if args.wait:
                 return _wait(run)
         elif args.command == "runs":
