@@ -3,6 +3,7 @@ even by processes racing for the last slot; stale entries dropped; impossible ru
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import random
 import shutil
@@ -30,7 +31,7 @@ def _queued_run(root, name: str) -> RunDir:
     return RunDir.create(root, name)
 
 
-def _race(root: str, name: str, start_at: float, out) -> None:
+def _race(root: str, name: str, start_at: float, report: str) -> None:
     """One racer: from ``start_at``, CYCLES times enqueue, take the slot when granted, hold it
     briefly and give it back, as a run's supervisor does; report each interval it held the
     slot (from after try_start returned to before it recorded the release: inside the real
@@ -51,7 +52,8 @@ def _race(root: str, name: str, start_at: float, out) -> None:
         given_back = time.time()
         run.finish("completed", released=given_back)  # training ends; the slot is free
         run.set_status("queued")  # and the next cycle queues it again
-        out.put((name, granted, taken, given_back))
+        with open(report, "a") as out:
+            out.write(json.dumps([name, granted, taken, given_back]) + "\n")
 
 
 def test_racing_processes_never_hold_more_slots_than_the_capacity(tmp_path):
@@ -64,16 +66,21 @@ def test_racing_processes_never_hold_more_slots_than_the_capacity(tmp_path):
     for name in names:
         _queued_run(tmp_path, name)
     context = multiprocessing.get_context("spawn")
-    out = context.Queue()
     start_at = time.time() + 3  # after every child has imported the toolkit
+    reports_dir = tmp_path.parent / f"{tmp_path.name}-reports"
+    reports_dir.mkdir()
     children = [
-        context.Process(target=_race, args=(str(tmp_path), n, start_at, out)) for n in names
+        context.Process(target=_race, args=(str(tmp_path), n, start_at, str(reports_dir / n)))
+        for n in names
     ]
     for child in children:
         child.start()
-    reports = [out.get(timeout=120) for _ in range(RACERS * CYCLES)]
     for child in children:
-        child.join(timeout=30)
+        child.join(timeout=120)
+        assert child.exitcode == 0
+    reports = [
+        json.loads(line) for n in names for line in (reports_dir / n).read_text().splitlines()
+    ]
     assert [granted for _, granted, _, _ in reports] == [True] * len(reports)
     assert sorted(n for n, *_ in reports) == sorted(names * CYCLES)
     edges = sorted([(t, 1) for *_, t, _ in reports] + [(t, -1) for *_, t in reports])
