@@ -1,10 +1,6 @@
-"""The Large-Batch Lab dashboard (Streamlit). Entry point: ``streamlit run app/main.py``."""
+"""The Large-Batch Lab dashboard (Streamlit). Entry point: ``streamlit run app/main.py``.
 
-import gc
-
-import toolkit.optimizers  # noqa: F401 -- Keras and TensorFlow, once per server process
-
-# Streamlit calls gc.collect() (and keras.backend.clear_session(), which collects again) after
-# every rerun. TensorFlow's ~450k long-lived objects made each collection take ~0.3 s; freezing
-# what exists after the imports keeps them out of the collector's scans.
-gc.freeze()
+The reading pages (Runs, Run detail, Compare) import no TensorFlow, so a fresh server answers
+in about a second; the pages that build configs (Launch, Sweep) import it through
+:mod:`app.form`.
+"""

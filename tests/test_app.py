@@ -663,3 +663,27 @@ def test_streamlit_config_is_local_with_xsrf_and_no_telemetry():
     assert settings["server"]["address"] == "127.0.0.1"
     assert settings["server"]["enableXsrfProtection"] is True
     assert settings["browser"]["gatherUsageStats"] is False
+
+
+def test_reading_pages_do_not_import_tensorflow(root, subprocess_env):
+    """Runs, Run detail and Compare in a fresh interpreter: no TensorFlow or Keras (a new
+    server's first page must not pay their import); the Launch page, as a control, does."""
+    fake_run(root, "reads", events=50)
+    script = (
+        "import sys\n"
+        "from streamlit.testing.v1 import AppTest\n"
+        "at = AppTest.from_file('app/main.py', default_timeout=60).run()\n"
+        "for page in ('runs', 'detail', 'compare'):\n"
+        "    at.switch_page(f'views/{page}.py').run()\n"
+        "    assert not at.exception and not at.error, (page, at.exception, at.error)\n"
+        "print('reading:', sorted({'tensorflow', 'keras'} & set(sys.modules)))\n"
+        "at.switch_page('views/launch.py').run()\n"
+        "print('launch:', sorted({'tensorflow', 'keras'} & set(sys.modules)))\n"
+    )
+    env = {**subprocess_env, "LBL_RUNS": str(root)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "reading: []" in result.stdout, result.stdout
+    assert "launch: ['keras', 'tensorflow']" in result.stdout, result.stdout
