@@ -1,0 +1,105 @@
+"""How long a freshly started dashboard takes to answer and to draw its first page.
+
+    .venv/bin/python experiments/bench_first_page.py [--runs 10] [--repeat 5]
+
+Fabricates ``--runs`` finished runs (app/fabricate.py) in a temporary runs root, then, for each
+repeat, starts a new ``streamlit run app/main.py`` server (a new process: nothing imported,
+nothing cached) and opens it in Debian's headless Chromium (Playwright). Prints, per repeat and
+as the median with the spread:
+
+* server up: from starting the process to the first answer of its health endpoint;
+* first page: from the browser's request to the Runs table drawn (its data grid visible);
+* total: the two together, what a user waits for after ``./lab start`` has set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CHROMIUM = "/usr/bin/chromium"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def one_start(root: Path, playwright) -> tuple[float, float]:
+    """(server up, first page) in seconds, for one fresh server."""
+    port = free_port()
+    env = {**os.environ, "LBL_RUNS": str(root)}
+    command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py")]
+    command += ["--server.address", "127.0.0.1", f"--server.port={port}", "--server.headless=true"]
+    started = time.perf_counter()
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        while not answers(f"http://127.0.0.1:{port}/_stcore/health"):
+            if server.poll() is not None or time.perf_counter() - started > 120:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        up = time.perf_counter() - started
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        asked = time.perf_counter()
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=120_000)
+        drawn = time.perf_counter() - asked
+        browser.close()
+        return up, drawn
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    from playwright.sync_api import sync_playwright
+
+    from app.fabricate import fake_run
+
+    root = Path(tempfile.mkdtemp(prefix="lbl-first-page-"))
+    for i in range(args.runs):
+        fake_run(root, f"run-{i:03d}", events=2000)
+    times = []
+    with sync_playwright() as playwright:
+        for repeat in range(args.repeat):
+            up, drawn = one_start(root, playwright)
+            times.append((up, drawn, up + drawn))
+            print(f"repeat {repeat + 1}: server up {up:.2f} s, first page {drawn:.2f} s")
+    print(f"\n{args.runs} runs, {args.repeat} fresh servers (median, min-max)")
+    print("| measure | median (s) | spread (s) |\n| --- | --- | --- |")
+    for name, column in zip(
+        ("server up", "first page", "total"), zip(*times, strict=True), strict=True
+    ):
+        print(f"| {name} | {statistics.median(column):.2f} | {min(column):.2f}-{max(column):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
