@@ -269,6 +269,10 @@ def real(tmp_path_factory, subprocess_env):
     second = subprocess.run(
         command, cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=600
     )
+    deadline = time.time() + 60  # the runner ends with the states; slots go after teardown
+    while not all("released" in run.status() for run in list_runs(root)):
+        assert time.time() < deadline, [run.status() for run in list_runs(root)]
+        time.sleep(0.2)
     return {
         "root": root,
         "sweep": sweep.load(path),
