@@ -117,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("\ninterrupted; the run goes on (`python -m toolkit stop RUN`)", file=sys.stderr)
+        went_on = (
+            "the runs launched so far go on; the same command resumes the sweep"
+            if args.command == "sweep"
+            else "the run goes on"
+        )
+        print(f"\ninterrupted; {went_on} (`python -m toolkit stop RUN`)", file=sys.stderr)
         return 130
     return 0
 
