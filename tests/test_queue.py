@@ -4,10 +4,10 @@ even by processes racing for the last slot; stale entries dropped; impossible ru
 from __future__ import annotations
 
 import json
-import multiprocessing
-import random
 import shutil
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,12 +18,12 @@ from conftest import ROOT, run_cli
 from test_train import SMALL, wait
 
 from toolkit import launch as launcher
-from toolkit import processes, slots
+from toolkit import slots
 from toolkit.config import from_mapping
 from toolkit.rundir import RunDir, RunError
 
 RACERS = 8
-CYCLES = 10
+RACER = Path(__file__).parent / "workers" / "queue_racer.py"
 
 
 def _queued_run(root, name: str) -> RunDir:
@@ -31,58 +31,31 @@ def _queued_run(root, name: str) -> RunDir:
     return RunDir.create(root, name)
 
 
-def _race(root: str, name: str, start_at: float, report: str) -> None:
-    """One racer: from ``start_at``, CYCLES times enqueue, take the slot when granted, hold it
-    briefly and give it back, as a run's supervisor does; report each interval it held the
-    slot (from after try_start returned to before it recorded the release: inside the real
-    holding)."""
-    run = RunDir(Path(root) / name)
-    time.sleep(max(0.0, start_at - time.time()))
-    for _ in range(CYCLES):
-        slots.enqueue(run, {"localhost": 1})
-        deadline = time.time() + 30
-        while (granted := slots.try_start(run)) is False and time.time() < deadline:
-            time.sleep(random.uniform(0, 0.002))
-        taken = time.time()
-        if granted:  # what a supervisor does: record the slots it holds, leave the line
-            record = processes.record("supervisor")
-            run.record_processes(record, launched=taken, released=None, slots={"localhost": 1})
-            slots.leave_line(run)
-            time.sleep(random.uniform(0, 0.01))
-        given_back = time.time()
-        run.finish("completed", released=given_back)  # training ends; the slot is free
-        run.set_status("queued")  # and the next cycle queues it again
-        with open(report, "a") as out:
-            out.write(json.dumps([name, granted, taken, given_back]) + "\n")
-
-
-def test_racing_processes_never_hold_more_slots_than_the_capacity(tmp_path):
-    """8 processes each take, hold and give back one of 2 slots, 10 times, all starting at the
-    same instant: every request is granted, in turn, and at no instant do more than 2 hold a
-    slot. (With the queue's lock removed, concurrent read-modify-writes lose entries and
-    grants, and this fails.)"""
+def test_racing_processes_never_hold_more_slots_than_the_capacity(tmp_path, subprocess_env):
+    """8 processes (tests/workers/queue_racer.py) each take, hold and give back one of 2 slots,
+    10 times, all starting at the same instant: every request is granted, in turn, and at no
+    instant do more than 2 hold a slot. (With the queue's lock removed, concurrent
+    read-modify-writes lose entries and grants, and this fails.)"""
     slots.set_capacity("localhost:2", tmp_path)
     names = [f"racer{i}" for i in range(RACERS)]
     for name in names:
         _queued_run(tmp_path, name)
-    context = multiprocessing.get_context("spawn")
-    start_at = time.time() + 3  # after every child has imported the toolkit
+    start_at = time.time() + 3  # after every racer has imported the toolkit
     reports_dir = tmp_path.parent / f"{tmp_path.name}-reports"
     reports_dir.mkdir()
-    children = [
-        context.Process(target=_race, args=(str(tmp_path), n, start_at, str(reports_dir / n)))
-        for n in names
+    racers = [
+        subprocess.Popen(
+            [sys.executable, RACER, tmp_path, name, str(start_at), reports_dir / name],
+            env=subprocess_env,
+        )
+        for name in names
     ]
-    for child in children:
-        child.start()
-    for child in children:
-        child.join(timeout=120)
-        assert child.exitcode == 0
+    assert [racer.wait(timeout=120) for racer in racers] == [0] * RACERS
     reports = [
         json.loads(line) for n in names for line in (reports_dir / n).read_text().splitlines()
     ]
     assert [granted for _, granted, _, _ in reports] == [True] * len(reports)
-    assert sorted(n for n, *_ in reports) == sorted(names * CYCLES)
+    assert sorted(n for n, *_ in reports) == sorted(names * 10)  # every cycle of every racer
     edges = sorted([(t, 1) for *_, t, _ in reports] + [(t, -1) for *_, t in reports])
     holding = peak = 0
     for _, change in edges:
