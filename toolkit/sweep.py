@@ -54,9 +54,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from toolkit import config as config_lib
-from toolkit import files
+from toolkit import files, launch
 from toolkit.config import ConfigError, ExperimentConfig
+from toolkit.events import read_events
 from toolkit.rundir import LIVE, RunDir, list_runs, runs_root, summary
+from toolkit.slots import capacity, check_fits, positions, slots_of
 
 SWEEPS_DIR = ".sweeps"
 """Where :func:`run` keeps each sweep's resolved file, in the runs root (``<name>.yaml``)."""
@@ -282,9 +284,8 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     (per worker) and updates. Raises :class:`SweepError` naming every cell that could not
     launch: a batch larger than its workers' shards of the dataset, or more workers than the
     launch queue's slots (of the runs root ``root``)."""
-    from toolkit import data
+    from toolkit import data  # the datasets, and Keras through experiment: for the plan only
     from toolkit.experiment import steps_per_epoch
-    from toolkit.slots import check_fits, slots_of
 
     sizes: dict[str, int] = {}
     rows, problems = [], []
@@ -332,8 +333,6 @@ def cell_runs(sweep: Sweep | str, root: str | Path | None = None) -> dict[str, R
 def states(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     """Each cell's coordinates, run id and state (``pending`` before it is launched), and its
     place in the launch queue while it waits."""
-    from toolkit.slots import positions
-
     runs, waiting = cell_runs(sweep, root), positions(root)
     rows = []
     for cell in sweep.cells:
@@ -351,8 +350,6 @@ def states(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
 
 def default_parallel(sweep: Sweep, root: str | Path | None = None) -> int:
     """How many cells fit the queue's capacity at once (at least 1)."""
-    from toolkit.slots import capacity, slots_of
-
     have = capacity(root)
     fits = [
         min(have.get(host, need) // need for host, need in slots_of(cell.config).items())
@@ -383,8 +380,6 @@ def run(
 
 
 def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
-    from toolkit import launch
-
     limit = max_parallel or default_parallel(sweep, base)
     runs = cell_runs(sweep, base)
     todo, in_flight, total = [], {}, len(sweep.cells)
@@ -577,8 +572,6 @@ def _measure(cell: Cell, run_dir: RunDir | None, events) -> dict[str, Any]:
 
 
 def _read_events(run_dir: RunDir) -> pd.DataFrame:
-    from toolkit.events import read_events
-
     try:
         return read_events(run_dir.events_path)
     except OSError:
