@@ -23,11 +23,10 @@ import sys
 
 import pandas as pd
 
-from toolkit import jupyter
+from toolkit import jupyter, slots
 from toolkit import launch as launcher
 from toolkit.monitor import follow
 from toolkit.rundir import list_runs, summary
-from toolkit.slots import positions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_id=args.name,
             )
             print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
-            if place := positions(args.runs).get(run.run_id):
+            if place := slots.positions(args.runs).get(run.run_id):
                 print(f"queued: number {place} in line for slots (python -m toolkit queue)")
             if args.wait:
                 return _wait(run)
@@ -181,8 +180,6 @@ def _sweep(args) -> int:
 
 
 def _queue(root: str | None, capacity: str | None) -> str:
-    from toolkit import slots
-
     if capacity:
         slots.set_capacity(None if capacity == "default" else capacity, root)
     have = ", ".join(f"{host}:{n}" for host, n in slots.capacity(root).items())

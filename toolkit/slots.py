@@ -180,16 +180,19 @@ def entries(root: str | Path | None = None) -> list[dict[str, Any]]:
     holding += [
         {**e, "position": None} for e in waiting if e["granted"] and e["run_id"] not in held
     ]
-    line = [e for e in waiting if e["granted"] is None]
-    return holding + [{**e, "position": i} for i, e in enumerate(line, 1)]
+    return holding + [{**e, "position": i} for i, e in enumerate(_line(waiting), 1)]
 
 
 def positions(root: str | Path | None = None) -> dict[str, int]:
     """``{run_id: position}`` of the runs waiting for slots (1 is next); reads the line only
     (nothing when no run waits), so the Runs page can ask on every render."""
     base = runs_root(root)
-    line = [e for e in _live(_read(base)["entries"], base) if e["granted"] is None]
-    return {e["run_id"]: i for i, e in enumerate(line, 1)}
+    return {e["run_id"]: i for i, e in enumerate(_line(_live(_read(base)["entries"], base)), 1)}
+
+
+def _line(entries: list[dict]) -> list[dict]:
+    """The entries still waiting for their grant, in order."""
+    return [e for e in entries if e["granted"] is None]
 
 
 def _fits(need: dict[str, int], taken: Counter, have: dict[str, int]) -> bool:
@@ -222,25 +225,21 @@ def _held_by(run: RunDir) -> dict[str, int] | None:
     recorded = run.recorded_status()
     if "launched" not in recorded or "released" in recorded or "slots" not in recorded:
         return None
+    return recorded["slots"] if _active(run) else None
+
+
+def _active(run: RunDir) -> bool:
+    """Whether ``run`` is queued or running, or still has a live process (a run that has ended
+    keeps its slots until its workers have exited)."""
     status = run.status()  # checked against its processes
     records = run.process_records(status)
-    if status["state"] in LIVE or any(processes.find(record) for record in records):
-        return recorded["slots"]
-    return None
+    return status["state"] in LIVE or any(processes.find(record) for record in records)
 
 
 def _live(entries: list[dict], base: Path) -> list[dict]:
     """The entries whose runs still exist and are queued or running, or have a live process."""
-    kept = []
-    for entry in entries:
-        run = RunDir(base / entry["run_id"])
-        if not run.path.is_dir():
-            continue
-        status = run.status()
-        records = run.process_records(status)
-        if status["state"] in LIVE or any(processes.find(record) for record in records):
-            kept.append(entry)
-    return kept
+    runs = ((e, RunDir(base / e["run_id"])) for e in entries)
+    return [entry for entry, run in runs if run.path.is_dir() and _active(run)]
 
 
 def _read(base: Path) -> dict[str, Any]:

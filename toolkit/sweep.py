@@ -42,6 +42,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -454,9 +456,6 @@ def start(
     """Run ``sweep`` in a background process of its own session (the app's and notebooks'
     way: it outlives them), output to ``<root>/.sweeps/<name>.log``; returns its pid. Raises
     :class:`SweepError` if a runner of this sweep is alive already."""
-    import subprocess
-    import sys
-
     base = runs_root(root)
     if runner_active(sweep.name, base):
         raise SweepError(f"sweep {sweep.name!r} is already being run by another process")
