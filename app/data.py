@@ -1,8 +1,9 @@
 """Reading run directories for the dashboard, cached on each file's (size, mtime).
 
-Every reader here takes the file's stamp as part of the ``st.cache_data`` key, so an unchanged
-file is parsed once per server process and a changed one (a live run appending events) is
-re-read on the next render. Nothing here raises on a half-written, crashed or malformed run
+Every reader here takes the file's stamp as part of its cache key (``st.cache_data``, or
+``st.cache_resource`` for event frames, shared uncopied), so an unchanged file is parsed once
+per server process and a changed one (a live run appending events) is re-read on the next
+render. Nothing here raises on a half-written, crashed or malformed run
 directory: missing or unreadable files read as empty (never through a symlink, see
 ``toolkit.files``), unreadable configs as ``None``.
 """
@@ -47,18 +48,41 @@ def find(run_id: str | None) -> RunDir | None:
     return next((r for r in runs() if r.run_id == run_id), None)
 
 
-@st.cache_data(max_entries=400, show_spinner=False)
+@st.cache_resource(max_entries=200, show_spinner=False)
 def _events(path: str, file_stamp: tuple[int, int]) -> pd.DataFrame:
     return read_events(path)  # an OSError is not cached: a broken file is retried
 
 
 def events(run: RunDir) -> pd.DataFrame:
     """All complete event records of ``run`` (a torn last line is skipped; an unreadable
-    file, a directory or a symlink in its place, reads as none: the Runs table says why)."""
+    file, a directory or a symlink in its place, reads as none: the Runs table says why).
+
+    The frame is shared by every session and rerun, not copied (100 runs of 50,000 events
+    would cost half a second a render to copy): callers must not modify it."""
     try:
         return _events(str(run.events_path), stamp(run.events_path))
     except OSError:
         return pd.DataFrame()
+
+
+@st.cache_resource(max_entries=200, show_spinner=False)
+def _phases(path: str, file_stamp: tuple[int, int]) -> dict[str, pd.DataFrame]:
+    frame = _events(path, file_stamp)
+    if "phase" not in frame:
+        return {}
+    groups = frame.groupby("phase", sort=False)
+    return {name: rows.dropna(axis=1, how="all") for name, rows in groups}
+
+
+def phases(run: RunDir) -> dict[str, pd.DataFrame]:
+    """The run's events split by phase, each without its all-empty columns (see :func:`phase`).
+
+    Built once per file stamp and shared, like :func:`events`: callers must not modify the
+    frames."""
+    try:
+        return _phases(str(run.events_path), stamp(run.events_path))
+    except OSError:
+        return {}
 
 
 def phase(frame: pd.DataFrame, name: str) -> pd.DataFrame:

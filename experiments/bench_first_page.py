@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +46,10 @@ def answers(url: str) -> bool:
         return False
 
 
-def one_start(root: Path, playwright) -> tuple[float, float]:
-    """(server up, first page) in seconds, for one fresh server."""
+@contextmanager
+def dashboard(root: Path) -> Iterator[tuple[str, float]]:
+    """A new ``streamlit run app/main.py`` server on ``root``: its URL, and the seconds from
+    starting the process to the first answer of its health endpoint. Stopped on exit."""
     port = free_port()
     env = {**os.environ, "LBL_RUNS": str(root)}
     command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py")]
@@ -57,20 +61,30 @@ def one_start(root: Path, playwright) -> tuple[float, float]:
             if server.poll() is not None or time.perf_counter() - started > 120:
                 raise RuntimeError("the server did not start")
             time.sleep(0.02)
-        up = time.perf_counter() - started
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
-        )
+        yield f"http://127.0.0.1:{port}", time.perf_counter() - started
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def chromium(playwright):
+    """Debian's headless Chromium, never a downloaded browser."""
+    return playwright.chromium.launch(
+        executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+    )
+
+
+def one_start(root: Path, playwright) -> tuple[float, float]:
+    """(server up, first page) in seconds, for one fresh server."""
+    with dashboard(root) as (url, up):
+        browser = chromium(playwright)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         asked = time.perf_counter()
-        page.goto(f"http://127.0.0.1:{port}/")
+        page.goto(f"{url}/")
         page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=120_000)
         drawn = time.perf_counter() - asked
         browser.close()
         return up, drawn
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def main() -> int:

@@ -25,6 +25,7 @@ from app import charts, data
 from app.fabricate import fake_run
 from toolkit import config as config_lib
 from toolkit import launch as launcher
+from toolkit.curves import downsample
 from toolkit.events import EventWriter, read_events
 from toolkit.rundir import RunDir
 
@@ -412,7 +413,7 @@ def test_detail_shows_status_progress_curves_and_trust_ratios(root):
     ]
     loss = specs[0]
     assert [t["name"] for t in loss["data"]] == ["train", "eval"]
-    assert all(t["type"] == "scattergl" for t in loss["data"])
+    assert all(t["type"] == "scatter" for t in loss["data"])  # SVG: see app/charts.py
     heatmap = specs[-1]["data"][0]
     assert heatmap["type"] == "heatmap" and heatmap["y"] == [
         "conv1/kernel",
@@ -531,6 +532,48 @@ def test_compare_overlays_runs_with_smoothing_and_axes(compare_runs):
     )
     by_label(at.radio, "x-axis").set_value("epoch").run()
     assert decode(figures(at)[0]["data"][0]["x"])[-1] == pytest.approx(train["epoch"].iloc[-1])
+
+
+def test_compare_opens_the_runs_its_address_names_and_names_its_own(compare_runs):
+    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.switch_page("views/compare.py")
+    at.query_params["run"] = ["run-2", "run-0", "no-such-run"]
+    at.run()
+    assert not at.exception
+    assert at.multiselect[0].value == ["run-2", "run-0"]  # unknown ids are left out
+    assert at.query_params["run"] == ["run-2", "run-0"]
+    at.multiselect[0].set_value(["run-1"]).run()
+    assert at.query_params["run"] in ("run-1", ["run-1"])  # AppTest stores one value bare
+    assert [t["name"] for t in figures(at)[0]["data"]] == ["run-1", "run-1"]
+
+
+def test_compare_charts_follow_a_growing_run_and_stay_cached_while_it_does_not(root):
+    run = fake_run(root, "growing", events=300)
+    at = page()
+    at.session_state["compare_runs"] = ["growing"]
+    at.switch_page("views/compare.py").run()
+    first = figures(at)[0]
+    assert figures(at.run())[0] == first
+    last = decode(first["data"][1]["x"])[-1]
+    with EventWriter(run.events_path) as writer:
+        writer.write({"step": last + 5, "phase": "train", "loss": float("nan")})
+        writer.write({"step": last + 6, "phase": "train", "loss": 0.25})
+    x = decode(figures(at.run())[0]["data"][0]["x"])  # the raw curve
+    y = decode(figures(at)[0]["data"][0]["y"])
+    assert list(x[-2:]) == [last + 5, last + 6] and np.isnan(y[-2]) and y[-1] == 0.25
+
+
+def test_a_chart_of_many_long_runs_holds_its_point_budget_and_every_end():
+    rng = np.random.default_rng(1)
+    steps = np.arange(50_000)
+    series = [charts.Series(f"r{i}", steps, rng.normal(size=50_000)) for i in range(100)]
+    figure = charts.lines(series, smoothing=0.6)
+    assert len(figure.data) == 200
+    sizes = [len(trace.x) for trace in figure.data]
+    assert sum(sizes) <= charts.CHART_POINTS and min(sizes) >= charts.FEWEST_POINTS - 2
+    assert all(trace.x[0] == 0 and trace.x[-1] == 49_999 for trace in figure.data)
+    few = charts.lines(series[:2], smoothing=0.0)
+    assert [len(trace.x) for trace in few.data] == [len(downsample(series[0].y))] * 2
 
 
 def test_compare_against_the_bytes_each_run_sent(root):

@@ -78,7 +78,7 @@ def test_launch_follow_and_compare_in_chromium(server, tmp_path):
         expect(charts).to_have_count(3, timeout=30_000)
         expect(charts.first.locator(".main-svg").first).to_be_visible()
         expect(charts.first.locator(".legendtext").first).to_have_text(run_dir.name)
-        page.wait_for_timeout(1000)  # let WebGL paint before the screenshot
+        page.wait_for_timeout(1000)  # let the charts paint before the screenshot
         shot = tmp_path / "compare.png"
         page.screenshot(path=str(shot), full_page=True)
         browser.close()

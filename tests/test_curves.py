@@ -82,6 +82,21 @@ def test_downsample_keeps_extremes_and_ends():
     assert list(downsample(y[:100], 500)) == list(range(100))
 
 
+def test_downsample_keeps_non_finite_markers_within_its_budget():
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=50_001)
+    y[[777, 20_000, 20_001, 45_678]] = [np.nan, np.inf, -np.inf, np.nan]
+    keep = downsample(y, 2000)
+    assert len(keep) <= 2000 and keep[0] == 0 and keep[-1] == 50_000
+    assert {777, 20_000, 45_678} <= set(keep)  # the first non-finite value of its bucket
+    size = int(np.ceil(len(y) / (1998 // 3)))  # every bucket's min and max (of finite values)
+    for start in range(0, len(y), size):
+        bucket = y[start : start + size]
+        finite = np.flatnonzero(np.isfinite(bucket))
+        assert start + finite[bucket[finite].argmin()] in keep
+        assert start + finite[bucket[finite].argmax()] in keep
+
+
 def test_bytes_axis_sums_bytes_per_update_over_the_updates_between_events():
     events = pd.DataFrame(
         [

@@ -94,12 +94,13 @@ def _has_numbers(column: pd.Series) -> bool:
 
 
 def downsample(y: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
-    """Indices that keep at most ``max_points`` of ``y``: the min and max of each bucket (so
-    spikes survive), plus the first and last point."""
+    """Indices that keep at most ``max_points`` of ``y`` (sorted): the first and last point,
+    and in each of ``max_points // 3`` buckets its min and max (so spikes survive) and its
+    first non-finite value (so a diverged loss stays visible as the gap where it broke)."""
     n = len(y)
     if n <= max_points:
         return np.arange(n)
-    size = int(np.ceil(n / (max_points // 2)))
+    size = int(np.ceil(n / max(1, (max_points - 2) // 3)))
     padded = np.full(size * int(np.ceil(n / size)), np.nan)
     padded[:n] = y
     rows = padded.reshape(-1, size)
@@ -107,7 +108,14 @@ def downsample(y: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
     low = np.where(finite, rows, np.inf).argmin(axis=1)
     high = np.where(finite, rows, -np.inf).argmax(axis=1)
     offsets = np.arange(len(rows)) * size
-    keep = np.concatenate([[0, n - 1], offsets + low, offsets + high])
+    broken = np.flatnonzero((~finite).any(axis=1))
+    keep = [
+        [0, n - 1],
+        offsets + low,
+        offsets + high,
+        offsets[broken] + (~finite[broken]).argmax(1),
+    ]
+    keep = np.concatenate(keep)
     return np.unique(keep[keep < n])
 
 

@@ -10,10 +10,21 @@ spelled exactly like one of those three is read back as a float.
 
 Only complete lines (ending in a newline) are read. The writer sends each record to the
 operating system in a single ``write``, so a crash leaves at most one torn line, which readers
-skip (as they skip any line that is not a JSON object). A value of the wrong type is dropped
+skip (as they skip any line that is not a JSON object, or is an empty one). A value of the wrong type is dropped
 from its record, not the record from the file: ``phase`` must be a string and every other
 value a number (or null); a string, list, object or boolean elsewhere is read as missing.
 The file is opened as :mod:`toolkit.files` says: never through a symlink.
+
+**The columnar copy.** Parsing JSON costs about 8 µs an event, so a run of 50,000 events would
+take 0.4 s to open every time. :func:`read_events` therefore keeps ``events.parquet`` beside the
+log: the records of the log's first ``offset`` bytes, exactly as parsing them returns them. A
+read loads the copy (milliseconds) and parses only the bytes after it. When those reach
+:data:`COPY_AFTER`, the copy is rewritten (atomically, by whichever reader got there); closing
+an :class:`EventWriter` does the same, so a finished run opens fast the first time. The copy
+is used only while it matches its log: the same file (device and inode), at least ``offset``
+bytes long, with the same last bytes before ``offset``. Anything else (a log replaced, rewound
+or copied elsewhere, a copy that does not read as Parquet) is ignored and rebuilt, and a
+directory that cannot be written (a read-only copy of a run) is simply read without one.
 """
 
 from __future__ import annotations
@@ -27,10 +38,16 @@ from typing import Any, Self
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from toolkit import files
 
 _NONFINITE = ("NaN", "Infinity", "-Infinity")
+COPY_AFTER = 256 * 1024
+"""Bytes of a log past its columnar copy at which a read rewrites the copy."""
+_COPY_KEY = b"toolkit.events"  # the Parquet metadata entry that ties a copy to its log
+_CHECKED_BYTES = 64  # how many bytes before the copy's offset must match
 
 
 def _encode(value: Any) -> Any:
@@ -47,7 +64,8 @@ def _decode(value: Any) -> Any:
 
 
 def _records(data: bytes) -> list[dict[str, Any]]:
-    """The JSON objects among the newline-separated lines of ``data``; other lines are skipped.
+    """The JSON objects among the newline-separated lines of ``data``; other lines (and empty
+    objects, which record nothing) are skipped.
 
     The common case, every line valid, is parsed in one ``json.loads`` (about twice as fast as
     line by line); only a file with a bad line pays for the per-line fallback.
@@ -62,7 +80,7 @@ def _records(data: bytes) -> list[dict[str, Any]]:
                 parsed.append(json.loads(line))
             except ValueError:
                 continue
-    records = [record for record in parsed if isinstance(record, dict)]
+    records = [record for record in parsed if isinstance(record, dict) and record]
     if any(word.encode() in data for word in _NONFINITE):
         records = [{key: _decode(value) for key, value in r.items()} for r in records]
     return records
@@ -78,9 +96,10 @@ def _frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame.from_records(records)
     for name in frame.columns:
         column = frame[name]
-        if name == "phase":
+        if name == "phase":  # always pandas' string dtype, whatever the file holds
             if pd.api.types.infer_dtype(column, skipna=True) not in ("string", "empty"):
-                frame[name] = column.where(column.map(lambda v: isinstance(v, str)))
+                column = column.where(column.map(lambda v: isinstance(v, str)))
+            frame[name] = column.astype("str")
         elif pd.api.types.is_bool_dtype(column) or not pd.api.types.is_numeric_dtype(column):
             frame[name] = pd.to_numeric(column.where(column.map(_is_number)), errors="coerce")
     return frame
@@ -123,7 +142,9 @@ class EventWriter:
             files.append_whole(self._file.fileno(), line.encode() + b"\n")
 
     def close(self) -> None:
+        """Close the file and bring its columnar copy up to date (see the module doc)."""
         self._file.close()
+        read_events(self.path)
 
     def __enter__(self) -> Self:
         return self
@@ -168,16 +189,70 @@ class EventTail:
         return _frame(_records(data[:complete]))
 
 
+def copy_path(path: str | os.PathLike) -> Path:
+    """Where the columnar copy of the events file ``path`` lives: ``events.parquet`` beside it."""
+    return Path(path).with_suffix(".parquet")
+
+
 def read_events(path: str | os.PathLike) -> pd.DataFrame:
-    """All complete records of an events file (empty DataFrame if the file does not exist)."""
-    return EventTail(path).read_new()
+    """All complete records of an events file (empty DataFrame if the file does not exist),
+    through its columnar copy (see the module doc)."""
+    try:
+        log = files.open_regular(path)
+    except FileNotFoundError:
+        return pd.DataFrame()
+    with log:
+        stat = os.fstat(log.fileno())
+        origin = {"device": stat.st_dev, "inode": stat.st_ino}
+        copied, offset = _load_copy(copy_path(path), origin, log)
+        log.seek(offset)
+        data = log.read()
+    complete = data.rfind(b"\n") + 1
+    new = _frame(_records(data[:complete]))
+    parts = [part for part in (copied, new) if len(part)]
+    frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else new
+    if complete >= COPY_AFTER:  # more than _CHECKED_BYTES, so the last bytes are in ``data``
+        tie = origin | {"offset": offset + complete}
+        tie["last"] = data[complete - _CHECKED_BYTES : complete].hex()
+        _save_copy(copy_path(path), frame, tie)
+    return frame
+
+
+def _load_copy(copy: Path, origin: dict, log) -> tuple[pd.DataFrame, int]:
+    """The records of the copy and the log offset they reach, if the copy matches ``log``;
+    otherwise none and 0."""
+    try:
+        with files.open_regular(copy) as f:
+            table = pq.read_table(f)
+        tie = json.loads((table.schema.metadata or {})[_COPY_KEY])
+        offset, last = tie["offset"], bytes.fromhex(tie["last"])
+        log.seek(offset - len(last))
+        if {k: tie[k] for k in origin} != origin or log.read(len(last)) != last:
+            return pd.DataFrame(), 0
+        return table.to_pandas(split_blocks=True), offset
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return pd.DataFrame(), 0
+
+
+def _save_copy(copy: Path, frame: pd.DataFrame, tie: dict) -> None:
+    """Replace the copy with ``frame``, tied to its log by ``tie``; a failure leaves no copy
+    behind but is not an error (the log itself is intact)."""
+    try:
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        metadata = (table.schema.metadata or {}) | {_COPY_KEY: json.dumps(tie).encode()}
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table.replace_schema_metadata(metadata), buffer)
+        files.replace(copy, buffer.getvalue().to_pybytes())
+    except (OSError, ValueError, TypeError, pa.ArrowException):
+        return
 
 
 def truncate_after(path: str | os.PathLike, step: int) -> None:
     """Drop the records after ``step`` (a resumed run rewinds to its checkpoint, so its curve
     continues the original's instead of repeating steps). The file is replaced atomically;
-    live readers see a replaced file and start over."""
+    live readers see a replaced file and start over, and its columnar copy is removed."""
     path = Path(path)
+    copy_path(path).unlink(missing_ok=True)
     try:
         data = files.read_bytes(path)
     except FileNotFoundError:

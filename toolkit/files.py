@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,7 +80,7 @@ def replace(path: str | os.PathLike, data: bytes) -> None:
     a symlink at ``path`` is replaced, never written through. The temporary file is removed if
     anything fails."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_native_id()}.tmp")
     with writing(path):
         try:
             tmp.write_bytes(data)

@@ -10,6 +10,7 @@
                      released, slots: when it took and gave back its slots, and how
                      many on each host (toolkit.slots)
       events.jsonl   one JSON object per line (toolkit.events)
+      events.parquet its columnar copy, kept by readers and the writer (toolkit.events)
       stdout.log     combined output of horovodrun
       checkpoints/   model + optimizer state (toolkit.checkpoints)
 
@@ -63,7 +64,15 @@ STARTUP_GRACE_S = 30.0
 """A run with no recorded process yet counts as starting for this long after its last status."""
 LOCK_TIMEOUT_S = 30.0
 """How long launch, resume, stop and delete wait for another holder of a run's lock."""
-RUN_FILES = ("config.yaml", "meta.json", "status.json", "events.jsonl", "stdout.log", "checkpoints")
+RUN_FILES = (
+    "config.yaml",
+    "meta.json",
+    "status.json",
+    "events.jsonl",
+    "events.parquet",
+    "stdout.log",
+    "checkpoints",
+)
 
 
 class RunError(ValueError):

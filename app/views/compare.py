@@ -1,8 +1,14 @@
 """Compare: several runs overlaid per metric, against step, epoch, wall-clock or relative time,
 or the bytes a worker sent, EMA-smoothed with the raw curve faint behind; values at a step,
-min/max/last, CSV export."""
+min/max/last, CSV export. The address names the chosen runs (``?run=a&run=b``), so a comparison
+can be shared as a link.
+
+Built for 100 runs of 50,000 events: each run's phases are read once per change of its file
+(``data.phases``), each chart is built once per set of controls and runs (``figure``), and
+curves are downsampled for drawing while the table and the CSV keep every event."""
 
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 from app import charts, data
@@ -27,21 +33,31 @@ if not runs:
     st.info("No runs yet. Start one on the Launch page.")
     st.stop()
 by_id = {r.run_id: r for r in runs}
+linked = [r for r in st.query_params.get_all("run") if r in by_id]  # a shared link
 remembered = [r for r in st.session_state.get("compare_runs", []) if r in by_id]
-chosen = st.multiselect("Runs", list(by_id), default=remembered or list(by_id)[:5])
+chosen = st.multiselect("Runs", list(by_id), default=remembered or linked or list(by_id)[:5])
 st.session_state.compare_runs = chosen
+st.query_params["run"] = chosen  # the page's address names its runs: a link to this comparison
 if not chosen:
     st.info("Choose one or more runs.")
     st.stop()
 
-frames = {run_id: data.events(by_id[run_id]) for run_id in chosen}
-phases = {
-    (run_id, name): data.phase(frame, name) for run_id, frame in frames.items() for name in PHASES
-}
+split = {run_id: data.phases(by_id[run_id]) for run_id in chosen}
+drawn = tuple((str(by_id[r].path), data.stamp(by_id[r].events_path)) for r in chosen)
+"""What the charts and the table depend on: each chosen run's directory and its events' stamp."""
+NONE = pd.DataFrame()
+
+
+def rows_of(run_id: str, name: str) -> pd.DataFrame:
+    return split[run_id].get(name, NONE)
+
+
 metrics = sorted(
     {
         f"{name}/{column}"
-        for (_, name), rows in phases.items()
+        for parts in split.values()
+        for name, rows in parts.items()
+        if name in PHASES
         for column in rows.select_dtypes("number").columns
         if column not in NOT_METRICS
     }
@@ -55,56 +71,77 @@ smoothing = controls[2].slider("EMA smoothing", 0.0, 0.99, 0.6, 0.01)
 log_y = controls[3].checkbox("log y")
 
 
-def x_values(run_id: str, rows: pd.DataFrame) -> pd.Series | None:
+def x_values(run_id: str, rows: pd.DataFrame, x_axis: str) -> pd.Series | None:
+    """The x of each of ``rows`` (one phase of ``run_id``) on ``x_axis``, or ``None``."""
     if x_axis in ("step", "epoch"):
         return rows.get(x_axis)
     if x_axis == "bytes sent":  # runs that log no traffic (one worker, older runs) are left out
         config = data.config(by_id[run_id])
-        sent = bytes_axis(frames[run_id], config.steps_per_update() if config else 1)
+        events = data.events(by_id[run_id])
+        sent = bytes_axis(events, config.steps_per_update() if config else 1)
         return None if sent is None else sent.loc[rows.index]
     if "wall" not in rows:
         return None
     if x_axis == "wall-clock":
         return pd.to_datetime(rows["wall"], unit="s")
-    return rows["wall"] - frames[run_id]["wall"].min()
+    return rows["wall"] - min(
+        part["wall"].min() for part in split[run_id].values() if "wall" in part
+    )
 
 
-for metric in shown:
+@st.cache_resource(max_entries=24, show_spinner=False)
+def figure(metric: str, x_axis: str, smoothing: float, log_y: bool, runs: tuple) -> go.Figure:
+    """The chart of ``metric`` (built again only when a control or a drawn run changed; the
+    arguments are its whole key, ``runs`` standing for the chosen runs)."""
     name, column = metric.split("/", 1)
     series = []
     for run_id in chosen:
-        rows = phases[run_id, name]
-        if column in rows and (x := x_values(run_id, rows)) is not None:
+        rows = rows_of(run_id, name)
+        if column in rows and (x := x_values(run_id, rows, x_axis)) is not None:
             series.append(Series(run_id, x, rows[column]))
-    figure = charts.lines(
+    return charts.lines(
         series, metric, X_AXES[x_axis], smoothing=smoothing, log_y=log_y, height=380
     )
-    st.plotly_chart(figure)
 
-last_steps = [rows["step"].max() for rows in phases.values() if "step" in rows and not rows.empty]
+
+for metric in shown:
+    st.plotly_chart(figure(metric, x_axis, smoothing, log_y, drawn))
+
+last_steps = [
+    rows["step"].max() for parts in split.values() for rows in parts.values() if "step" in rows
+]
 last_step = max((s for s in last_steps if 0 <= s <= MAX_STEP), default=0)  # no junk steps
 at_step = st.number_input("Values at step", min_value=0, value=int(last_step), step=1)
-table = []
-for metric in shown:
-    name, column = metric.split("/", 1)
-    for run_id in chosen:
-        rows = phases[run_id, name]
-        if column not in rows or "step" not in rows:
-            continue
-        values = rows[["step", column]].apply(pd.to_numeric, errors="coerce").dropna()
-        before = values[values["step"] <= at_step]
-        table.append(
-            {
-                "run": run_id,
-                "metric": metric,
-                f"at step {at_step}": before[column].iloc[-1] if len(before) else None,
-                "min": values[column].min(),
-                "max": values[column].max(),
-                "last": values[column].iloc[-1] if len(values) else None,
-                "last step": values["step"].iloc[-1] if len(values) else None,
-            }
-        )
-st.dataframe(pd.DataFrame(table), hide_index=True)
+
+
+@st.cache_data(max_entries=24, show_spinner=False)
+def values_at(shown: tuple[str, ...], at_step: int, runs: tuple) -> pd.DataFrame:
+    """Each shown metric of each run at ``at_step`` (its last value at or before), with its
+    min, max and last value, at full resolution."""
+    table = []
+    for metric in shown:
+        name, column = metric.split("/", 1)
+        for run_id in chosen:
+            rows = rows_of(run_id, name)
+            if column not in rows or "step" not in rows:
+                continue
+            values = rows[["step", column]].dropna()
+            before = values[column][values["step"] <= at_step]
+            table.append(
+                {
+                    "run": run_id,
+                    "metric": metric,
+                    f"at step {at_step}": before.iloc[-1] if len(before) else None,
+                    "min": values[column].min(),
+                    "max": values[column].max(),
+                    "last": values[column].iloc[-1] if len(values) else None,
+                    "last step": values["step"].iloc[-1] if len(values) else None,
+                }
+            )
+    return pd.DataFrame(table)
+
+
+st.dataframe(values_at(tuple(shown), at_step, drawn), hide_index=True)
 st.download_button(
     "Download the selected runs' events (CSV)",
     data=lambda: data.events_csv([by_id[r] for r in chosen]),
