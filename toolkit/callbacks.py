@@ -17,7 +17,7 @@ import tensorflow as tf
 from toolkit import checkpoints
 from toolkit.distributed import squared_norm
 from toolkit.events import EventWriter
-from toolkit.experiment import learning_rate_at, momentum_at
+from toolkit.experiment import rates_at
 from toolkit.noise_scale import Smoother, estimate
 
 
@@ -66,6 +66,7 @@ class EventLogger(keras.callbacks.Callback):
         self.samples_per_step = samples_per_step
         self.traffic, self.steps_per_update = traffic, steps_per_update
         self._clock: tuple[int, float, float] | None = None
+        self._rates = None
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.counter.step
@@ -77,12 +78,14 @@ class EventLogger(keras.callbacks.Callback):
             return
         last_step, last_time, last_sent = self._clock
         self._clock = (step, now, sent)
+        self._rates = self._rates or rates_at(self.model.optimizer)
+        lr, momentum = self._rates(step - 1)
         record = {
             "step": step,
             "epoch": step / self.steps_per_epoch,
             "phase": "train",
-            "lr": learning_rate_at(self.model.optimizer, step - 1),
-            "momentum": momentum_at(self.model.optimizer, step - 1),
+            "lr": lr,
+            "momentum": momentum,
             "samples_per_sec": self.samples_per_step * (step - last_step) / (now - last_time),
         }
         record.update({k: float(v) for k, v in (logs or {}).items()})
@@ -113,6 +116,12 @@ def loss_gradients(model: keras.Model, x, y) -> list[tf.Tensor]:
     return tape.gradient(loss, model.trainable_variables)
 
 
+def compiled(function):
+    """``function`` as one TensorFlow graph, traced on first use: the probes below run it every
+    few dozen steps, and eagerly a gradient costs several times a compiled one."""
+    return tf.function(function, autograph=False)
+
+
 class TrustRatioLogger(keras.callbacks.Callback):
     """Every ``every_steps`` steps, the per-layer trust ratios of LARS (or LBSGD's ``lars``
     warmup) on a fixed probe batch, as a ``trust_ratio`` event with ``trust_ratio/<path>`` keys."""
@@ -122,12 +131,14 @@ class TrustRatioLogger(keras.callbacks.Callback):
         self.writer, self.counter = writer, counter
         self.probe_x, self.probe_y = probe
         self.every_steps = every_steps
+        self._gradients = None
 
     def on_train_batch_end(self, batch, logs=None):
         if self.counter.step % self.every_steps:
             return
         model = self.model
-        grads = loss_gradients(model, self.probe_x, self.probe_y)
+        self._gradients = self._gradients or compiled(lambda x, y: loss_gradients(model, x, y))
+        grads = self._gradients(self.probe_x, self.probe_y)
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
         ratios = optimizer.trust_ratios(grads, model.trainable_variables)
         self.writer.write(
@@ -152,17 +163,20 @@ class HalfBatchNorms:
             raise ValueError(f"half must be >= 1, got {half}")
         self.x, self.y, self.half = x, y, half
         self.rng = np.random.default_rng(seed)
-        self._gradients = None
+        self._norms = None
 
     def __call__(self, model: keras.Model) -> tuple[float, float]:
-        if self._gradients is None:
-            self._gradients = tf.function(lambda x, y: loss_gradients(model, x, y), autograph=False)
+        if self._norms is None:
+            self._norms = compiled(lambda x, y: self._squared_norms(model, x, y))
         rows = self.rng.choice(len(self.x), size=2 * self.half, replace=False)
-        x, y = self.x[rows], self.y[rows]
-        first = self._gradients(x[: self.half], y[: self.half])
-        second = self._gradients(x[self.half :], y[self.half :])
-        small = (float(squared_norm(first)) + float(squared_norm(second))) / 2
-        big = float(squared_norm([(a + b) / 2 for a, b in zip(first, second, strict=True)]))
+        small, big = self._norms(self.x[rows], self.y[rows])
+        return float(small), float(big)
+
+    def _squared_norms(self, model: keras.Model, x, y) -> tuple[tf.Tensor, tf.Tensor]:
+        first = loss_gradients(model, x[: self.half], y[: self.half])
+        second = loss_gradients(model, x[self.half :], y[self.half :])
+        small = (squared_norm(first) + squared_norm(second)) / 2
+        big = squared_norm([(a + b) / 2 for a, b in zip(first, second, strict=True)])
         return small, big
 
 

@@ -10,9 +10,10 @@ spelled exactly like one of those three is read back as a float.
 
 Only complete lines (ending in a newline) are read. The writer sends each record to the
 operating system in a single ``write``, so a crash leaves at most one torn line, which readers
-skip (as they skip any line that is not a JSON object, or is an empty one). A value of the wrong type is dropped
-from its record, not the record from the file: ``phase`` must be a string and every other
-value a number (or null); a string, list, object or boolean elsewhere is read as missing.
+skip (as they skip any line that is not a JSON object, or is an empty one). A value of the
+wrong type is dropped from its record, not the record from the file: ``phase`` must be a
+string and every other value a number (or null); a string, list, object or boolean elsewhere
+is read as missing.
 The file is opened as :mod:`toolkit.files` says: never through a symlink.
 
 **The columnar copy.** Parsing JSON costs about 8 µs an event, so a run of 50,000 events would
