@@ -131,21 +131,25 @@ class TrustRatioLogger(keras.callbacks.Callback):
         self.writer, self.counter = writer, counter
         self.probe_x, self.probe_y = probe
         self.every_steps = every_steps
-        self._gradients = None
+        self._ratios = None
 
     def on_train_batch_end(self, batch, logs=None):
         if self.counter.step % self.every_steps:
             return
-        model = self.model
-        self._gradients = self._gradients or compiled(lambda x, y: loss_gradients(model, x, y))
-        grads = self._gradients(self.probe_x, self.probe_y)
-        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        ratios = optimizer.trust_ratios(grads, model.trainable_variables)
+        if self._ratios is None:
+            model = self.model
+            optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+            self._ratios = compiled(
+                lambda x, y: optimizer.trust_ratio_tensors(
+                    loss_gradients(model, x, y), model.trainable_variables
+                )
+            )
+        ratios = self._ratios(self.probe_x, self.probe_y)
         self.writer.write(
             {
                 "step": self.counter.step,
                 "phase": "trust_ratio",
-                **{f"trust_ratio/{path}": r for path, r in ratios.items()},
+                **{f"trust_ratio/{path}": float(r) for path, r in ratios.items()},
             }
         )
 

@@ -84,17 +84,17 @@ def rates_at(optimizer: keras.optimizers.Optimizer) -> Callable[[int], tuple[flo
     """A function of the 0-based step giving ``(learning rate, momentum)`` as ``optimizer``
     applies them there: LBSGD's warmup multiplier is included (its ``lars`` strategy is per
     layer, so the scheduled base rate is reported), and the momentum is ``None`` for optimizers
-    without one. Compiled once: an eager schedule costs milliseconds a call, this tens of
-    microseconds."""
-    has_momentum = _momentum(optimizer, 0) is not None
-    both = tf.function(
-        lambda step: (_rate(optimizer, step), _momentum(optimizer, step) if has_momentum else 0.0),
+    without one. Schedules are compiled once: eagerly one costs milliseconds a call, compiled
+    tens of microseconds."""
+    momentum = getattr(_inner(optimizer), "momentum", None)
+    scheduled = tf.function(
+        lambda step: (_rate(optimizer, step), momentum(step) if callable(momentum) else 0.0),
         autograph=False,
     )
 
     def rates(step: int) -> tuple[float, float | None]:
-        rate, momentum = both(tf.constant(step, tf.int64))
-        return float(rate), float(momentum) if has_momentum else None
+        rate, scheduled_momentum = scheduled(tf.constant(step, tf.int64))
+        return float(rate), float(scheduled_momentum) if callable(momentum) else momentum
 
     return rates
 
@@ -111,11 +111,6 @@ def _rate(optimizer, step):
     if isinstance(optimizer, optimizers.LBSGD) and optimizer.warmup_strategy != "lars":
         rate = rate * optimizer.warmup_multiplier(step + 1)
     return rate
-
-
-def _momentum(optimizer, step):
-    momentum = getattr(_inner(optimizer), "momentum", None)
-    return momentum(step) if callable(momentum) else momentum
 
 
 def schedule_preview(

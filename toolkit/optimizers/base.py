@@ -57,6 +57,12 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
             self.add_optimizer_variables(variables, "velocity") if self.uses_momentum else []
         )
 
+    def trust_ratios(self, gradients, variables) -> dict[str, float]:
+        """:meth:`trust_ratio_tensors` (defined by LARS and LBSGD) as floats, keyed by variable
+        path: eager, for logging, plots and notebooks."""
+        ratios = self.trust_ratio_tensors(gradients, variables)
+        return {path: float(ratio) for path, ratio in ratios.items()}
+
     def _hyper(self, value: Hyperparameter, dtype):
         return value_at(value, self._iterations, dtype)
 

@@ -82,11 +82,11 @@ class LARS(CoupledDecayOptimizer):
         # `update_step` may receive backend variables without a `path`; decide once here.
         self._adapted = [self.is_adapted(v) for v in variables]
 
-    def trust_ratios(self, gradients, variables) -> dict[str, float]:
+    def trust_ratio_tensors(self, gradients, variables) -> dict:
         """The per-variable ``local`` ratios an update with ``gradients`` would use, keyed by
-        variable path (adapted variables only); eager, for logging and plots."""
+        variable path (adapted variables only), as scalar tensors (see :meth:`trust_ratios`)."""
         return {
-            v.path: float(self._local_rate(ops.cast(g, v.dtype), v))
+            v.path: self._local_rate(ops.cast(g, v.dtype), v)
             for g, v in zip(gradients, variables, strict=True)
             if self.is_adapted(v)
         }

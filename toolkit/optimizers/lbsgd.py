@@ -110,13 +110,13 @@ class LBSGD(CoupledDecayOptimizer):
         )
         return ops.clip(ratio, 0.01, 100.0)
 
-    def trust_ratios(self, gradients, variables) -> dict[str, float]:
+    def trust_ratio_tensors(self, gradients, variables) -> dict:
         """The ``lars`` strategy's per-variable multipliers for ``gradients``, keyed by variable
-        path; eager, for logging and plots."""
+        path, as scalar tensors (see :meth:`trust_ratios`)."""
         if self.warmup_strategy != "lars":
             raise ValueError("trust ratios exist only with warmup_strategy='lars'")
         return {
-            v.path: float(self._lars_multiplier(ops.cast(g, v.dtype), v))
+            v.path: self._lars_multiplier(ops.cast(g, v.dtype), v)
             for g, v in zip(gradients, variables, strict=True)
         }
 
