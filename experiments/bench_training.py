@@ -69,19 +69,13 @@ def bare_fit(config) -> None:
     else."""
     import keras
 
-    from toolkit import data, models
-    from toolkit.experiment import build_optimizer, steps_per_epoch
+    from toolkit import data
+    from toolkit.experiment import build_model, build_optimizer, steps_per_epoch
 
     keras.utils.set_random_seed(config.seed)
     dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
     spe = steps_per_epoch(config, len(dataset.x_train), 1)
-    model = models.build(
-        config.model.name,
-        input_shape=dataset.input_shape,
-        num_classes=dataset.num_classes,
-        seed=config.seed,
-        **config.model.params,
-    )
+    model = build_model(config, dataset)
     model.compile(
         optimizer=build_optimizer(config, spe, 1),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -118,21 +112,15 @@ def horovod_fit(config) -> None:
     import keras
     import tensorflow as tf
 
-    from toolkit import data, models
-    from toolkit.experiment import build_optimizer, steps_per_epoch
+    from toolkit import data
+    from toolkit.experiment import build_model, build_optimizer, steps_per_epoch
 
     hvd.init()
     world = hvd.size()
     keras.utils.set_random_seed(config.seed)
     dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
     spe = steps_per_epoch(config, len(dataset.x_train), world)
-    model = models.build(
-        config.model.name,
-        input_shape=dataset.input_shape,
-        num_classes=dataset.num_classes,
-        seed=config.seed,
-        **config.model.params,
-    )
+    model = build_model(config, dataset)
     optimizer = build_optimizer(config, spe, world)
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -182,33 +170,43 @@ def horovod_worker(repeat: int, epochs: int | None) -> None:
     """Under horovodrun: toolkit.train and :func:`horovod_fit` alternately, timed on rank 0."""
     import horovod.tensorflow as hvd
 
-    from toolkit.train import train
-
     config = workload_config("quickstart", {"workers": 2}, epochs)
     hvd.init()
-    ours, peer = [], []
-    with tempfile.TemporaryDirectory() as runs:
-        for i in range(repeat + 1):
-            hvd.join()
-            begin = time.perf_counter()
-            train(config, runs_root=runs, verbose=0)
-            ours_s = time.perf_counter() - begin
-            hvd.join()
-            begin = time.perf_counter()
-            horovod_fit(config)
-            peer_s = time.perf_counter() - begin
-            if i:
-                ours.append(ours_s)
-                peer.append(peer_s)
-            if hvd.rank() == 0:
-                print(
-                    f"quickstart x2 {'warm-up' if not i else i}: toolkit.train {ours_s:.2f} s, "
-                    f"Horovod loop {peer_s:.2f} s, ratio {ours_s / peer_s:.3f}",
-                    flush=True,
-                )
+    ours, peer = alternate(
+        config, horovod_fit, repeat, "quickstart, 2 workers", "Horovod loop", hvd.join, hvd.rank()
+    )
     if hvd.rank() == 0:
         print(f"\n2 Gloo workers, {config.epochs} epochs, median of {repeat} (min-max)\n")
         table("Horovod loop", [("quickstart, 2 workers", ours, peer)])
+
+
+def alternate(config, peer, repeat: int, name: str, peer_name: str, barrier=None, rank=0):
+    """Seconds of ``toolkit.train(config)`` and of ``peer(config)``, run alternately
+    ``repeat`` times after a warm-up pair (imports, data caches); ``barrier`` lines the workers
+    up before each, and only ``rank`` 0 prints."""
+    from toolkit.train import train
+
+    ours, theirs = [], []
+    with tempfile.TemporaryDirectory() as runs:
+        for i in range(repeat + 1):
+            times = []
+            for run in (lambda: train(config, runs_root=runs, verbose=0), lambda: peer(config)):
+                if barrier is not None:
+                    barrier()
+                begin = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - begin)
+            if i:
+                ours.append(times[0])
+                theirs.append(times[1])
+            if rank == 0:
+                label = "warm-up" if not i else i
+                print(
+                    f"{name} {label}: toolkit.train {times[0]:.2f} s, {peer_name} "
+                    f"{times[1]:.2f} s, ratio {times[0] / times[1]:.3f}",
+                    flush=True,
+                )
+    return ours, theirs
 
 
 def workload_config(name: str, overrides: dict, epochs: int | None):
@@ -255,30 +253,12 @@ def main() -> int:
         command += ["--epochs", str(args.epochs)] if args.epochs else []
         return subprocess.run(command, check=False).returncode
 
-    from toolkit.train import train
-
     rows = []
     for name, (_, overrides) in WORKLOADS.items():
         if args.only and name != args.only:
             continue
         config = workload_config(name, overrides, args.epochs)
-        ours, bare = [], []
-        with tempfile.TemporaryDirectory() as runs:
-            for i in range(args.repeat + 1):  # the first pair warms up (imports, data cache)
-                begin = time.perf_counter()
-                train(config, runs_root=runs, verbose=0)
-                ours_s = time.perf_counter() - begin
-                begin = time.perf_counter()
-                bare_fit(config)
-                bare_s = time.perf_counter() - begin
-                if i:
-                    ours.append(ours_s)
-                    bare.append(bare_s)
-                print(
-                    f"{name} {'warm-up' if not i else i}: toolkit.train {ours_s:.2f} s, "
-                    f"bare fit {bare_s:.2f} s, ratio {ours_s / bare_s:.3f}",
-                    flush=True,
-                )
+        ours, bare = alternate(config, bare_fit, args.repeat, name, "bare fit")
         rows.append((name, ours, bare))
     print(f"\nIn-process training, one worker, median of {args.repeat} (min-max)\n")
     table("bare fit", rows)

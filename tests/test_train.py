@@ -11,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import pandas as pd
 import psutil
 import pytest
 from conftest import ROOT
@@ -165,9 +166,12 @@ def test_killed_worker_leaves_a_failed_run_with_events_and_logs(runs):
     assert run.stdout_path.stat().st_size > 0
 
 
-def test_nan_loss_stops_the_run_as_failed_with_a_reason(tmp_path):
+def test_nan_loss_stops_the_run_as_failed_with_a_reason(tmp_path, monkeypatch):
+    from toolkit import events as events_lib
     from toolkit.callbacks import NonFiniteLoss
     from toolkit.train import train
+
+    monkeypatch.setattr(events_lib, "COPY_AFTER", 1)  # any log gets its columnar copy
 
     config = from_mapping(
         {
@@ -183,6 +187,8 @@ def test_nan_loss_stops_the_run_as_failed_with_a_reason(tmp_path):
     assert status["state"] == "failed" and "loss became nan" in status["reason"]
     events = read_events(tmp_path / "nan" / "events.jsonl")
     assert np.isnan(events.loss.iloc[-1])  # the diverged step is in the log
+    copy = pd.read_parquet(events_lib.copy_path(tmp_path / "nan" / "events.jsonl"))
+    pd.testing.assert_frame_equal(copy, events)  # the failed run's writer closed its copy
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pandas as pd
 import tensorflow as tf
 from keras.optimizers.schedules import CosineDecay, ExponentialDecay, PolynomialDecay
 
-from toolkit import data, optimizers
+from toolkit import data, models, optimizers
 from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.schedules import MultiFactor, Poly, Warmup
 
@@ -30,6 +30,17 @@ def steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -
             f"{world_size} workers' {data.shard_size(num_train, world_size)} training examples"
         )
     return min(steps, config.steps_per_epoch or steps)
+
+
+def build_model(config: ExperimentConfig, dataset: data.Dataset) -> keras.Model:
+    """The configured model for ``dataset``'s inputs and classes, initialised from the seed."""
+    return models.build(
+        config.model.name,
+        input_shape=dataset.input_shape,
+        num_classes=dataset.num_classes,
+        seed=config.seed,
+        **config.model.params,
+    )
 
 
 def learning_rate_schedule(config: ExperimentConfig, steps_per_epoch: int, world_size: int):

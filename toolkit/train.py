@@ -21,10 +21,10 @@ from pathlib import Path
 
 import keras
 
-from toolkit import callbacks, checkpoints, data, distributed, models, monitor, processes
+from toolkit import callbacks, checkpoints, data, distributed, monitor, processes
 from toolkit import config as config_lib
 from toolkit.events import EventWriter, truncate_after
-from toolkit.experiment import build_optimizer, steps_per_epoch
+from toolkit.experiment import build_model, build_optimizer, steps_per_epoch
 from toolkit.files import WriteError
 from toolkit.rundir import RunDir, RunError, new_run_id
 
@@ -111,13 +111,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     if run:  # what a progress bar outside the run counts to
         run.update_meta(steps_per_epoch=spe, total_steps=config.epochs * spe)
     per_worker = config.per_worker_batch(world)
-    model = models.build(
-        config.model.name,
-        input_shape=dataset.input_shape,
-        num_classes=dataset.num_classes,
-        seed=config.seed,
-        **config.model.params,
-    )
+    model = build_model(config, dataset)
     optimizer = build_optimizer(config, spe, world)
     if config.precision == "mixed_float16":  # loss scaling outside, so its check is global
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -239,16 +233,20 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         verbose = 0  # the view's progress line takes the bar's place
     if verbose == "auto":
         verbose = (1 if sys.stdout.isatty() else 2) if rank0 else 0
-    model.fit(
-        train_data,
-        epochs=config.epochs,
-        initial_epoch=position.epoch,
-        steps_per_epoch=spe,
-        validation_data=test_data,
-        shuffle=False,  # the order is epoch_dataset's
-        callbacks=hooks,
-        verbose=verbose if rank0 else 0,
-    )
+    try:
+        model.fit(
+            train_data,
+            epochs=config.epochs,
+            initial_epoch=position.epoch,
+            steps_per_epoch=spe,
+            validation_data=test_data,
+            shuffle=False,  # the order is epoch_dataset's
+            callbacks=hooks,
+            verbose=verbose if rank0 else 0,
+        )
+    finally:
+        if run:  # ended or failed: the events' columnar copy is brought up to date
+            writer.close()
 
 
 def _restore_residuals(optimizer, checkpoint: Path | None, world: int) -> None:
