@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 
 import keras
 import numpy as np
@@ -116,9 +117,24 @@ def loss_gradients(model: keras.Model, x, y) -> list[tf.Tensor]:
     return tape.gradient(loss, model.trainable_variables)
 
 
+_GRADIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def probe_gradients(model: keras.Model, x, y) -> list[tf.Tensor]:
+    """:func:`loss_gradients`, run as one graph per model, traced once for every batch size and
+    shared by the probes below: eagerly a gradient costs several times a compiled one, and
+    tracing one costs about a second for a ResNet, so it is done once, not once per probe."""
+    if model not in _GRADIENTS:
+        signature = [tf.TensorSpec([None, *x.shape[1:]], x.dtype), tf.TensorSpec([None], y.dtype)]
+        _GRADIENTS[model] = tf.function(
+            lambda x, y: loss_gradients(model, x, y), input_signature=signature, autograph=False
+        )
+    return _GRADIENTS[model](x, y)
+
+
 def compiled(function):
-    """``function`` as one TensorFlow graph, traced on first use: the probes below run it every
-    few dozen steps, and eagerly a gradient costs several times a compiled one."""
+    """``function`` as one TensorFlow graph, traced on first use (for the probes' arithmetic on
+    gradients: per-layer norms and ratios, dozens of small ops that eagerly cost milliseconds)."""
     return tf.function(function, autograph=False)
 
 
@@ -136,15 +152,13 @@ class TrustRatioLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.counter.step % self.every_steps:
             return
+        model = self.model
         if self._ratios is None:
-            model = self.model
             optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
             self._ratios = compiled(
-                lambda x, y: optimizer.trust_ratio_tensors(
-                    loss_gradients(model, x, y), model.trainable_variables
-                )
+                lambda grads: optimizer.trust_ratio_tensors(grads, model.trainable_variables)
             )
-        ratios = self._ratios(self.probe_x, self.probe_y)
+        ratios = self._ratios(probe_gradients(model, self.probe_x, self.probe_y))
         self.writer.write(
             {
                 "step": self.counter.step,
@@ -170,15 +184,16 @@ class HalfBatchNorms:
         self._norms = None
 
     def __call__(self, model: keras.Model) -> tuple[float, float]:
-        if self._norms is None:
-            self._norms = compiled(lambda x, y: self._squared_norms(model, x, y))
+        self._norms = self._norms or compiled(self._squared_norms)
         rows = self.rng.choice(len(self.x), size=2 * self.half, replace=False)
-        small, big = self._norms(self.x[rows], self.y[rows])
+        x, y = self.x[rows], self.y[rows]
+        first = probe_gradients(model, x[: self.half], y[: self.half])
+        second = probe_gradients(model, x[self.half :], y[self.half :])
+        small, big = self._norms(first, second)
         return float(small), float(big)
 
-    def _squared_norms(self, model: keras.Model, x, y) -> tuple[tf.Tensor, tf.Tensor]:
-        first = loss_gradients(model, x[: self.half], y[: self.half])
-        second = loss_gradients(model, x[self.half :], y[self.half :])
+    @staticmethod
+    def _squared_norms(first, second) -> tuple[tf.Tensor, tf.Tensor]:
         small = (squared_norm(first) + squared_norm(second)) / 2
         big = squared_norm([(a + b) / 2 for a, b in zip(first, second, strict=True)])
         return small, big
