@@ -8,7 +8,7 @@ Two workloads, each trained in this process (one worker):
 * quickstart: experiments/quickstart.yaml (MNIST-1D, the 1-D CNN, LARS, cosine with warmup,
   20 epochs), and the same with the noise scale off;
 * resnet20: ResNet-20 with LARS on synthetic 32x32x3 images (CIFAR-10's shape; CIFAR itself
-  needs the internet), 3 epochs.
+  needs the internet), 2 epochs of 128 steps of 64 images.
 
 For each, ``toolkit.train`` runs with its default logging, checkpointing, trust-ratio and
 NaN-guard settings (a run directory, events, checkpoints), and the peer is a bare
@@ -51,10 +51,10 @@ WORKLOADS = {
         "experiments/cifar10_resnet20_lars.yaml",
         {
             "workers": 1,
-            "epochs": 3,
+            "epochs": 2,
             "batch.per_worker": 64,
             "dataset.name": "synthetic",
-            "dataset.params": {"num_samples": 2560},
+            "dataset.params": {"num_samples": 10_240},
             "schedule.warmup.epochs": 1,
         },
     ),

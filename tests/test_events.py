@@ -198,6 +198,24 @@ def test_a_read_parses_only_the_bytes_after_the_copy(tmp_path, monkeypatch):
     assert frame["step"].iloc[-1] == 4009 and len(frame) == 4010 + 80
 
 
+def test_a_tail_begins_with_the_copy_then_reads_only_new_lines(tmp_path, monkeypatch):
+    path = tmp_path / "events.jsonl"
+    write_records(path, 4000)  # closing the writer leaves a copy of all of it
+    with open(path, "ab") as f:
+        f.write(b'{"step": 4000, "phase": "train", "loss": 0.5}\n')
+    parsed = []
+    real = events._records
+    monkeypatch.setattr(events, "_records", lambda data: parsed.append(len(data)) or real(data))
+
+    tail = EventTail(path)
+    first = tail.read_new()
+    assert len(first) == 4000 + 80 + 1 and first["step"].iloc[-1] == 4000
+    assert len(parsed) == 1 and parsed[0] < 100  # the appended line, not the log
+    with open(path, "ab") as f:
+        f.write(b'{"step": 4001, "phase": "train", "loss": 0.4}\n')
+    assert tail.read_new()["step"].tolist() == [4001] and not tail.restarted
+
+
 def test_a_small_log_is_read_without_a_copy(tmp_path):
     path = tmp_path / "events.jsonl"
     write_records(path, 20)

@@ -159,10 +159,12 @@ class EventTail:
 
     Each :meth:`read_new` returns the records completed since the previous call: it remembers
     the byte offset after the last complete line, so a line still being written is returned by
-    a later call. A file that does not exist yet reads as empty. If the file was truncated or
-    replaced (a different inode, or shorter than the offset), reading starts over from its
-    beginning and :attr:`restarted` is set, so callers can drop what they accumulated.
-    (A file truncated and regrown past the offset between two calls cannot be told apart.)
+    a later call. The first call (and any restart) begins with the file's columnar copy, when
+    one matches, and parses only the bytes after it. A file that does not exist yet reads as
+    empty. If the file was truncated or replaced (a different inode, or shorter than the
+    offset), reading starts over from its beginning and :attr:`restarted` is set, so callers can
+    drop what they accumulated. (A file truncated and regrown past the offset between two calls
+    cannot be told apart.)
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -170,10 +172,12 @@ class EventTail:
         self.restarted = False
         self._offset = 0
         self._identity: tuple[int, int] | None = None
+        self._parsed = b""  # the complete lines the last call parsed
 
     def read_new(self) -> pd.DataFrame:
         """Records appended since the last call, as a DataFrame (the union of their keys)."""
         self.restarted = False
+        copied = pd.DataFrame()
         try:
             with files.open_regular(self.path) as f:
                 stat = os.fstat(f.fileno())
@@ -181,13 +185,22 @@ class EventTail:
                 if identity != self._identity or stat.st_size < self._offset:
                     self.restarted = self._identity is not None
                     self._identity, self._offset = identity, 0
+                if self._offset == 0:
+                    copied, self._offset = _load_copy(copy_path(self.path), self._origin(), f)
                 f.seek(self._offset)
                 data = f.read()
         except FileNotFoundError:
             return pd.DataFrame()
         complete = data.rfind(b"\n") + 1
         self._offset += complete
-        return _frame(_records(data[:complete]))
+        self._parsed = data[:complete]
+        new = _frame(_records(self._parsed))
+        parts = [part for part in (copied, new) if len(part)]
+        return pd.concat(parts, ignore_index=True) if len(parts) > 1 else next(iter(parts), new)
+
+    def _origin(self) -> dict[str, int]:
+        device, inode = self._identity
+        return {"device": device, "inode": inode}
 
 
 def copy_path(path: str | os.PathLike) -> Path:
@@ -197,25 +210,13 @@ def copy_path(path: str | os.PathLike) -> Path:
 
 def read_events(path: str | os.PathLike) -> pd.DataFrame:
     """All complete records of an events file (empty DataFrame if the file does not exist),
-    through its columnar copy (see the module doc)."""
-    try:
-        log = files.open_regular(path)
-    except FileNotFoundError:
-        return pd.DataFrame()
-    with log:
-        stat = os.fstat(log.fileno())
-        origin = {"device": stat.st_dev, "inode": stat.st_ino}
-        copied, offset = _load_copy(copy_path(path), origin, log)
-        log.seek(offset)
-        data = log.read()
-    complete = data.rfind(b"\n") + 1
-    new = _frame(_records(data[:complete]))
-    parts = [part for part in (copied, new) if len(part)]
-    frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else new
-    if complete >= COPY_AFTER:  # more than _CHECKED_BYTES, so the last bytes are in ``data``
-        tie = origin | {"offset": offset + complete}
-        tie["last"] = data[complete - _CHECKED_BYTES : complete].hex()
-        _save_copy(copy_path(path), frame, tie)
+    through its columnar copy, which is rewritten when :data:`COPY_AFTER` bytes or more were
+    parsed past it (see the module doc)."""
+    tail = EventTail(path)
+    frame = tail.read_new()
+    if len(tail._parsed) >= COPY_AFTER:  # more than _CHECKED_BYTES: the last bytes are in it
+        last = tail._parsed[-_CHECKED_BYTES:].hex()
+        _save_copy(copy_path(path), frame, tail._origin() | {"offset": tail._offset, "last": last})
     return frame
 
 
