@@ -15,8 +15,8 @@ NaN-guard settings (a run directory, events, checkpoints), and the peer is a bar
 ``model.fit`` with no callbacks: the same model, optimizer and schedule, the same input
 pipeline, evaluation on the test set after every epoch, built and compiled the same way. Each
 side is timed from nothing built to the model trained (wall-clock, including tracing). The two
-alternate, ``--repeat`` times each, after one warm-up pair, and the table gives the median
-ratio with its spread.
+run in pairs, ``--repeat`` of them after one warm-up pair, which goes first swapping every
+pair; the table gives the median of each side and the median ratio with its spread.
 
 With ``--horovod`` the quickstart runs on 2 Gloo workers (``horovodrun``, started by this
 script), and the peer is Horovod's own recipe written out: a compiled step under
@@ -181,32 +181,35 @@ def horovod_worker(repeat: int, epochs: int | None) -> None:
 
 
 def alternate(config, peer, repeat: int, name: str, peer_name: str, barrier=None, rank=0):
-    """Seconds of ``toolkit.train(config)`` and of ``peer(config)``, run alternately
-    ``repeat`` times after a warm-up pair (imports, data caches); ``barrier`` lines the workers
-    up before each, and only ``rank`` 0 prints."""
+    """Seconds of ``toolkit.train(config)`` and of ``peer(config)``, ``repeat`` pairs after a
+    warm-up pair (imports, data caches), the order swapped every pair (ABBA) so neither side
+    always runs second; ``barrier`` lines the workers up before each, and only rank 0 prints."""
     from toolkit.train import train
 
-    ours, theirs = [], []
+    times: dict[str, list[float]] = {"ours": [], "peer": []}
     with tempfile.TemporaryDirectory() as runs:
+        sides = {
+            "ours": lambda: train(config, runs_root=runs, verbose=0),
+            "peer": lambda: peer(config),
+        }
         for i in range(repeat + 1):
-            times = []
-            for run in (lambda: train(config, runs_root=runs, verbose=0), lambda: peer(config)):
+            took = {}
+            for side in ("ours", "peer") if i % 2 == 0 else ("peer", "ours"):
                 if barrier is not None:
                     barrier()
                 begin = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - begin)
+                sides[side]()
+                took[side] = time.perf_counter() - begin
             if i:
-                ours.append(times[0])
-                theirs.append(times[1])
+                for side in times:
+                    times[side].append(took[side])
             if rank == 0:
-                label = "warm-up" if not i else i
                 print(
-                    f"{name} {label}: toolkit.train {times[0]:.2f} s, {peer_name} "
-                    f"{times[1]:.2f} s, ratio {times[0] / times[1]:.3f}",
+                    f"{name} {'warm-up' if not i else i}: toolkit.train {took['ours']:.2f} s, "
+                    f"{peer_name} {took['peer']:.2f} s, ratio {took['ours'] / took['peer']:.3f}",
                     flush=True,
                 )
-    return ours, theirs
+    return times["ours"], times["peer"]
 
 
 def workload_config(name: str, overrides: dict, epochs: int | None):
