@@ -106,6 +106,12 @@ def _frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     return frame
 
 
+def parse(data: bytes) -> pd.DataFrame:
+    """The records among ``data``'s complete lines, as a DataFrame (the JSON parser alone: no
+    columnar copy is read or written)."""
+    return _frame(_records(data))
+
+
 class EventWriter:
     """Appends records to an events file, one JSON line per record.
 
@@ -194,7 +200,7 @@ class EventTail:
         complete = data.rfind(b"\n") + 1
         self._offset += complete
         self._parsed = data[:complete]
-        new = _frame(_records(self._parsed))
+        new = parse(self._parsed)
         parts = [part for part in (copied, new) if len(part)]
         return pd.concat(parts, ignore_index=True) if len(parts) > 1 else next(iter(parts), new)
 
