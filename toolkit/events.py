@@ -16,16 +16,17 @@ string and every other value a number (or null); a string, list, object or boole
 is read as missing.
 The file is opened as :mod:`toolkit.files` says: never through a symlink.
 
-**The columnar copy.** Parsing JSON costs about 8 µs an event, so a run of 50,000 events would
-take 0.4 s to open every time. :func:`read_events` therefore keeps ``events.parquet`` beside the
-log: the records of the log's first ``offset`` bytes, exactly as parsing them returns them. A
-read loads the copy (milliseconds) and parses only the bytes after it. When those reach
-:data:`COPY_AFTER`, the copy is rewritten (atomically, by whichever reader got there); closing
-an :class:`EventWriter` does the same, so a finished run opens fast the first time. The copy
-is used only while it matches its log: the same file (device and inode), at least ``offset``
-bytes long, with the same last bytes before ``offset``. Anything else (a log replaced, rewound
-or copied elsewhere, a copy that does not read as Parquet) is ignored and rebuilt, and a
-directory that cannot be written (a read-only copy of a run) is simply read without one.
+**The columnar copy.** Parsing JSON costs 4 to 8 µs an event, so a run of 50,000 events would
+take up to 0.4 s to open every time. :func:`read_events` therefore keeps ``events.parquet``
+beside the log: the records of the log's first ``offset`` bytes, exactly as parsing them
+returns them. A read (and a tail's first read) loads the copy (milliseconds) and parses only
+the bytes after it. When those reach :data:`COPY_AFTER`, :func:`read_events` rewrites the copy
+(atomically, whichever reader gets there); closing an :class:`EventWriter` does the same, so a
+finished run opens fast the first time. The copy is used only while it matches its log: the
+same file (device and inode), at least ``offset`` bytes long, with the same last bytes before
+``offset``. Anything else (a log replaced, rewound or copied elsewhere, a copy that does not
+read as Parquet) is ignored and rebuilt, and a directory that cannot be written (a read-only
+copy of a run) is simply read without one.
 """
 
 from __future__ import annotations
