@@ -179,7 +179,8 @@ class EventTail:
         self.restarted = False
         self._offset = 0
         self._identity: tuple[int, int] | None = None
-        self._parsed = b""  # the complete lines the last call parsed
+        self._parsed = 0  # bytes of complete lines the last call parsed, and the last of them:
+        self._last = b""  # what read_events ties a new copy to
 
     def read_new(self) -> pd.DataFrame:
         """Records appended since the last call, as a DataFrame (the union of their keys)."""
@@ -200,8 +201,8 @@ class EventTail:
             return pd.DataFrame()
         complete = data.rfind(b"\n") + 1
         self._offset += complete
-        self._parsed = data[:complete]
-        new = parse(self._parsed)
+        self._parsed, self._last = complete, data[max(0, complete - _CHECKED_BYTES) : complete]
+        new = parse(data[:complete])
         parts = [part for part in (copied, new) if len(part)]
         return pd.concat(parts, ignore_index=True) if len(parts) > 1 else next(iter(parts), new)
 
@@ -221,9 +222,9 @@ def read_events(path: str | os.PathLike) -> pd.DataFrame:
     parsed past it (see the module doc)."""
     tail = EventTail(path)
     frame = tail.read_new()
-    if len(tail._parsed) >= COPY_AFTER:  # more than _CHECKED_BYTES: the last bytes are in it
-        last = tail._parsed[-_CHECKED_BYTES:].hex()
-        _save_copy(copy_path(path), frame, tail._origin() | {"offset": tail._offset, "last": last})
+    if tail._parsed >= COPY_AFTER:  # more than _CHECKED_BYTES, so ``_last`` holds all of them
+        tie = {"offset": tail._offset, "last": tail._last.hex()}
+        _save_copy(copy_path(path), frame, tail._origin() | tie)
     return frame
 
 
