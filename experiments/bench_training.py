@@ -69,11 +69,17 @@ def bare_fit(config) -> None:
     else."""
     import keras
 
-    from toolkit import data
-    from toolkit.experiment import build_model, build_optimizer, steps_per_epoch
+    from toolkit.experiment import (
+        build_model,
+        build_optimizer,
+        load_dataset,
+        steps_per_epoch,
+        test_batches,
+        train_batches,
+    )
 
     keras.utils.set_random_seed(config.seed)
-    dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
+    dataset = load_dataset(config)
     spe = steps_per_epoch(config, len(dataset.x_train), 1)
     model = build_model(config, dataset)
     model.compile(
@@ -82,24 +88,14 @@ def bare_fit(config) -> None:
         metrics=["accuracy"],
         jit_compile=False,
     )
-    per_worker = config.per_worker_batch(1)
-    epochs = [
-        data.epoch_dataset(
-            dataset.x_train, dataset.y_train, batch_size=per_worker, epoch=e, seed=config.seed
-        ).take(spe)
-        for e in range(config.epochs)
-    ]
-    train_data = epochs[0]
-    for more in epochs[1:]:
-        train_data = train_data.concatenate(more)
-    test_data = data.epoch_dataset(
-        dataset.x_test, dataset.y_test, batch_size=256, shuffle=False, drop_remainder=False
-    )
+    train_data = train_batches(config, dataset, 0)
+    for epoch in range(1, config.epochs):
+        train_data = train_data.concatenate(train_batches(config, dataset, epoch))
     model.fit(
         train_data,
         epochs=config.epochs,
         steps_per_epoch=spe,
-        validation_data=test_data,
+        validation_data=test_batches(dataset),
         shuffle=False,
         verbose=0,
     )
@@ -112,13 +108,19 @@ def horovod_fit(config) -> None:
     import keras
     import tensorflow as tf
 
-    from toolkit import data
-    from toolkit.experiment import build_model, build_optimizer, steps_per_epoch
+    from toolkit.experiment import (
+        build_model,
+        build_optimizer,
+        load_dataset,
+        steps_per_epoch,
+        test_batches,
+        train_batches,
+    )
 
     hvd.init()
     world = hvd.size()
     keras.utils.set_random_seed(config.seed)
-    dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
+    dataset = load_dataset(config)
     spe = steps_per_epoch(config, len(dataset.x_train), world)
     model = build_model(config, dataset)
     optimizer = build_optimizer(config, spe, world)
@@ -145,23 +147,11 @@ def horovod_fit(config) -> None:
         logits = model(x, training=False)
         return loss_fn(y, logits), tf.reduce_sum(tf.cast(tf.argmax(logits, 1) == y, tf.float32))
 
-    per_worker = config.per_worker_batch(world)
-    test = data.epoch_dataset(
-        dataset.x_test, dataset.y_test, batch_size=256, shuffle=False, drop_remainder=False
-    )
     for epoch in range(config.epochs):
-        shard = data.epoch_dataset(
-            dataset.x_train,
-            dataset.y_train,
-            batch_size=per_worker,
-            epoch=epoch,
-            seed=config.seed,
-            num_shards=world,
-            shard_index=hvd.rank(),
-        ).take(spe)
+        shard = train_batches(config, dataset, epoch, world, hvd.rank())
         for i, (x, y) in enumerate(shard):
             train_step(x, y, epoch == 0 and i == 0)
-        for x, y in test:
+        for x, y in test_batches(dataset):
             test_step(x, tf.cast(y, tf.int64))
         hvd.allreduce(tf.constant(accuracy.result()), op=hvd.Average)  # the epoch's metrics
 

@@ -32,6 +32,35 @@ def steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -
     return min(steps, config.steps_per_epoch or steps)
 
 
+def load_dataset(config: ExperimentConfig) -> data.Dataset:
+    """The configured dataset, generated or split with the run's seed."""
+    return data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
+
+
+def train_batches(
+    config: ExperimentConfig, dataset: data.Dataset, epoch: int, world_size: int = 1, rank: int = 0
+) -> tf.data.Dataset:
+    """Worker ``rank``'s batches of ``epoch``: its shard of the training set in the epoch's
+    seeded order, :func:`steps_per_epoch` batches of its per-worker size."""
+    return data.epoch_dataset(
+        dataset.x_train,
+        dataset.y_train,
+        batch_size=config.per_worker_batch(world_size),
+        epoch=epoch,
+        seed=config.seed,
+        num_shards=world_size,
+        shard_index=rank,
+    ).take(steps_per_epoch(config, len(dataset.x_train), world_size))
+
+
+def test_batches(dataset: data.Dataset) -> tf.data.Dataset:
+    """The whole test set in order, in batches of 256 (the last one smaller): what every
+    epoch's evaluation reads, on every worker."""
+    return data.epoch_dataset(
+        dataset.x_test, dataset.y_test, batch_size=256, shuffle=False, drop_remainder=False
+    )
+
+
 def build_model(config: ExperimentConfig, dataset: data.Dataset) -> keras.Model:
     """The configured model for ``dataset``'s inputs and classes, initialised from the seed."""
     return models.build(

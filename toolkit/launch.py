@@ -89,11 +89,10 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
 def check_fits_dataset(config: config_lib.ExperimentConfig) -> None:
     """Raise :class:`~toolkit.config.ConfigError` if each worker's shard of the training set is
     smaller than one batch (checked here so it fails before any process starts)."""
-    from toolkit import data
-    from toolkit.experiment import steps_per_epoch
+    from toolkit.experiment import load_dataset, steps_per_epoch
 
     try:
-        dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
+        dataset = load_dataset(config)
     except RuntimeError as error:  # a downloadable dataset while offline: say so now
         raise config_lib.ConfigError(f"dataset: {error}") from None
     steps_per_epoch(config, len(dataset.x_train), config.workers)

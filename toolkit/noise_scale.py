@@ -177,12 +177,11 @@ def probe(
     otherwise under horovodrun, as a launched run. Its run directory is marked ``probe: true`` in
     ``meta.json`` (the Runs page hides probes unless asked)."""
     from toolkit import config as config_lib
-    from toolkit import data
     from toolkit.events import read_events
-    from toolkit.experiment import steps_per_epoch
+    from toolkit.experiment import load_dataset, steps_per_epoch
 
     batches = steps * config.steps_per_update(np)
-    dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
+    dataset = load_dataset(config)
     per_epoch = steps_per_epoch(config, len(dataset.x_train), np)
     short = config_lib.from_mapping(
         {**config.model_dump(mode="json"), "name": f"probe-{config.name}"[:64], "workers": np},

@@ -286,8 +286,7 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     (per worker) and updates. Raises :class:`SweepError` naming every cell that could not
     launch: a batch larger than its workers' shards of the dataset, or more workers than the
     launch queue's slots (of the runs root ``root``)."""
-    from toolkit import data  # the datasets, and Keras through experiment: for the plan only
-    from toolkit.experiment import steps_per_epoch
+    from toolkit.experiment import load_dataset, steps_per_epoch  # Keras: for the plan only
 
     sizes: dict[str, int] = {}
     rows, problems = [], []
@@ -296,8 +295,7 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
         dataset = json.dumps([c.dataset.name, c.dataset.params, c.seed], sort_keys=True)
         try:
             if dataset not in sizes:
-                loaded = data.load(c.dataset.name, seed=c.seed, **c.dataset.params)
-                sizes[dataset] = len(loaded.x_train)
+                sizes[dataset] = len(load_dataset(c).x_train)
             steps = c.epochs * steps_per_epoch(c, sizes[dataset], c.workers)
             check_fits(slots_of(c), root)
         except (ValueError, RuntimeError) as error:  # ConfigError, RunError; offline data

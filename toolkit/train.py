@@ -21,10 +21,17 @@ from pathlib import Path
 
 import keras
 
-from toolkit import callbacks, checkpoints, data, distributed, monitor, processes
+from toolkit import callbacks, checkpoints, distributed, monitor, processes
 from toolkit import config as config_lib
 from toolkit.events import EventWriter, truncate_after
-from toolkit.experiment import build_model, build_optimizer, steps_per_epoch
+from toolkit.experiment import (
+    build_model,
+    build_optimizer,
+    load_dataset,
+    steps_per_epoch,
+    test_batches,
+    train_batches,
+)
 from toolkit.files import WriteError
 from toolkit.rundir import RunDir, RunError, new_run_id
 
@@ -106,7 +113,7 @@ def train(
 
 def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     keras.utils.set_random_seed(config.seed)
-    dataset = data.load(config.dataset.name, seed=config.seed, **config.dataset.params)
+    dataset = load_dataset(config)
     spe = steps_per_epoch(config, len(dataset.x_train), world)
     if run:  # what a progress bar outside the run counts to
         run.update_meta(steps_per_epoch=spe, total_steps=config.epochs * spe)
@@ -152,25 +159,11 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     train_data = functools.reduce(
         lambda a, b: a.concatenate(b),
         [
-            data.epoch_dataset(
-                dataset.x_train,
-                dataset.y_train,
-                batch_size=per_worker,
-                epoch=epoch,
-                seed=config.seed,
-                num_shards=world,
-                shard_index=distributed.rank(),
-            ).take(spe)
+            train_batches(config, dataset, epoch, world, distributed.rank())
             for epoch in range(position.epoch, config.epochs)
         ],
     )
-    test_data = data.epoch_dataset(
-        dataset.x_test,
-        dataset.y_test,
-        batch_size=256,
-        shuffle=False,
-        drop_remainder=False,
-    )
+    test_data = test_batches(dataset)
     counter = callbacks.StepCounter(position.step)
     hooks = [
         distributed.BroadcastInitialState(),

@@ -107,9 +107,8 @@ def figure(metric: str, x_axis: str, smoothing: float, log_y: bool, runs: tuple)
 for metric in shown:
     st.plotly_chart(figure(metric, x_axis, smoothing, log_y, drawn))
 
-last_steps = [
-    rows["step"].max() for parts in split.values() for rows in parts.values() if "step" in rows
-]
+charted = [rows_of(run_id, name) for run_id in chosen for name in PHASES]
+last_steps = [rows["step"].max() for rows in charted if "step" in rows]
 last_step = max((s for s in last_steps if 0 <= s <= MAX_STEP), default=0)  # no junk steps
 at_step = st.number_input("Values at step", min_value=0, value=int(last_step), step=1)
 
