@@ -1,6 +1,7 @@
 """What ``toolkit.train`` costs over a bare ``model.fit`` of the same model, data and optimizer.
 
     .venv/bin/python experiments/bench_training.py [--repeat 5] [--epochs N] [--only NAME]
+        [--matched]
     .venv/bin/python experiments/bench_training.py --horovod [--repeat 5] [--epochs N]
 
 Two workloads, each trained in this process (one worker):
@@ -17,6 +18,10 @@ pipeline, evaluation on the test set after every epoch, built and compiled the s
 side is timed from nothing built to the model trained (wall-clock, including tracing). The two
 run in pairs, ``--repeat`` of them after one warm-up pair, which goes first swapping every
 pair; the table gives the median of each side and the median ratio with its spread.
+``toolkit.train`` runs several steps per call of Keras's compiled function (its
+``steps_per_execution``, chosen from the event intervals); the bare fit runs Keras's default
+of one, or with ``--matched`` as many as ``toolkit.train``, which isolates what the callbacks
+cost.
 
 With ``--horovod`` the quickstart runs on 2 Gloo workers (``horovodrun``, started by this
 script), and the peer is Horovod's own recipe written out: a compiled step under
@@ -28,6 +33,7 @@ evaluation. Times are rank 0's.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -64,9 +70,10 @@ noise scale is measured from an extra batch every 25 updates, a measurement rath
 overhead, so a second row shows the run without it."""
 
 
-def bare_fit(config) -> None:
+def bare_fit(config, matched: bool = False) -> None:
     """The peer: the same model, optimizer, data and epochs through ``model.fit``, nothing
-    else."""
+    else; at Keras's default of one step per execution, or (``matched``) at as many as
+    ``toolkit.train`` runs, which leaves only the cost of its callbacks between the two."""
     import keras
 
     from toolkit.experiment import (
@@ -77,6 +84,7 @@ def bare_fit(config) -> None:
         test_batches,
         train_batches,
     )
+    from toolkit.train import steps_per_execution
 
     keras.utils.set_random_seed(config.seed)
     dataset = load_dataset(config)
@@ -87,6 +95,7 @@ def bare_fit(config) -> None:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
         jit_compile=False,
+        steps_per_execution=steps_per_execution(config, spe, 1) if matched else 1,
     )
     train_data = train_batches(config, dataset, 0)
     for epoch in range(1, config.epochs):
@@ -235,6 +244,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--epochs", type=int, help="for every workload (default: its own)")
     parser.add_argument("--only", choices=sorted(WORKLOADS), help="one workload")
+    parser.add_argument(
+        "--matched",
+        action="store_true",
+        help="the bare fit at toolkit.train's steps per execution (default: Keras's 1)",
+    )
     parser.add_argument("--horovod", action="store_true", help="2 workers against Horovod's loop")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -254,10 +268,11 @@ def main() -> int:
         if args.only and name != args.only:
             continue
         config = workload_config(name, overrides, args.epochs)
-        ours, bare = alternate(config, bare_fit, args.repeat, name, "bare fit")
+        peer = functools.partial(bare_fit, matched=args.matched)
+        ours, bare = alternate(config, peer, args.repeat, name, "bare fit")
         rows.append((name, ours, bare))
     print(f"\nIn-process training, one worker, median of {args.repeat} (min-max)\n")
-    table("bare fit", rows)
+    table("bare fit, matched" if args.matched else "bare fit", rows)
     return 0
 
 

@@ -18,6 +18,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "workers"))
 from scenarios import (
+    EXECUTION,
     GLOBAL_BATCH,
     STEPS,
     SYNC,
@@ -163,6 +164,17 @@ def test_partial_sync_and_local_sgd_match_a_simulation_of_the_workers(two_worker
             assert_all_close(got, expected[rank], rtol=1e-6, atol=1e-6)
     last = simulated[-1]
     assert any(not np.array_equal(a, b) for a, b in zip(*last))  # the workers drift apart
+
+
+@pytest.mark.parametrize("scenario", list(EXECUTION))
+def test_several_steps_per_execution_train_as_one_step_per_execution(two_workers, scenario):
+    ranks, _, _ = two_workers
+    initial = make_model(100, sgd()).get_weights()
+    for npz in ranks:
+        single = weights(npz, f"execution_{scenario}_1")
+        assert any(not np.array_equal(a, b) for a, b in zip(single, initial))  # it trained
+        for got, want in zip(weights(npz, f"execution_{scenario}_4"), single, strict=True):
+            np.testing.assert_array_equal(got, want)
 
 
 def simulate_sparse(options: dict, workers: int = 2, sent_counts: list | None = None):

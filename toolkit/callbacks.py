@@ -27,18 +27,27 @@ class NonFiniteLoss(RuntimeError):
 
 
 class StepCounter(keras.callbacks.Callback):
-    """Counts batches (global steps) from ``start_step``; other callbacks read ``.step``."""
+    """Counts batches (global steps) from ``start_step``; other callbacks read ``.step``.
+
+    Under Keras's ``steps_per_execution = k`` the batch callbacks run once per ``k`` steps,
+    given the index of the execution's last batch in its epoch, so the count is read from that
+    index, not from the number of calls."""
 
     def __init__(self, start_step: int = 0):
         super().__init__()
-        self.step = start_step
+        self.step = self._epoch_start = start_step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self.step
 
     def on_train_batch_end(self, batch, logs=None):
-        self.step += 1
+        self.step = self._epoch_start + batch + 1
 
 
 class EventLogger(keras.callbacks.Callback):
-    """Writes ``train`` events every ``every_steps`` steps and an ``eval`` event per epoch.
+    """Writes ``train`` events every ``every_steps`` steps and an ``eval`` event per epoch,
+    and a ``train`` event at any other step whose loss is not finite (the step
+    :class:`StopOnNonFiniteLoss` then stops at, so the divergence is in the log).
 
     A train event holds the step (batches done), epoch (fractional), lr and momentum used at
     that step, Keras's running loss/accuracy of the epoch, and global ``samples_per_sec`` over
@@ -70,13 +79,15 @@ class EventLogger(keras.callbacks.Callback):
         self._rates = None
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self.counter.step
-        if self._clock is not None and step % self.every_steps:
+        step, logs = self.counter.step, logs or {}
+        diverged = not math.isfinite(logs.get("loss", 0.0))
+        if self._clock is not None and step % self.every_steps and not diverged:
             return
         now, sent = time.perf_counter(), self._sent()  # a host read: only when an event needs it
         if self._clock is None:
             self._clock = (step, now, sent)
-            return
+            if not diverged:
+                return
         last_step, last_time, last_sent = self._clock
         self._clock = (step, now, sent)
         self._rates = self._rates or rates_at(self.model.optimizer)
@@ -87,10 +98,13 @@ class EventLogger(keras.callbacks.Callback):
             "phase": "train",
             "lr": lr,
             "momentum": momentum,
-            "samples_per_sec": self.samples_per_step * (step - last_step) / (now - last_time),
         }
-        record.update({k: float(v) for k, v in (logs or {}).items()})
-        if self.traffic is not None:
+        if step > last_step:  # not a divergence at the first step seen, which nothing times
+            record["samples_per_sec"] = (
+                self.samples_per_step * (step - last_step) / (now - last_time)
+            )
+        record.update({k: float(v) for k, v in logs.items()})
+        if self.traffic is not None and step > last_step:
             per_update = (sent - last_sent) * self.steps_per_update / (step - last_step)
             record["comm/bytes_sent"] = per_update
             if per_update > 0 and self.traffic.dense_bytes:
@@ -349,7 +363,10 @@ class StopWhenRequested(keras.callbacks.Callback):
 
 
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
-    """Raises :class:`NonFiniteLoss` as soon as the loss is NaN or infinite."""
+    """Raises :class:`NonFiniteLoss` as soon as the loss is NaN or infinite. Keras's loss is
+    the epoch's running mean, so once a step diverges it stays non-finite; under
+    ``steps_per_execution = k`` it is seen at the end of the execution that diverged, at most
+    ``k - 1`` steps after the step itself, and that is the step the error names."""
 
     def __init__(self, counter: StepCounter):
         super().__init__()

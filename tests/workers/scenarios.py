@@ -29,7 +29,9 @@ def token_data(n: int = 512) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def make_model(seed: int, optimizer, embedding: bool = False, **wrap) -> keras.Model:
+def make_model(
+    seed: int, optimizer, embedding: bool = False, steps_per_execution: int = 1, **wrap
+) -> keras.Model:
     """A small classifier compiled with ``DistributedOptimizer(optimizer, **wrap)``."""
     keras.utils.set_random_seed(seed)
     if embedding:
@@ -45,6 +47,7 @@ def make_model(seed: int, optimizer, embedding: bool = False, **wrap) -> keras.M
         optimizer=distributed.DistributedOptimizer(optimizer, **wrap),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=False,
+        steps_per_execution=steps_per_execution,
     )
     return model
 
@@ -74,6 +77,17 @@ SYNC = {
     "partial": {"sync": "partial", "fusion_threshold_mb": 1e-4},  # one variable per partition
     "partial_every2": {"sync": "partial", "period": 2, "fusion_threshold_mb": 1e-4},
     "local_sgd": {"sync": "local_sgd", "period": 2},
+}
+
+
+# model.fit at several steps per execution (as toolkit.train runs it), in each mode of the
+# allreduce hook: DistributedOptimizer options per scenario.
+EXECUTION = {
+    "dense": {},
+    "accumulate2": {"backward_passes_per_step": 2},
+    "topk": {"compression": "topk", "ratio": 0.1},
+    "partial": {"sync": "partial", "fusion_threshold_mb": 1e-4},
+    "local_sgd": {"sync": "local_sgd", "period": 3},
 }
 
 

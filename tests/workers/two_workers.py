@@ -21,6 +21,7 @@ from toolkit.optimizers import SGD
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scenarios import (
+    EXECUTION,
     GLOBAL_BATCH,
     STEPS,
     SYNC,
@@ -167,6 +168,14 @@ def main(out: Path) -> None:
             weights[f"sync_{name}_{step}"] = [v.numpy() for v in variables]
         traffic = distributed.traffic(optimizer)
         info[f"traffic_{name}"] = [float(traffic.sent.numpy()), traffic.dense_bytes]
+
+    # model.fit running 4 steps per execution and 1: the collectives inside Keras's loop.
+    for name, wrap in EXECUTION.items():
+        for k in (1, 4):
+            model = make_model(100, sgd(), steps_per_execution=k, **wrap)
+            rows = slice(rank, 8 * GLOBAL_BATCH, size)  # 8 steps of this rank's half
+            model.fit(x[rows], y[rows], batch_size=GLOBAL_BATCH // size, shuffle=False, verbose=0)
+            weights[f"execution_{name}_{k}"] = model.get_weights()
 
     # model.fit with the callbacks; rank-dependent momentum buffers, so the workers only agree
     # if BroadcastInitialState broadcasts the optimizer's state too.
