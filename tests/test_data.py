@@ -174,6 +174,13 @@ def test_unshuffled_keeps_order_and_every_example():
     assert sizes == [10] * 10 + [3]
 
 
+def test_epochs_run_without_tf_data_autotuning():
+    # Its model thread stalled the end of model.fit for up to 8 s (see data._without_autotune).
+    dataset = data.epoch_dataset(X, Y, batch_size=10)
+    assert dataset.options().autotune.enabled is False
+    assert len(list(dataset)) == len(X) // 10  # and the epoch is still all there
+
+
 def test_bad_shard_index():
     with pytest.raises(ValueError, match="shard_index"):
         data.epoch_dataset(X, Y, batch_size=4, num_shards=2, shard_index=2)

@@ -115,6 +115,7 @@ META_FIELDS = _fields(
     seed=int,
     steps_per_epoch=int,
     total_steps=int,
+    steps_per_execution=int,
     probe=bool,
     sweep=str,
     cell=str,
