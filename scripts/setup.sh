@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One idempotent set-up for Large-Batch Lab, used by both README commands and by CI.
 #
-#   scripts/setup.sh           runtime: Debian build tools, .venv, requirements, Horovod
+#   scripts/setup.sh           runtime: Debian build tools, .venv, requirements, Horovod,
+#                              the fused optimizer kernels
 #   scripts/setup.sh --test    also the test dependencies (torch CPU, pytest, Chromium)
 #
 # Horovod 0.28.1 is built from source once, against the TensorFlow in .venv, with TensorFlow
@@ -101,6 +102,23 @@ if [[ "$(version_of horovod)" != "$HOROVOD_VERSION" || "$(cat "$hstamp" 2>/dev/n
   grep -qE '\[X\] TensorFlow' "$VENV/.horovod-check-build" && grep -qE '\[X\] Gloo' "$VENV/.horovod-check-build" \
     || { cat "$VENV/.horovod-check-build"; die "Horovod was built without TensorFlow or Gloo; delete $CACHE and re-run."; }
   echo "$hwant" >"$hstamp"
+fi
+
+# --- The toolkit's fused optimizer kernels ----------------------------------------------------
+# toolkit/optimizers/fused_kernels.cc is a TensorFlow custom-op library (CPU kernels), compiled
+# against the TensorFlow in the venv next to its source; rebuilt when either changes (seconds).
+kernels_src="$ROOT/toolkit/optimizers/fused_kernels.cc"
+kernels_lib="${kernels_src%.cc}.so"
+kstamp="$VENV/.lbl-kernels"
+kwant="$(sha1sum <"$kernels_src" | cut -c1-12), tensorflow $tf_version"
+if [[ ! -f "$kernels_lib" || "$(cat "$kstamp" 2>/dev/null)" != "$kwant" ]]; then
+  say "compiling the fused optimizer kernels (toolkit/optimizers/fused_kernels.cc)"
+  read -r -a tf_flags < <(TF_CPP_MIN_LOG_LEVEL=3 "$PY" -c \
+    'import tensorflow as tf; print(*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags())')
+  g++ -O3 -shared -fPIC "$kernels_src" -o "$kernels_lib.tmp" "${tf_flags[@]}" \
+    || die "compiling $kernels_src failed (see above); it needs g++ (apt-get install g++)."
+  mv "$kernels_lib.tmp" "$kernels_lib"
+  echo "$kwant" >"$kstamp"
 fi
 
 # --- Test dependencies -----------------------------------------------------------------------

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import keras
-from keras import ops
 
-from toolkit.optimizers.kernels import heavy_ball
+from toolkit.optimizers.kernels import coupled, heavy_ball
 from toolkit.schedules import value_at
 
 Hyperparameter = float | Callable  # a constant, or a schedule called with the optimizer step
@@ -66,23 +65,24 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
     def _hyper(self, value: Hyperparameter, dtype):
         return value_at(value, self._iterations, dtype)
 
-    def _l2_regularised(self, gradient, variable, weight_decay):
-        """``g + wd * w``, skipped at trace time when ``wd`` is the constant 0."""
-        gradient = ops.cast(gradient, variable.dtype)
-        if not callable(weight_decay) and weight_decay == 0.0:
-            return gradient
-        return gradient + self._hyper(weight_decay, variable.dtype) * variable
+    def _decay_now(self, dtype):
+        """``weight_decay`` at the current step: the Python ``0.0`` when it is the constant 0,
+        so the kernels leave the term out at trace time, else a tensor."""
+        if not callable(self.weight_decay) and self.weight_decay == 0.0:
+            return 0.0
+        return self._hyper(self.weight_decay, dtype)
 
-    def _heavy_ball_step(self, variable, learning_rate, gradient, nesterov=False):
-        """Apply ``v = m * v + lr * g; w -= v`` (Nesterov: ``w -= m * v + lr * g``): the
-        MXNet/LARS form, where the rate is inside the velocity. Without momentum: ``w -= lr * g``.
-        """
+    def _heavy_ball_step(self, variable, learning_rate, gradient, nesterov=False, decay=True):
+        """Apply ``d = g + wd * w; v = m * v + lr * d; w -= v`` (Nesterov: ``w -= m * v + lr *
+        d``): the MXNet/LARS form, where the rate is inside the velocity. Without momentum:
+        ``w -= lr * d``. ``decay=False`` leaves the weight decay out (``d = g``)."""
+        weight_decay = self._decay_now(variable.dtype) if decay else 0.0
         if not self.uses_momentum:
-            self.assign_sub(variable, learning_rate * gradient)
+            self.assign_sub(variable, learning_rate * coupled(gradient, variable, weight_decay))
             return
         velocity = self.velocities[self._get_variable_index(variable)]
         momentum = self._hyper(self.momentum, variable.dtype)
-        heavy_ball(variable, velocity, learning_rate, gradient, momentum, nesterov)
+        heavy_ball(variable, velocity, learning_rate, gradient, momentum, nesterov, weight_decay)
 
     def get_config(self):
         config = super().get_config()

@@ -1,16 +1,31 @@
-"""The two memory-bound kernels of the SGD family, fused where the backend has them.
+"""The memory-bound kernels of the SGD family, fused where the backend has them.
 
-An optimizer update is limited by memory traffic, not arithmetic. Written with ``keras.ops``
-every elementwise operation is its own pass over the tensor; TensorFlow has single-pass kernels
-for both pieces the toolkit needs, so on that backend they are used, and every other backend
-gets the ``keras.ops`` form (same results to float32 round-off; the oracle tests run on both).
-``experiments/bench_optimizers.py`` measures the difference.
+An optimizer update is limited by memory traffic, not arithmetic: every elementwise operation
+written with ``keras.ops`` is its own pass over the tensor. On TensorFlow the momentum steps run
+as single-pass kernels:
+
+* on CPU, the toolkit's own ``fused_kernels.cc`` (built by ``scripts/setup.sh`` into
+  ``fused_kernels.so``), which also folds in the coupled weight decay ``g + wd * w``: one read
+  of ``w``, the slot and ``g``, one write of ``w`` and the slot (its ``TrustRatio`` serves
+  :func:`toolkit.optimizers.trust_ratio.layer_trust_ratio`);
+* elsewhere (a GPU variable, or the library not built), TensorFlow's ``ResourceApplyKerasMomentum``
+  and ``ResourceApplyMomentum``, after a separate ``g + wd * w``.
+
+Every other backend gets the ``keras.ops`` form. All three do the same float operations in the
+same order (the oracle tests run on each; the fused and unfused TensorFlow paths agree bit for
+bit). ``experiments/bench_optimizers.py`` measures the difference.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+from pathlib import Path
+
 import keras
 from keras import ops
+
+FUSED_LIBRARY = Path(__file__).with_name("fused_kernels.so")
 
 
 def _tensorflow():
@@ -19,6 +34,33 @@ def _tensorflow():
     import tensorflow as tf
 
     return tf
+
+
+@functools.cache
+def fused_ops():
+    """The loaded ``fused_kernels.so`` (TensorFlow backend), or ``None`` when it is not built
+    or does not load (a warning then says how to rebuild it)."""
+    tf = _tensorflow()
+    if tf is None or not FUSED_LIBRARY.exists():
+        return None
+    try:
+        return tf.load_op_library(str(FUSED_LIBRARY))
+    except (tf.errors.NotFoundError, OSError) as error:
+        warnings.warn(
+            f"{FUSED_LIBRARY.name} does not load ({error}); momentum steps use TensorFlow's "
+            "unfused kernels. Rebuild it with scripts/setup.sh.",
+            stacklevel=2,
+        )
+        return None
+
+
+def fused_kernels_for(variable):
+    """The fused library when ``variable`` lives on a CPU, else ``None``."""
+    library = fused_ops()
+    if library is None:
+        return None
+    device = _tensorflow().DeviceSpec.from_string(variable.handle.device)
+    return library if device.device_type == "CPU" else None
 
 
 def l2_norm(x):
@@ -30,46 +72,42 @@ def l2_norm(x):
     return ops.sqrt(ops.sum(ops.square(x)))
 
 
-def heavy_ball(variable, velocity, learning_rate, gradient, momentum, nesterov: bool) -> None:
-    """``v = momentum * v - lr * g; w += v`` (Nesterov: ``w += momentum * v - lr * g``).
+def coupled(gradient, variable, weight_decay):
+    """``g + wd * w``; ``g`` itself when ``wd`` is the Python number 0 (decided at trace
+    time)."""
+    if isinstance(weight_decay, (int, float)) and weight_decay == 0:
+        return gradient
+    return gradient + weight_decay * variable
 
-    The velocity is stored negated, as in Keras's SGD, which is what TensorFlow's fused
-    ``ResourceApplyKerasMomentum`` kernel keeps: one pass reads ``w``, ``v`` and ``g``.
+
+def heavy_ball(
+    variable, velocity, learning_rate, gradient, momentum, nesterov: bool, weight_decay=0.0
+) -> None:
+    """``d = g + wd * w; v = momentum * v - lr * d; w += v`` (Nesterov: ``w += momentum * v -
+    lr * d``).
+
+    The velocity is stored negated, as in Keras's SGD and TensorFlow's
+    ``ResourceApplyKerasMomentum``.
     """
-    tf = _tensorflow()
-    if tf is not None:
-        _fused(
-            tf.raw_ops.ResourceApplyKerasMomentum,
-            variable,
-            velocity,
-            learning_rate,
-            gradient,
-            momentum,
-            nesterov,
-        )
+    step = (variable, velocity, learning_rate, gradient, momentum, nesterov, weight_decay)
+    if _tensorflow_step("CoupledKerasMomentum", "ResourceApplyKerasMomentum", *step):
         return
-    step = learning_rate * gradient
-    new_velocity = momentum * velocity - step
+    scaled = learning_rate * coupled(gradient, variable, weight_decay)
+    new_velocity = momentum * velocity - scaled
     velocity.assign(new_velocity)
-    variable.assign_add(momentum * new_velocity - step if nesterov else new_velocity)
+    variable.assign_add(momentum * new_velocity - scaled if nesterov else new_velocity)
 
 
-def buffered_momentum(variable, buffer, learning_rate, gradient, momentum, nesterov: bool) -> None:
-    """PyTorch's momentum without dampening: ``buf = momentum * buf + g``, then
-    ``w -= lr * buf`` (Nesterov: ``w -= lr * (g + momentum * buf)``); TensorFlow's fused
-    ``ResourceApplyMomentum`` is exactly this."""
-    tf = _tensorflow()
-    if tf is not None:
-        _fused(
-            tf.raw_ops.ResourceApplyMomentum,
-            variable,
-            buffer,
-            learning_rate,
-            gradient,
-            momentum,
-            nesterov,
-        )
+def buffered_momentum(
+    variable, buffer, learning_rate, gradient, momentum, nesterov: bool, weight_decay=0.0
+) -> None:
+    """PyTorch's momentum without dampening: ``d = g + wd * w; buf = momentum * buf + d``, then
+    ``w -= lr * buf`` (Nesterov: ``w -= lr * (d + momentum * buf)``), which is TensorFlow's
+    ``ResourceApplyMomentum`` after the decay."""
+    step = (variable, buffer, learning_rate, gradient, momentum, nesterov, weight_decay)
+    if _tensorflow_step("CoupledMomentum", "ResourceApplyMomentum", *step):
         return
+    gradient = coupled(gradient, variable, weight_decay)
     new_buffer = momentum * buffer + gradient
     buffer.assign(new_buffer)
     variable.assign_sub(
@@ -77,12 +115,33 @@ def buffered_momentum(variable, buffer, learning_rate, gradient, momentum, neste
     )
 
 
-def _fused(kernel, variable, slot, learning_rate, gradient, momentum, nesterov: bool) -> None:
+def _tensorflow_step(
+    fused_name,
+    tensorflow_name,
+    variable,
+    slot,
+    learning_rate,
+    gradient,
+    momentum,
+    nesterov,
+    weight_decay,
+) -> bool:
+    """Run a momentum step as one kernel: the fused one (decay inside) on a CPU variable, else
+    TensorFlow's (decay added first). ``False`` when the backend is not TensorFlow."""
+    fused = fused_kernels_for(variable)
+    if fused is not None:
+        kernel, scalars = getattr(fused, fused_name), {"weight_decay": weight_decay}
+    elif (tf := _tensorflow()) is not None:
+        kernel, scalars = getattr(tf.raw_ops, tensorflow_name), {}
+        gradient = coupled(gradient, variable, weight_decay)
+    else:
+        return False
+    scalars |= {"lr": learning_rate, "momentum": momentum}
     kernel(
         var=variable.handle,
         accum=slot.handle,
-        lr=ops.cast(learning_rate, variable.dtype),
         grad=gradient,
-        momentum=ops.cast(momentum, variable.dtype),
         use_nesterov=nesterov,
+        **{name: ops.cast(value, variable.dtype) for name, value in scalars.items()},
     )
+    return True

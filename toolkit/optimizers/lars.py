@@ -9,8 +9,7 @@ import keras
 from keras import ops
 
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
-from toolkit.optimizers.kernels import l2_norm
-from toolkit.optimizers.trust_ratio import trust_ratio
+from toolkit.optimizers.trust_ratio import layer_trust_ratio
 
 
 @keras.saving.register_keras_serializable(package="toolkit")
@@ -92,27 +91,24 @@ class LARS(CoupledDecayOptimizer):
         }
 
     def _local_rate(self, gradient, variable):
-        dtype = variable.dtype
-        weight_norm, grad_norm = l2_norm(variable), l2_norm(gradient)
-        ratio = trust_ratio(
-            weight_norm,
-            grad_norm,
-            self._hyper(self.weight_decay, dtype),
+        return layer_trust_ratio(
+            variable,
+            gradient,
+            self._hyper(self.weight_decay, variable.dtype),
             epsilon=self.epsilon,
+            coefficient=self.trust_coefficient,
+            unit_at_zero=True,
         )
-        both_positive = ops.logical_and(weight_norm > 0, grad_norm > 0)
-        return ops.where(both_positive, self.trust_coefficient * ratio, ops.ones_like(ratio))
 
     def update_step(self, gradient, variable, learning_rate):
         learning_rate = ops.cast(learning_rate, variable.dtype)
         gradient = ops.cast(gradient, variable.dtype)
         if not self._adapted[self._get_variable_index(variable)]:
-            self._heavy_ball_step(variable, learning_rate, gradient, self.nesterov)
+            self._heavy_ball_step(variable, learning_rate, gradient, self.nesterov, decay=False)
             return
         rate = learning_rate * self._local_rate(gradient, variable)
         if self.clip:
             rate = ops.minimum(rate, learning_rate)
-        gradient = self._l2_regularised(gradient, variable, self.weight_decay)
         self._heavy_ball_step(variable, rate, gradient, self.nesterov)
 
     def get_config(self):

@@ -6,8 +6,7 @@ import keras
 from keras import ops
 
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
-from toolkit.optimizers.kernels import l2_norm
-from toolkit.optimizers.trust_ratio import trust_ratio
+from toolkit.optimizers.trust_ratio import layer_trust_ratio
 from toolkit.schedules import WARMUP_STRATEGIES, warmup_ramp
 
 LBSGD_STRATEGIES = (*WARMUP_STRATEGIES, "lars")
@@ -105,10 +104,9 @@ class LBSGD(CoupledDecayOptimizer):
 
     def _lars_multiplier(self, gradient, variable):
         weight_decay = self._hyper(self.weight_decay, variable.dtype)
-        ratio = trust_ratio(
-            l2_norm(variable), l2_norm(gradient), weight_decay, power=2, epsilon=1e-18
+        return layer_trust_ratio(
+            variable, gradient, weight_decay, power=2, epsilon=1e-18, bounds=(0.01, 100.0)
         )
-        return ops.clip(ratio, 0.01, 100.0)
 
     def trust_ratio_tensors(self, gradients, variables) -> dict:
         """The ``lars`` strategy's per-variable multipliers for ``gradients``, keyed by variable
@@ -128,7 +126,6 @@ class LBSGD(CoupledDecayOptimizer):
         else:
             multiplier = ops.cast(self.warmup_multiplier(self._iterations + 1), dtype)
         rate = ops.cast(learning_rate, dtype) * multiplier
-        gradient = self._l2_regularised(gradient, variable, self.weight_decay)
         self._heavy_ball_step(variable, rate, gradient)
 
     def get_config(self):

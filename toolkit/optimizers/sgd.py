@@ -10,7 +10,7 @@ from toolkit.optimizers.base import (
     Hyperparameter,
     check_non_negative,
 )
-from toolkit.optimizers.kernels import buffered_momentum
+from toolkit.optimizers.kernels import buffered_momentum, coupled
 
 
 @keras.saving.register_keras_serializable(package="toolkit")
@@ -60,9 +60,10 @@ class SGD(CoupledDecayOptimizer):
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype
         learning_rate = ops.cast(learning_rate, dtype)
-        gradient = self._l2_regularised(gradient, variable, self.weight_decay)
+        gradient = ops.cast(gradient, dtype)
+        weight_decay = self._decay_now(dtype)
         if not self.uses_momentum:
-            self.assign_sub(variable, learning_rate * gradient)
+            self.assign_sub(variable, learning_rate * coupled(gradient, variable, weight_decay))
             return
         if callable(self.dampening) or self.dampening != 0.0:
             # The buffer starts at zero, so `momentum * buf + g` is `buf = g` on the first step;
@@ -70,10 +71,13 @@ class SGD(CoupledDecayOptimizer):
             # requires dampening == 0).
             first = ops.equal(self.iterations, 0)
             weight = ops.where(first, 1.0, 1.0 - self._hyper(self.dampening, dtype))
-            gradient = ops.cast(weight, dtype) * gradient
+            gradient = ops.cast(weight, dtype) * coupled(gradient, variable, weight_decay)
+            weight_decay = 0.0
         buffer = self.velocities[self._get_variable_index(variable)]
         momentum = self._hyper(self.momentum, dtype)
-        buffered_momentum(variable, buffer, learning_rate, gradient, momentum, self.nesterov)
+        buffered_momentum(
+            variable, buffer, learning_rate, gradient, momentum, self.nesterov, weight_decay
+        )
 
     def get_config(self):
         return {**super().get_config(), "nesterov": self.nesterov}

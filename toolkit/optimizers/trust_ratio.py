@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from keras import ops
+
+from toolkit.optimizers.kernels import fused_kernels_for, l2_norm
 
 
 def trust_ratio(weight_norm, grad_norm, weight_decay, *, power: int = 1, epsilon=0.0):
@@ -19,3 +23,47 @@ def trust_ratio(weight_norm, grad_norm, weight_decay, *, power: int = 1, epsilon
             ops.square(grad_norm) + weight_decay * ops.square(weight_norm) + epsilon
         )
     raise ValueError(f"trust_ratio power must be 1 or 2, got {power}")
+
+
+def layer_trust_ratio(
+    variable,
+    gradient,
+    weight_decay,
+    *,
+    power: int = 1,
+    epsilon: float = 0.0,
+    coefficient: float = 1.0,
+    unit_at_zero: bool = False,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+):
+    """The ratio an optimizer applies to ``variable`` for ``gradient``, as a scalar tensor::
+
+        ratio = coefficient * trust_ratio(||w||, ||g||, weight_decay, power, epsilon)
+        ratio = 1                      where unit_at_zero and ||w|| or ||g|| is not > 0
+        ratio = clip(ratio, *bounds)
+
+    On a CPU variable with the fused library (``fused_kernels.cc``) this is one kernel making
+    one parallel pass over ``w`` and ``g``, computed in double; otherwise the ops above.
+    """
+    fused = fused_kernels_for(variable)
+    if fused is not None:
+        dtype = variable.dtype
+        return fused.TrustRatio(
+            var=variable,
+            grad=gradient,
+            weight_decay=ops.cast(weight_decay, dtype),
+            epsilon=ops.cast(epsilon, dtype),
+            coefficient=ops.cast(coefficient, dtype),
+            power=power,
+            unit_at_zero=unit_at_zero,
+            min_ratio=bounds[0],
+            max_ratio=bounds[1],
+        )
+    weight_norm, grad_norm = l2_norm(variable), l2_norm(gradient)
+    ratio = coefficient * trust_ratio(
+        weight_norm, grad_norm, weight_decay, power=power, epsilon=epsilon
+    )
+    if unit_at_zero:
+        both_positive = ops.logical_and(weight_norm > 0, grad_norm > 0)
+        ratio = ops.where(both_positive, ratio, ops.ones_like(ratio))
+    return ops.clip(ratio, *bounds) if bounds != (-math.inf, math.inf) else ratio
