@@ -180,6 +180,13 @@ def test_fused_and_unfused_paths_train_alike(name, params, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+def test_float16_variables_take_tensorflows_own_kernels():
+    variable = tf.Variable(np.ones(5, "float16"))
+    velocity = tf.Variable(np.zeros(5, "float16"))
+    kernels.heavy_ball(variable, velocity, 0.5, tf.ones(5, "float16"), 0.9, False, 0.5)
+    np.testing.assert_array_equal(variable.numpy(), np.full(5, 0.25, "float16"))  # 1 - .5 * 1.5
+
+
 def test_a_library_that_does_not_load_warns_and_falls_back(tmp_path, monkeypatch):
     broken = tmp_path / "fused_kernels.so"
     broken.write_bytes(b"not a shared object")

@@ -55,12 +55,14 @@ def fused_ops():
 
 
 def fused_kernels_for(variable):
-    """The fused library when ``variable`` lives on a CPU, else ``None``."""
+    """The fused library when ``variable`` is float32 or float64 on a CPU, else ``None``."""
     library = fused_ops()
     if library is None:
         return None
-    device = _tensorflow().DeviceSpec.from_string(variable.handle.device)
-    return library if device.device_type == "CPU" else None
+    tf = _tensorflow()
+    on_cpu = tf.DeviceSpec.from_string(variable.handle.device).device_type == "CPU"
+    kernel_dtype = tf.as_dtype(variable.dtype) in (tf.float32, tf.float64)
+    return library if on_cpu and kernel_dtype else None
 
 
 def l2_norm(x):
