@@ -222,7 +222,7 @@ class TrustRatioOp : public OpKernel {
       Name("CoupledKerasMomentum").Device(DEVICE_CPU).TypeConstraint<T>("T"),                 \
       CoupledMomentumOp<KerasForm, T>);                                                       \
   REGISTER_KERNEL_BUILDER(Name("CoupledMomentum").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
-                          CoupledMomentumOp<TorchForm, T>);                             \
+                          CoupledMomentumOp<TorchForm, T>);                                   \
   REGISTER_KERNEL_BUILDER(Name("TrustRatio").Device(DEVICE_CPU).TypeConstraint<T>("T"),      \
                           TrustRatioOp<T>);
 REGISTER_KERNELS(float);

@@ -8,12 +8,13 @@ as single-pass kernels:
   ``fused_kernels.so``), which also folds in the coupled weight decay ``g + wd * w``: one read
   of ``w``, the slot and ``g``, one write of ``w`` and the slot (its ``TrustRatio`` serves
   :func:`toolkit.optimizers.trust_ratio.layer_trust_ratio`);
-* elsewhere (a GPU variable, or the library not built), TensorFlow's ``ResourceApplyKerasMomentum``
-  and ``ResourceApplyMomentum``, after a separate ``g + wd * w``.
+* elsewhere (a GPU or float16 variable, or the library not built), TensorFlow's
+  ``ResourceApplyKerasMomentum`` and ``ResourceApplyMomentum``, after a separate ``g + wd * w``.
 
-Every other backend gets the ``keras.ops`` form. All three do the same float operations in the
-same order (the oracle tests run on each; the fused and unfused TensorFlow paths agree bit for
-bit). ``experiments/bench_optimizers.py`` measures the difference.
+Every other backend gets the ``keras.ops`` form. The momentum steps do the same float
+operations in the same order on all three paths (the fused and unfused TensorFlow ones agree bit
+for bit); the fused trust ratio adds its sums in double, so it may differ from the unfused one
+in the last bits. ``experiments/bench_optimizers.py`` measures the difference.
 """
 
 from __future__ import annotations
