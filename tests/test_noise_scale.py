@@ -5,6 +5,7 @@ exactly in numpy from the per-example gradients over the whole dataset."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from toolkit.noise_scale import Smoother, estimate
@@ -125,6 +126,40 @@ def one_worker_gns(tmp_path_factory):
     run = train(from_mapping(NOISY), tmp_path_factory.mktemp("runs") / "one", verbose=0)
     events = read_events(run.events_path)
     return events[events.phase == "gns"].reset_index(drop=True)
+
+
+def test_two_workers_log_every_measurement_at_its_step_however_steps_are_grouped(
+    tmp_path, subprocess_env
+):
+    """With several workers the noise scale is measured inside the compiled step, so its
+    interval (3 updates) need not divide Keras's steps per execution: events every 10 steps
+    and epochs of 40 allow 2. Every measurement is logged at its own step, with the values of
+    the same run at one step per execution (events every step)."""
+    import os
+
+    from test_train import wait
+
+    from toolkit import launch as launcher
+    from toolkit.config import from_mapping
+    from toolkit.events import read_events
+
+    os.environ["PATH"] = subprocess_env["PATH"]
+    gns = {}
+    for every_steps in (10, 1):
+        config = {
+            **NOISY,
+            "workers": 2,
+            "batch": {"per_worker": 50},
+            "logging": {"every_steps": every_steps, "noise_scale_every_steps": 3},
+        }
+        run = launcher.launch(from_mapping(config), runs_root_dir=tmp_path)
+        assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+        assert run.meta()["steps_per_execution"] == (2 if every_steps == 10 else 1)
+        events = read_events(run.events_path)
+        gns[every_steps] = events[events.phase == "gns"].set_index("step")
+    assert gns[10].index.tolist() == list(range(3, 2 * 40 + 1, 3))
+    columns = ["small_sq", "big_sq", "b_simple", "grad_sq", "trace_sigma"]
+    pd.testing.assert_frame_equal(gns[10][columns], gns[1][columns], check_exact=True)
 
 
 def test_two_workers_measure_per_worker_and_global_batches(two_worker_gns):
@@ -298,7 +333,10 @@ def test_the_launch_page_probes_with_the_configs_workers(tmp_path, monkeypatch, 
     assert at.dataframe[0].value.empty and "Show noise-scale probes (1)" == at.toggle[0].label
 
 
-def test_a_model_trained_by_hand_gets_the_noise_scale_from_a_keras_callback():
+@pytest.mark.parametrize("per_execution, every", [(1, 4), (2, 3)])
+def test_a_model_trained_by_hand_gets_the_noise_scale_from_a_keras_callback(per_execution, every):
+    """At Keras's steps_per_execution ``k`` the callback measures at the end of the execution
+    that reaches each multiple of ``every`` (k=2 and every=3: steps 4, 6, 10, 12, ...)."""
     import keras
 
     from toolkit.callbacks import noise_scale_callback
@@ -308,10 +346,16 @@ def test_a_model_trained_by_hand_gets_the_noise_scale_from_a_keras_callback():
     x = rng.normal(size=(2048, 8)).astype("float32")
     y = (x @ rng.normal(size=8) > 0).astype("int32")
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
-    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    gns = noise_scale_callback(x, y, batch_size=64, every_steps=4, smoothing=0.8)
+    model.compile(
+        "sgd",
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=per_execution,
+    )
+    gns = noise_scale_callback(x, y, batch_size=64, every_steps=every, smoothing=0.8)
     model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[gns])
-    assert [r["step"] for r in gns.records] == list(range(4, 65, 4))  # 32 batches an epoch
+    ends = range(per_execution, 65, per_execution)  # 32 batches an epoch
+    expected = sorted({min(e for e in ends if e >= m) for m in range(every, 65, every)})
+    assert [r["step"] for r in gns.records] == expected
     assert all(r["b_small"] == 32 and r["b_big"] == 64 for r in gns.records)
     replay = Smoother(decay=0.8)
     for r in gns.records:

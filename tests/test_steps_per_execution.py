@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_train import SMALL
 
@@ -33,26 +33,45 @@ def execution_ends(k: int, spe: int, epochs: int) -> set[int] | None:
     return ends
 
 
-def acting_steps(config, spe: int, epochs: int) -> set[int]:
+def acting_steps(config, spe: int, epochs: int, world: int) -> set[int]:
     """Every step at which some callback of a run of ``epochs`` epochs acts: events, trust
-    ratios, noise scale, epoch ends."""
+    ratios, epoch ends, and with one worker the noise scale (with several it is measured in
+    the compiled step)."""
     logging = config.logging
     intervals = [spe, logging.every_steps]
     if config.optimizer.name == "lars":
         intervals.append(logging.trust_ratio_every_steps)
-    if logging.noise_scale_every_steps:
+    if logging.noise_scale_every_steps and world == 1:
         intervals.append(logging.noise_scale_every_steps * config.steps_per_update(1))
     total = epochs * spe
     return {s for every in intervals for s in range(every, total + 1, every)}
 
 
-def serves(k: int, config, spe: int) -> bool:
+def every_measurement_read(k: int, config, spe: int, epochs: int, world: int) -> bool:
+    """Whether, with several workers, a callback reads each noise-scale measurement before the
+    compiled step overwrites it with the next: no two measured steps between execution ends."""
+    every = config.logging.noise_scale_every_steps * config.steps_per_update(world)
+    if world == 1 or not every:
+        return True
+    ends = sorted(execution_ends(k, spe, epochs))
+    measured = range(every, ends[-1] + 1, every)
+    return all(
+        sum(begin < step <= end for step in measured) <= 1
+        for begin, end in zip([0, *ends], ends, strict=False)
+    )
+
+
+def serves(k: int, config, spe: int, world: int) -> bool:
     """Whether ``k`` steps per execution serve every callback of a run long enough for each
     interval to come round twice (a run may be resumed anywhere, so k may not rely on an
     interval longer than the run never acting)."""
     epochs = 2 * 200 // spe + 1  # intervals drawn below are at most 60 * 3 steps
     ends = execution_ends(k, spe, epochs)
-    return ends is not None and acting_steps(config, spe, epochs) <= ends
+    return (
+        ends is not None
+        and acting_steps(config, spe, epochs, world) <= ends
+        and every_measurement_read(k, config, spe, epochs, world)
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -63,9 +82,12 @@ def serves(k: int, config, spe: int) -> bool:
     noise=st.integers(0, 60),
     accumulation=st.integers(1, 3),
     optimizer=st.sampled_from(["lars", "sgd"]),
+    world=st.sampled_from([1, 2]),
 )
+@example(spe=20, every=10, trust=10, noise=1, accumulation=2, optimizer="sgd", world=2)
+@example(spe=40, every=10, trust=50, noise=3, accumulation=1, optimizer="lars", world=2)
 def test_every_callback_acts_at_an_execution_end_and_k_is_the_largest_that_does(
-    spe, every, trust, noise, accumulation, optimizer
+    spe, every, trust, noise, accumulation, optimizer, world
 ):
     config = from_mapping(
         {
@@ -80,10 +102,10 @@ def test_every_callback_acts_at_an_execution_end_and_k_is_the_largest_that_does(
             },
         }
     )
-    k = steps_per_execution(config, spe, 1)
-    assert serves(k, config, spe)
+    k = steps_per_execution(config, spe, world)
+    assert serves(k, config, spe, world)
     assert k < every or k == 1  # the first event's clock starts before it
-    assert not any(serves(larger, config, spe) for larger in range(k + 1, every))
+    assert not any(serves(larger, config, spe, world) for larger in range(k + 1, every))
 
 
 def one_worker(**logging) -> dict:

@@ -136,6 +136,10 @@ def test_resumed_run_matches_an_uninterrupted_one(completed, runs):
         assert x.step.tolist() == y.step.tolist()
         np.testing.assert_array_equal(y.loss, x.loss)
     np.testing.assert_array_equal(b[b.phase == "train"].lr, a[a.phase == "train"].lr)
+    x, y = a[a.phase == "gns"], b[b.phase == "gns"]  # measured at the same updates
+    assert x.step.tolist() == y.step.tolist() and len(x) == 3 * 62 // 25
+    for column in ("small_sq", "big_sq", "b_simple"):  # smoothed on from before the stop
+        np.testing.assert_array_equal(y[column], x[column], err_msg=column)
     with (
         np.load(completed.checkpoints_path / "epoch-0003" / "optimizer.npz") as want,
         np.load(run.checkpoints_path / "epoch-0003" / "optimizer.npz") as got,

@@ -220,10 +220,13 @@ class NoiseScaleLogger(keras.callbacks.Callback):
     ``big_sq`` and their batch sizes ``b_small`` and ``b_big``.
 
     The norms come from ``meter`` (a :class:`~toolkit.distributed.GradientNoiseMeter` in the
-    allreduce hook, with more than one worker) or, with one worker, from ``halves``
-    (:class:`HalfBatchNorms`). ``steps_per_update``: batches per optimizer update (local
-    accumulation). Every event is also kept in :attr:`records`; ``writer`` and ``counter`` may
-    be ``None`` (no file; batches counted here), as in :func:`noise_scale_callback`.
+    allreduce hook, with more than one worker), which measures inside the compiled step at
+    its update, and is read here once a multiple of the interval has passed; or, with one
+    worker, from ``halves`` (:class:`HalfBatchNorms`), measured here at the end of the Keras
+    execution that reaches the multiple. Either way the event's step is the step measured.
+    ``steps_per_update``: batches per optimizer update (local accumulation). Every event is
+    also kept in :attr:`records`; ``writer`` and ``counter`` may be ``None`` (no file;
+    steps counted here), as in :func:`noise_scale_callback`.
     """
 
     def __init__(
@@ -243,25 +246,42 @@ class NoiseScaleLogger(keras.callbacks.Callback):
         super().__init__()
         if (meter is None) == (halves is None):
             raise ValueError("give exactly one of meter (workers > 1) and halves (one worker)")
-        self.writer, self.counter = writer, counter
+        self.writer = writer
+        self.counter, self._counts = (counter, False) if counter else (StepCounter(), True)
         self.every_steps = every_updates * steps_per_update
+        self.steps_per_update = steps_per_update
         self.steps_per_epoch = steps_per_epoch
         self.b_small, self.b_big = b_small, b_big
         self.smoother = Smoother(decay=smoothing)
         self.meter, self.halves = meter, halves
         self.records: list[dict] = []
-        self._last_update, self._batches = 0, 0
+        self._last_update = self._seen = 0
+
+    def continue_from(self, measured) -> None:
+        """Smooth on from the ``(grad_sq_step, trace_sigma_step)`` pairs of the measurements
+        before this one (a resumed run's logged ``gns`` events, in order)."""
+        for grad_sq, trace_sigma in measured:
+            self.smoother.update(grad_sq, trace_sigma)
+
+    def on_train_begin(self, logs=None):
+        self._seen = self.counter.step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._counts:
+            self.counter.on_epoch_begin(epoch)
 
     def on_train_batch_end(self, batch, logs=None):
-        self._batches += 1
-        step = self.counter.step if self.counter is not None else self._batches
-        if step % self.every_steps:
-            return
+        if self._counts:
+            self.counter.on_train_batch_end(batch)
+        step, seen = self.counter.step, self._seen
+        self._seen = step
+        if step // self.every_steps == seen // self.every_steps:
+            return  # no multiple of the interval since the last call
         if self.meter is not None:
             update, small_sq, big_sq = self.meter.read()
             if update == self._last_update:  # nothing new measured
                 return
-            self._last_update = update
+            self._last_update, step = update, update * self.steps_per_update
         else:
             small_sq, big_sq = self.halves(self.model)
         grad_sq, trace_sigma = estimate(small_sq, big_sq, self.b_small, self.b_big)

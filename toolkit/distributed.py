@@ -194,8 +194,14 @@ class GradientNoiseMeter:
 
         tf.cond(count % self.every == 0, record, lambda: tf.constant(False))
 
+    def continue_from(self, updates: int) -> None:
+        """Count on from ``updates`` done before (a resumed run), so measurements fall on the
+        same updates as in a run that was never interrupted."""
+        self._updates.assign(updates)
+
     def read(self) -> tuple[int, float, float]:
-        """``(update, small_sq, big_sq)`` of the latest measurement (update 0: none yet)."""
+        """``(update, small_sq, big_sq)`` of the latest measurement, ``update`` counted from
+        1 (0: none yet)."""
         return (
             int(self._measured.numpy()),
             float(self._small_sq.numpy()),

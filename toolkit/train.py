@@ -24,7 +24,7 @@ import keras
 
 from toolkit import callbacks, checkpoints, distributed, monitor, processes
 from toolkit import config as config_lib
-from toolkit.events import EventWriter, truncate_after
+from toolkit.events import EventWriter, read_events, truncate_after
 from toolkit.experiment import (
     build_model,
     build_optimizer,
@@ -158,6 +158,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
             *distributed.broadcast_object((position.epoch, position.step))
         )
         _restore_residuals(optimizer, latest, world)
+        if meter is not None:  # measurements stay at the multiples of the interval
+            meter.continue_from(position.step // config.steps_per_update(world))
         if run:
             truncate_after(run.events_path, position.step)
     if position.epoch >= config.epochs:
@@ -218,7 +220,13 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         )
     )
     if run and noise_every and (meter or per_worker >= 2):
-        hooks.append(_noise_scale_logger(config, writer, counter, meter, dataset, spe, world))
+        noise_scale = _noise_scale_logger(config, writer, counter, meter, dataset, spe, world)
+        events = read_events(run.events_path) if resume else {}
+        if "grad_sq_step" in events:  # smoothing goes on from the measurements logged before
+            logged = events[events.phase == "gns"]
+            pairs = zip(logged.grad_sq_step, logged.trace_sigma_step, strict=True)
+            noise_scale.continue_from(pairs)
+        hooks.append(noise_scale)
     if run and world == 1:
         every = config.logging.every_steps
         hooks.append(callbacks.StopWhenRequested(run, counter, every_steps=every))
@@ -255,20 +263,31 @@ def steps_per_execution(config: config_lib.ExperimentConfig, spe: int, world: in
     once per ``k`` steps instead of every step.
 
     The rule: the largest ``k`` that divides every interval a callback acts on (the events',
-    the trust ratios', the noise scale's in steps, and the epoch of ``spe`` steps), so each of
-    them still acts at exactly its step, and that is below the event interval (1 if that is 1),
-    so the first event's throughput clock starts before it. Training is unchanged: the same
-    steps in the same order, to the bit. Only the NaN guard coarsens: a non-finite loss is
-    caught at the end of its execution, at most ``k - 1`` steps late
+    the trust ratios', the one-worker noise scale's in steps, and the epoch of ``spe`` steps),
+    so each of them still acts at exactly its step, and that is below the event interval (1 if
+    that is 1), so the first event's throughput clock starts before it. With several workers
+    the noise scale is measured inside the compiled step at its own update
+    (:class:`~toolkit.distributed.GradientNoiseMeter`) and only read by a callback, so its
+    interval need not be a multiple of ``k``; ``k`` is only kept at most that interval, so every
+    measurement is read before the next. Training is unchanged: the same steps in the same
+    order, to the bit. Only the NaN guard coarsens: a non-finite loss is caught at the end of
+    its execution, at most ``k - 1`` steps late
     (:class:`~toolkit.callbacks.StopOnNonFiniteLoss`)."""
     logging = config.logging
     intervals = [spe, logging.every_steps]
     if _has_trust_ratios(config):
         intervals.append(logging.trust_ratio_every_steps)
-    if logging.noise_scale_every_steps:
-        intervals.append(logging.noise_scale_every_steps * config.steps_per_update(world))
+    noise_steps = logging.noise_scale_every_steps * config.steps_per_update(world)
+    if noise_steps and world == 1:
+        intervals.append(noise_steps)
     common = math.gcd(*intervals)
-    below = [k for k in range(1, common + 1) if common % k == 0 and k < logging.every_steps]
+    below = [
+        k
+        for k in range(1, common + 1)
+        if common % k == 0
+        and k < logging.every_steps
+        and (world == 1 or not noise_steps or k <= noise_steps)
+    ]
     return max(below, default=1)
 
 
