@@ -144,6 +144,21 @@ def test_trust_ratios_report_the_trust_ratio():
     }
 
 
+def test_the_ratios_of_the_latest_update_are_kept_outside_the_optimizer_state():
+    rng = np.random.default_rng(5)
+    kernel = keras.Variable(rng.standard_normal((4, 3)).astype("float32"), name="k")
+    bias = keras.Variable(rng.standard_normal(3).astype("float32"), name="b")
+    opt = LARS(trust_coefficient=0.01, weight_decay=0.1)
+    opt.build([kernel, bias])
+    assert np.isnan(opt.applied_trust_ratios()["k"])  # nothing applied yet
+    for _ in range(2):
+        grads = [rng.standard_normal(v.shape).astype("float32") for v in (kernel, bias)]
+        expected = opt.trust_ratios(grads, [kernel, bias])  # before the update moves w
+        opt.apply(grads, [kernel, bias])
+        assert opt.applied_trust_ratios() == expected == {"k": expected["k"]}
+    assert sorted(tuple(v.shape) for v in opt.variables) == [(), (), (3,), (4, 3)]  # no ratios
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [

@@ -184,3 +184,17 @@ def test_begin_epoch_in_the_update():
 def test_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LBSGD(**kwargs)
+
+
+def test_the_lars_multipliers_of_the_latest_update_are_kept_for_logging():
+    rng = np.random.default_rng(6)
+    variables = [keras.Variable(rng.standard_normal(s).astype("float32")) for s in ((5, 2), (2,))]
+    opt = LBSGD(warmup_strategy="lars", momentum=0.9, weight_decay=1e-4)
+    opt.build(variables)
+    for _ in range(2):
+        grads = [rng.standard_normal(v.shape).astype("float32") for v in variables]
+        expected = opt.trust_ratios(grads, variables)  # before the update moves w
+        opt.apply(grads, variables)
+        assert opt.applied_trust_ratios() == expected and len(expected) == 2
+    with pytest.raises(ValueError, match="applies no trust ratios"):
+        LBSGD(warmup_strategy="linear").applied_trust_ratios()

@@ -123,9 +123,37 @@ class EventLogger(keras.callbacks.Callback):
         self.writer.write(record)
 
 
+class TrustRatioLogger(keras.callbacks.Callback):
+    """Every ``every_steps`` steps, the per-layer trust ratios LARS (or LBSGD's ``lars``
+    warmup) applied in the latest update, as a ``trust_ratio`` event with
+    ``trust_ratio/<path>`` keys. They are read from the optimizer
+    (:meth:`~toolkit.optimizers.base.CoupledDecayOptimizer.applied_trust_ratios`), which keeps
+    them as it updates: no extra gradient, and with several workers the ratios of the averaged
+    gradient, the same on every worker."""
+
+    def __init__(self, writer: EventWriter, counter: StepCounter, *, every_steps: int):
+        super().__init__()
+        self.writer, self.counter = writer, counter
+        self.every_steps = every_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.counter.step % self.every_steps:
+            return
+        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        ratios = optimizer.applied_trust_ratios()
+        self.writer.write(
+            {
+                "step": self.counter.step,
+                "phase": "trust_ratio",
+                **{f"trust_ratio/{path}": ratio for path, ratio in ratios.items()},
+            }
+        )
+
+
 def loss_gradients(model: keras.Model, x, y) -> list[tf.Tensor]:
     """The gradients of the compiled loss on ``(x, y)``, the model run with ``training=False``
-    (no dropout, batch norm's moving statistics untouched): what the probes below measure."""
+    (no dropout, batch norm's moving statistics untouched): what the one-worker noise scale
+    measures (:class:`HalfBatchNorms`)."""
     with tf.GradientTape() as tape:
         loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=False))
     return tape.gradient(loss, model.trainable_variables)
@@ -135,51 +163,15 @@ _GRADIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def probe_gradients(model: keras.Model, x, y) -> list[tf.Tensor]:
-    """:func:`loss_gradients`, run as one graph per model, traced once for every batch size and
-    shared by the probes below: eagerly a gradient costs several times a compiled one, and
-    tracing one costs about a second for a ResNet, so it is done once, not once per probe."""
+    """:func:`loss_gradients`, run as one graph per model, traced once for every batch size:
+    eagerly a gradient costs several times a compiled one, and tracing one costs about a second
+    for a ResNet, so it is done once per model, not once per measurement."""
     if model not in _GRADIENTS:
         signature = [tf.TensorSpec([None, *x.shape[1:]], x.dtype), tf.TensorSpec([None], y.dtype)]
         _GRADIENTS[model] = tf.function(
             lambda x, y: loss_gradients(model, x, y), input_signature=signature, autograph=False
         )
     return _GRADIENTS[model](x, y)
-
-
-def compiled(function):
-    """``function`` as one TensorFlow graph, traced on first use (for the probes' arithmetic on
-    gradients: per-layer norms and ratios, dozens of small ops that eagerly cost milliseconds)."""
-    return tf.function(function, autograph=False)
-
-
-class TrustRatioLogger(keras.callbacks.Callback):
-    """Every ``every_steps`` steps, the per-layer trust ratios of LARS (or LBSGD's ``lars``
-    warmup) on a fixed probe batch, as a ``trust_ratio`` event with ``trust_ratio/<path>`` keys."""
-
-    def __init__(self, writer: EventWriter, counter: StepCounter, probe, *, every_steps: int):
-        super().__init__()
-        self.writer, self.counter = writer, counter
-        self.probe_x, self.probe_y = probe
-        self.every_steps = every_steps
-        self._ratios = None
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.counter.step % self.every_steps:
-            return
-        model = self.model
-        if self._ratios is None:
-            optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-            self._ratios = compiled(
-                lambda grads: optimizer.trust_ratio_tensors(grads, model.trainable_variables)
-            )
-        ratios = self._ratios(probe_gradients(model, self.probe_x, self.probe_y))
-        self.writer.write(
-            {
-                "step": self.counter.step,
-                "phase": "trust_ratio",
-                **{f"trust_ratio/{path}": float(r) for path, r in ratios.items()},
-            }
-        )
 
 
 class HalfBatchNorms:
@@ -198,7 +190,7 @@ class HalfBatchNorms:
         self._norms = None
 
     def __call__(self, model: keras.Model) -> tuple[float, float]:
-        self._norms = self._norms or compiled(self._squared_norms)
+        self._norms = self._norms or tf.function(self._squared_norms, autograph=False)
         rows = self.rng.choice(len(self.x), size=2 * self.half, replace=False)
         x, y = self.x[rows], self.y[rows]
         first = probe_gradients(model, x[: self.half], y[: self.half])

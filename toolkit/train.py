@@ -193,18 +193,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
             )
         )
         if _has_trust_ratios(config):
-            probe = (
-                dataset.x_train[:per_worker],
-                dataset.y_train[:per_worker],
-            )
-            hooks.append(
-                callbacks.TrustRatioLogger(
-                    writer,
-                    counter,
-                    probe,
-                    every_steps=config.logging.trust_ratio_every_steps,
-                )
-            )
+            every = config.logging.trust_ratio_every_steps
+            hooks.append(callbacks.TrustRatioLogger(writer, counter, every_steps=every))
     reducer = distributed.sparse_allreduce(optimizer)
     hooks.append(  # on every worker: the residuals are gathered from all of them
         callbacks.Checkpointer(

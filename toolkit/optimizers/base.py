@@ -34,6 +34,7 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
     """
 
     _hyperparameters: tuple[str, ...] = ("momentum", "weight_decay")
+    _applied_ratios = None  # set by LARS and LBSGD's lars warmup: a trust_ratio.AppliedRatios
 
     def __init__(self, learning_rate, momentum, weight_decay, name, **kwargs):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
@@ -55,6 +56,13 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
         self.velocities = (
             self.add_optimizer_variables(variables, "velocity") if self.uses_momentum else []
         )
+
+    def applied_trust_ratios(self) -> dict[str, float]:
+        """The trust ratio each variable got in the latest update (NaN before the first),
+        keyed by variable path (LARS, LBSGD's ``lars`` warmup): what a run logs, at no cost."""
+        if self._applied_ratios is None:
+            raise ValueError(f"{self.name} applies no trust ratios (or is not built yet)")
+        return self._applied_ratios.read()
 
     def trust_ratios(self, gradients, variables) -> dict[str, float]:
         """:meth:`trust_ratio_tensors` (defined by LARS and LBSGD) as floats, keyed by variable

@@ -9,7 +9,7 @@ import keras
 from keras import ops
 
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
-from toolkit.optimizers.trust_ratio import layer_trust_ratio
+from toolkit.optimizers.trust_ratio import AppliedRatios, layer_trust_ratio
 
 
 @keras.saving.register_keras_serializable(package="toolkit")
@@ -80,6 +80,8 @@ class LARS(CoupledDecayOptimizer):
         super().build(variables)
         # `update_step` may receive backend variables without a `path`; decide once here.
         self._adapted = [self.is_adapted(v) for v in variables]
+        adapted = [i for i, is_adapted in enumerate(self._adapted) if is_adapted]
+        self._applied_ratios = AppliedRatios(variables, adapted)
 
     def trust_ratio_tensors(self, gradients, variables) -> dict:
         """The per-variable ``local`` ratios an update with ``gradients`` would use, keyed by
@@ -103,10 +105,13 @@ class LARS(CoupledDecayOptimizer):
     def update_step(self, gradient, variable, learning_rate):
         learning_rate = ops.cast(learning_rate, variable.dtype)
         gradient = ops.cast(gradient, variable.dtype)
-        if not self._adapted[self._get_variable_index(variable)]:
+        index = self._get_variable_index(variable)
+        if not self._adapted[index]:
             self._heavy_ball_step(variable, learning_rate, gradient, self.nesterov, decay=False)
             return
-        rate = learning_rate * self._local_rate(gradient, variable)
+        local = self._local_rate(gradient, variable)
+        self._applied_ratios.record(index, local)
+        rate = learning_rate * local
         if self.clip:
             rate = ops.minimum(rate, learning_rate)
         self._heavy_ball_step(variable, rate, gradient, self.nesterov)

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
-from toolkit.optimizers.trust_ratio import layer_trust_ratio
+from toolkit.optimizers.trust_ratio import AppliedRatios, layer_trust_ratio
 from toolkit.schedules import WARMUP_STRATEGIES, warmup_ramp
 
 LBSGD_STRATEGIES = (*WARMUP_STRATEGIES, "lars")
@@ -93,6 +93,13 @@ class LBSGD(CoupledDecayOptimizer):
         self.batch_scale = int(batch_scale)
         self.begin_epoch = int(begin_epoch)
 
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        if self.warmup_strategy == "lars":
+            self._applied_ratios = AppliedRatios(variables, range(len(variables)))
+
     def warmup_multiplier(self, calls):
         """``mult`` of the linear/power2/sqrt strategies after ``calls`` calls (1-based)."""
         n = ops.cast(calls + self.begin_epoch * self.updates_per_epoch, "float32")
@@ -123,6 +130,7 @@ class LBSGD(CoupledDecayOptimizer):
         gradient = ops.cast(gradient, dtype)
         if self.warmup_strategy == "lars":
             multiplier = self._lars_multiplier(gradient, variable)
+            self._applied_ratios.record(self._get_variable_index(variable), multiplier)
         else:
             multiplier = ops.cast(self.warmup_multiplier(self._iterations + 1), dtype)
         rate = ops.cast(learning_rate, dtype) * multiplier

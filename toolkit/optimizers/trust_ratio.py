@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import keras
 from keras import ops
 
 from toolkit.optimizers.kernels import fused_kernels_for, l2_norm
@@ -67,3 +68,28 @@ def layer_trust_ratio(
         both_positive = ops.logical_and(weight_norm > 0, grad_norm > 0)
         ratio = ops.where(both_positive, ratio, ops.ones_like(ratio))
     return ops.clip(ratio, *bounds) if bounds != (-math.inf, math.inf) else ratio
+
+
+class AppliedRatios:
+    """The ratio the latest update applied to each of some variables, one scalar each, for
+    logging (NaN before the first update). Kept outside the optimizer's tracked variables, so
+    ``optimizer.variables``, checkpoints and the broadcast of optimizer state do not see it.
+
+    ``variables``: the optimizer's variables, in its order; ``indices``: those with a ratio.
+    """
+
+    def __init__(self, variables, indices):
+        self._paths = {i: variables[i].path for i in indices}
+        self._ratios = {
+            i: keras.Variable(math.nan, dtype=variables[i].dtype, trainable=False) for i in indices
+        }
+
+    def record(self, index: int, ratio) -> None:
+        """Keep ``ratio``, the one the update of variable ``index`` applies now."""
+        self._ratios[index].assign(ratio)
+
+    def read(self) -> dict[str, float]:
+        """The latest ratios, keyed by variable path."""
+        return {
+            self._paths[i]: float(ops.convert_to_numpy(ratio)) for i, ratio in self._ratios.items()
+        }
