@@ -42,6 +42,18 @@ def run_cli(args: list[str], runs, env: dict | None = None, timeout: float = 300
     )
 
 
+def as_in_training(step: Callable) -> Callable:
+    """``step`` as a training loop runs it: in a ``tf.function`` on the TensorFlow backend,
+    unchanged on the others (the optimizer oracle tests run on PyTorch too)."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return step
+    import tensorflow as tf
+
+    return tf.function(step)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

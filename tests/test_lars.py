@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from conftest import as_in_training
 
 from toolkit.optimizers import LARS
 
@@ -157,6 +158,25 @@ def test_the_ratios_of_the_latest_update_are_kept_outside_the_optimizer_state():
         opt.apply(grads, [kernel, bias])
         assert opt.applied_trust_ratios() == expected == {"k": expected["k"]}
     assert sorted(tuple(v.shape) for v in opt.variables) == [(), (), (3,), (4, 3)]  # no ratios
+
+
+def test_a_layer_without_a_gradient_keeps_the_ratio_of_its_last_update():
+    rng = np.random.default_rng(7)
+    first, second = (
+        keras.Variable(rng.standard_normal((3, 3)).astype("float32"), name=name)
+        for name in ("first", "second")
+    )
+    opt = LARS(trust_coefficient=0.01, weight_decay=0.1)
+    opt.build([first, second])
+    step = as_in_training(lambda grads: opt.apply(grads, [first, second]))
+    grads = [rng.standard_normal((3, 3)).astype("float32") for _ in range(2)]
+    both = opt.trust_ratios(grads, [first, second])
+    step(grads)
+    only_first = opt.trust_ratios(grads[:1], [first])
+    with pytest.warns(UserWarning, match="Gradients do not exist for variables \\['second'\\]"):
+        opt.apply([grads[0], None], [first, second])
+    assert opt.applied_trust_ratios() == {"first": only_first["first"], "second": both["second"]}
+    assert only_first["first"] != both["first"]
 
 
 @pytest.mark.parametrize(

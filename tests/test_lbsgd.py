@@ -7,6 +7,7 @@ import math
 import keras
 import numpy as np
 import pytest
+from conftest import as_in_training
 
 from toolkit.optimizers import LBSGD
 
@@ -198,3 +199,17 @@ def test_the_lars_multipliers_of_the_latest_update_are_kept_for_logging():
         assert opt.applied_trust_ratios() == expected and len(expected) == 2
     with pytest.raises(ValueError, match="applies no trust ratios"):
         LBSGD(warmup_strategy="linear").applied_trust_ratios()
+
+
+def test_a_compiled_accumulating_update_keeps_the_multipliers_of_the_mean_gradient():
+    rng = np.random.default_rng(8)
+    variables = [keras.Variable(rng.standard_normal(s).astype("float32")) for s in ((4, 2), (2,))]
+    opt = LBSGD(warmup_strategy="lars", weight_decay=1e-4, batch_scale=2)
+    opt.build(variables)
+    step = as_in_training(lambda grads: opt.apply(grads, variables))
+    calls = [[rng.standard_normal(v.shape).astype("float32") for v in variables] for _ in range(2)]
+    step(calls[0])  # accumulated only: nothing applied yet
+    assert all(np.isnan(r) for r in opt.applied_trust_ratios().values())
+    expected = opt.trust_ratios([(a + b) / 2 for a, b in zip(*calls, strict=True)], variables)
+    step(calls[1])
+    assert opt.applied_trust_ratios() == pytest.approx(expected, rel=1e-6)

@@ -57,6 +57,11 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
             self.add_optimizer_variables(variables, "velocity") if self.uses_momentum else []
         )
 
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        super()._backend_update_step(grads, trainable_variables, learning_rate)
+        if self._applied_ratios is not None:
+            self._applied_ratios.write()
+
     def applied_trust_ratios(self) -> dict[str, float]:
         """The trust ratio each variable got in the latest update (NaN before the first),
         keyed by variable path (LARS, LBSGD's ``lars`` warmup): what a run logs, at no cost."""

@@ -71,25 +71,44 @@ def layer_trust_ratio(
 
 
 class AppliedRatios:
-    """The ratio the latest update applied to each of some variables, one scalar each, for
-    logging (NaN before the first update). Kept outside the optimizer's tracked variables, so
+    """The ratio the latest update applied to each of some variables, for logging (NaN before
+    the first update). Kept in one vector outside the optimizer's tracked variables, so
     ``optimizer.variables``, checkpoints and the broadcast of optimizer state do not see it.
+
+    An update holds each variable's ratio as it goes (:meth:`record`) and keeps them all at its
+    end in one assignment (:meth:`write`): one op per update rather than one per layer, which
+    on ResNet-50 cost about 1 ms of a 25 ms LARS update.
 
     ``variables``: the optimizer's variables, in its order; ``indices``: those with a ratio.
     """
 
     def __init__(self, variables, indices):
-        self._paths = {i: variables[i].path for i in indices}
-        self._ratios = {
-            i: keras.Variable(math.nan, dtype=variables[i].dtype, trainable=False) for i in indices
-        }
+        indices = list(indices)
+        self._paths = [variables[i].path for i in indices]
+        self._position = {index: position for position, index in enumerate(indices)}
+        self._dtype = keras.backend.result_type(*(variables[i].dtype for i in indices))
+        self._ratios = keras.Variable(
+            ops.full((len(indices),), math.nan, self._dtype), trainable=False
+        )
+        self._pending = {}
 
     def record(self, index: int, ratio) -> None:
-        """Keep ``ratio``, the one the update of variable ``index`` applies now."""
-        self._ratios[index].assign(ratio)
+        """Hold ``ratio``, the one the update of variable ``index`` applies now."""
+        self._pending[self._position[index]] = ops.cast(ratio, self._dtype)
+
+    def write(self) -> None:
+        """Keep the ratios recorded since the last write (the others keep their value)."""
+        if not self._pending:
+            return
+        positions, ratios = zip(*sorted(self._pending.items()), strict=True)
+        self._pending = {}
+        if len(positions) == len(self._paths):
+            self._ratios.assign(ops.stack(ratios))
+            return
+        self._ratios.assign(
+            ops.scatter_update(self._ratios, [[p] for p in positions], ops.stack(ratios))
+        )
 
     def read(self) -> dict[str, float]:
         """The latest ratios, keyed by variable path."""
-        return {
-            self._paths[i]: float(ops.convert_to_numpy(ratio)) for i, ratio in self._ratios.items()
-        }
+        return dict(zip(self._paths, ops.convert_to_numpy(self._ratios).tolist(), strict=True))
