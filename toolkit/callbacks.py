@@ -19,6 +19,7 @@ from toolkit import checkpoints
 from toolkit.events import EventWriter
 from toolkit.experiment import rates_at
 from toolkit.noise_scale import Smoother, estimate
+from toolkit.optimizers import unwrapped
 
 
 class NonFiniteLoss(RuntimeError):
@@ -138,8 +139,7 @@ class TrustRatioLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.counter.step % self.every_steps:
             return
-        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
-        ratios = optimizer.applied_trust_ratios()
+        ratios = unwrapped(self.model.optimizer).applied_trust_ratios()
         self.writer.write(
             {
                 "step": self.counter.step,

@@ -56,6 +56,7 @@ import tensorflow as tf
 
 from toolkit import compression as compression_lib
 from toolkit import sync as sync_lib
+from toolkit.optimizers import unwrapped
 
 _log = logging.getLogger(__name__)
 
@@ -346,7 +347,7 @@ def sparse_allreduce(
 
 
 def _wiring(optimizer: keras.optimizers.Optimizer) -> _Wiring | None:
-    return _WIRING.get(getattr(optimizer, "inner_optimizer", optimizer))
+    return _WIRING.get(unwrapped(optimizer))
 
 
 def _reducer(

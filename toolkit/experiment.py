@@ -126,7 +126,7 @@ def rates_at(optimizer: keras.optimizers.Optimizer) -> Callable[[int], tuple[flo
     layer, so the scheduled base rate is reported), and the momentum is ``None`` for optimizers
     without one. Schedules are compiled once: eagerly one costs milliseconds a call, compiled
     tens of microseconds."""
-    momentum = getattr(_inner(optimizer), "momentum", None)
+    momentum = getattr(optimizers.unwrapped(optimizer), "momentum", None)
     scheduled = tf.function(
         lambda step: (_rate(optimizer, step), momentum(step) if callable(momentum) else 0.0),
         autograph=False,
@@ -139,12 +139,8 @@ def rates_at(optimizer: keras.optimizers.Optimizer) -> Callable[[int], tuple[flo
     return rates
 
 
-def _inner(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-    return getattr(optimizer, "inner_optimizer", optimizer)  # loss scaling
-
-
 def _rate(optimizer, step):
-    optimizer = _inner(optimizer)
+    optimizer = optimizers.unwrapped(optimizer)
     rate = optimizer.learning_rate
     if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
         rate = optimizer._learning_rate(step)

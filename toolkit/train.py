@@ -271,14 +271,10 @@ def steps_per_execution(config: config_lib.ExperimentConfig, spe: int, world: in
     if noise_steps and world == 1:
         intervals.append(noise_steps)
     common = math.gcd(*intervals)
-    below = [
-        k
-        for k in range(1, common + 1)
-        if common % k == 0
-        and k < logging.every_steps
-        and (world == 1 or not noise_steps or k <= noise_steps)
-    ]
-    return max(below, default=1)
+    most = min(common, logging.every_steps - 1)
+    if noise_steps and world > 1:  # each measurement read before the next overwrites it
+        most = min(most, noise_steps)
+    return max((k for k in range(1, most + 1) if common % k == 0), default=1)
 
 
 def _restore_residuals(optimizer, checkpoint: Path | None, world: int) -> None:

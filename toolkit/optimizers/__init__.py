@@ -36,4 +36,9 @@ def get(name: str, **params) -> keras.optimizers.Optimizer:
     return OPTIMIZERS.get(name, **params)
 
 
-__all__ = ["LARS", "LBSGD", "OPTIMIZERS", "SGD", "get", "trust_ratio"]
+def unwrapped(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """The optimizer a ``LossScaleOptimizer`` (mixed precision) wraps, or ``optimizer``."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+__all__ = ["LARS", "LBSGD", "OPTIMIZERS", "SGD", "get", "trust_ratio", "unwrapped"]

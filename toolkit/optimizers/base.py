@@ -58,6 +58,8 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
         )
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        """Keras's update of every variable, then the trust ratios it recorded kept at once
+        (inside Keras's accumulation branch, so only updates that apply record)."""
         super()._backend_update_step(grads, trainable_variables, learning_rate)
         if self._applied_ratios is not None:
             self._applied_ratios.write()
