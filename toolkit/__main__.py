@@ -9,6 +9,9 @@ python -m toolkit probe CONFIG [--np N] [--steps K] [--set k=v ...]
 python -m toolkit sweep SWEEP [--dry-run | --status] [--max-parallel K] [--retry-failed] [--csv F]
 python -m toolkit queue [--capacity h1:2,h2:2 | --capacity default]
 python -m toolkit notebook [JUPYTERLAB ARGS]   (see toolkit.jupyter)
+python -m toolkit cluster up [--hosts N] [--bandwidth 1gbit] [--delay 100us]   (toolkit.cluster)
+python -m toolkit cluster status | shape [--bandwidth R] [--delay D] | down
+python -m toolkit cluster exec HOST -- COMMAND...
 
 Every user error (a bad config, an unknown or invalid run id, a run that is busy or in the wrong
 state, run files that cannot be written) exits with status 2 and one line on stderr.
@@ -23,8 +26,9 @@ import sys
 
 import pandas as pd
 
-from toolkit import jupyter, slots
+from toolkit import cluster, jupyter, slots
 from toolkit import launch as launcher
+from toolkit.cluster import ClusterError
 from toolkit.monitor import follow
 from toolkit.rundir import list_runs, summary
 
@@ -64,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "notebook", help="JupyterLab on 127.0.0.1 in notebooks/; other arguments go to it"
     )
+    _cluster_parser(sub.add_parser("cluster", help="a test cluster of namespace hosts"))
     args, passed_on = parser.parse_known_args(argv)
     if passed_on and args.command != "notebook":
         parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
@@ -104,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.runs:
                 os.environ["LBL_RUNS"] = args.runs
             jupyter.main(passed_on)
+        elif args.command == "cluster":
+            return _cluster(args)
         elif args.command == "probe":
             from toolkit import noise_scale
             from toolkit.config import load
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"probing {config.name}: {args.steps} updates on {args.np} worker(s)...")
             result = noise_scale.probe(config, steps=args.steps, np=args.np, runs_root=args.runs)
             print(f"{result.reading()}\n(probe run: {result.run_id})")
-    except (ValueError, OSError) as error:  # ConfigError and RunError are ValueErrors
+    except (ValueError, OSError, ClusterError) as error:  # ConfigError, RunError: ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -189,6 +196,44 @@ def _queue(root: str | None, capacity: str | None) -> str:
         place = "running" if entry["position"] is None else f"waiting #{entry['position']}"
         lines.append(f"  {entry['run_id']}  {where}  {place}")
     return "\n".join(lines if len(lines) > 1 else [*lines, "  (empty)"])
+
+
+def _cluster_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    make = actions.add_parser("up", help="make (or repair) the cluster")
+    make.add_argument("--hosts", type=int, default=3, help="number of hosts (default 3)")
+    for action in (make, actions.add_parser("shape", help="limit every host's link")):
+        action.add_argument("--bandwidth", help="each host's link rate, tc units: 1gbit, 500mbit")
+        action.add_argument("--delay", help="one-way delay, tc units: 100us (needs sch_netem)")
+    actions.add_parser("status", help="each host: namespace, sshd, ssh, shaping")
+    actions.add_parser("down", help="remove every namespace, process and file the cluster made")
+    inside = actions.add_parser("exec", help="run a command inside a host")
+    inside.add_argument("host")
+    inside.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND")
+
+
+def _cluster(args) -> int:
+    """``cluster``: up, shape, status, exec or down (see :mod:`toolkit.cluster`)."""
+    if args.action == "up":
+        given = args.bandwidth or args.delay
+        made = cluster.up(
+            args.hosts, cluster.Shaping(args.bandwidth, args.delay) if given else None
+        )
+        print(f"cluster up: {', '.join(h.name for h in made)} (ssh {made[-1].name} works)")
+    elif args.action == "shape":
+        cluster.shape(cluster.Shaping(args.bandwidth, args.delay))
+    elif args.action == "down":
+        cluster.down()
+        print("cluster down")
+        return 0
+    elif args.action == "exec":
+        argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        if not argv:
+            raise ClusterError("cluster exec HOST -- COMMAND: the command is missing")
+        os.execvp("ip", cluster.exec_argv(args.host, argv))
+    rows = cluster.status()
+    print(pd.DataFrame(rows).to_string(index=False) if rows else "no cluster is up")
+    return 0
 
 
 def _wait(run) -> int:
