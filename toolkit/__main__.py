@@ -1,6 +1,7 @@
 """``python -m toolkit``: launch, list, stop and resume runs.
 
-python -m toolkit launch CONFIG [--np N] [--hosts h1:2,h2:2] [--set k=v ...] [--wait]
+python -m toolkit launch CONFIG [--np N] [--hosts h1:2,h2:2 | auto | --hostfile F]
+                          [--set k=v ...] [--wait]
 python -m toolkit runs
 python -m toolkit stop RUN
 python -m toolkit resume RUN [--wait]
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     start = sub.add_parser("launch", help="validate a config and start it under horovodrun")
     start.add_argument("config")
     start.add_argument("--np", type=int, help="number of workers (default: the config's)")
-    start.add_argument("--hosts", help="name:slots,... (default localhost:NP)")
+    start.add_argument("--hosts", help="name:slots,... or auto (Slurm); default localhost:NP")
+    start.add_argument("--hostfile", help="horovodrun's hostfile: 'name slots=N' per line")
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     start.add_argument("--name", help="run id (default <name>-<time>-<hex>)")
     start.add_argument("--wait", action="store_true", help="wait until the run ends")
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.config,
                 np=args.np,
                 hosts=args.hosts,
+                hostfile=args.hostfile,
                 overrides=args.set,
                 runs_root_dir=args.runs,
                 run_id=args.name,

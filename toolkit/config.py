@@ -262,7 +262,10 @@ class CheckpointConfig(_Section):
 
 
 class ExperimentConfig(_Section):
-    """One experiment. ``workers`` and ``hosts`` are used by the launcher."""
+    """One experiment. ``workers``, ``hosts`` and the ssh fields are used by the launcher:
+    ``ssh_port``, ``ssh_identity_file`` and ``network_interface`` are horovodrun's ``-p``,
+    ``-i`` and ``--network-interfaces``, and pre-flight, ``stop`` and ``status`` reach the
+    hosts with the same ssh options (:mod:`toolkit.remote`)."""
 
     name: str = "run"
     seed: int = 0
@@ -281,6 +284,15 @@ class ExperimentConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     workers: int = Field(1, ge=1)
     hosts: str | None = None
+    ssh_port: int | None = Field(None, ge=1, le=65535, description="the hosts' ssh port")
+    ssh_identity_file: str | None = Field(
+        None, min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f]+$", description="ssh key"
+    )
+    network_interface: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.:-]{1,15}(,[A-Za-z0-9_.:-]{1,15})*$",
+        description="interfaces the workers talk over (default: those all hosts share)",
+    )
 
     @model_validator(mode="before")
     @classmethod

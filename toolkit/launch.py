@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 from toolkit import config as config_lib
-from toolkit import processes, slots
+from toolkit import hosts as hosts_lib
+from toolkit import preflight, processes, slots
 from toolkit.files import writing
 from toolkit.rundir import LIVE, RUN_FILES, RunDir, RunError, new_run_id, resolve, runs_root
 
@@ -42,21 +43,26 @@ def launch(
     *,
     np: int | None = None,
     hosts: str | None = None,
+    hostfile: str | Path | None = None,
     overrides: list[str] = (),
     runs_root_dir: str | Path | None = None,
     run_id: str | None = None,
     meta: dict | None = None,
 ) -> RunDir:
-    """Validate ``config`` (a path or an object), create its run directory and start it with
-    ``np`` workers on ``hosts`` (``name:slots,...``; default ``localhost:np``). ``meta``:
-    extra fields for ``meta.json`` (e.g. ``{"probe": True}``)."""
+    """Validate ``config`` (a path or an object), check its hosts (:mod:`toolkit.preflight`),
+    create its run directory and start it with ``np`` workers on ``hosts`` (``name:slots,...``,
+    or ``auto`` in a Slurm allocation; default ``localhost:np``) or the hosts of a horovodrun
+    ``hostfile`` (:mod:`toolkit.hosts`). ``meta``: extra fields for ``meta.json`` (e.g.
+    ``{"probe": True}``)."""
     if isinstance(config, (str, Path)):
         config = config_lib.load(config, overrides)
         overrides = ()
+    hosts = hosts_lib.resolve(hosts, hostfile)
     changes = {k: v for k, v in (("workers", np), ("hosts", hosts)) if v is not None}
     config = config_lib.from_mapping({**config.model_dump(mode="json"), **changes}, overrides)
     check_fits_dataset(config)
     slots.check_fits(slots.slots_of(config), runs_root_dir)
+    preflight.check(config, runs_root(runs_root_dir))
     run = RunDir.create(runs_root_dir, run_id or new_run_id(config.name), config)
     try:
         with run.lock():
@@ -79,6 +85,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
             raise RunError(f"run {run.run_id} has no checkpoint to resume from")
         config = config_lib.from_mapping(run.config().model_dump(mode="json"))  # checked again
         slots.check_fits(slots.slots_of(config), run.path.parent)
+        preflight.check(config, run.path.parent)
         try:
             _start(run, config, resume=True)
         except OSError as error:
@@ -105,6 +112,11 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
     if horovodrun is None:
         raise FileNotFoundError("horovodrun not found: run scripts/setup.sh first")
     hosts = config.hosts or f"localhost:{config.workers}"
+    ssh = [
+        *(["-p", str(config.ssh_port)] if config.ssh_port else []),
+        *(["-i", config.ssh_identity_file] if config.ssh_identity_file else []),
+        *(["--network-interfaces", config.network_interface] if config.network_interface else []),
+    ]
     argv = [
         horovodrun,
         "--gloo",
@@ -112,6 +124,7 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
         str(config.workers),
         "-H",
         hosts,
+        *ssh,
         sys.executable,
         "-m",
         "toolkit.train",

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import files, processes
-from toolkit.config import HOSTS, ExperimentConfig
+from toolkit import hosts as hosts_lib
+from toolkit.config import ExperimentConfig
 from toolkit.rundir import LIVE, RunDir, RunError, list_runs, runs_root
 
 QUEUE_FILE = ".queue.json"
@@ -53,19 +54,9 @@ POLL_S = 0.5
 """How often a waiting supervisor looks at the queue again."""
 
 
-def parse_hosts(hosts: str) -> dict[str, int]:
-    """``"h1:2,h2:2"`` as ``{"h1": 2, "h2": 2}`` (the syntax of the config's ``hosts``)."""
-    if not HOSTS.match(hosts):
-        raise ValueError(
-            f"hosts must be name:slots[,name:slots...], e.g. h1:2,h2:2 (got {hosts!r})"
-        )
-    pairs = (item.rsplit(":", 1) for item in hosts.split(","))
-    return {name: int(count) for name, count in pairs}
-
-
 def slots_of(config: ExperimentConfig) -> dict[str, int]:
     """The slots a run takes on each host: its ``hosts``, or ``localhost: workers``."""
-    return parse_hosts(config.hosts or f"localhost:{config.workers}")
+    return hosts_lib.parse(config.hosts or f"localhost:{config.workers}")
 
 
 @functools.cache
@@ -94,7 +85,7 @@ def _capacity(state: dict[str, Any]) -> dict[str, int]:
 def set_capacity(hosts: str | None, root: str | Path | None = None) -> dict[str, int]:
     """Set the queue's capacity (``name:slots,...``; ``None``: back to this machine's default);
     waiting runs that now fit start on their supervisors' next look."""
-    chosen = parse_hosts(hosts) if hosts else None
+    chosen = hosts_lib.parse(hosts) if hosts else None
     with _locked(runs_root(root)) as (state, write):
         state.pop("capacity", None)
         write({**state, "capacity": chosen} if chosen else state)

@@ -1,0 +1,103 @@
+"""Host lists: where a run's workers go, as horovodrun's ``-H`` takes it (``h1:2,h2:2``).
+
+Three ways to give one, all turned into that string before anything starts:
+
+- written out: ``--hosts lbl-h1:2,lbl-h2:2`` (or the config's ``hosts``);
+- a hostfile in horovodrun's format (``--hostfile FILE``): one host a line, ``name slots=N``
+  (``slots`` defaults to 1), ``#`` starts a comment;
+- ``--hosts auto`` inside a Slurm allocation: the nodes of ``SLURM_JOB_NODELIST`` (Slurm's
+  hostlist syntax, ``node[1-3,5]``, expanded by python-hostlist) with the tasks of
+  ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) as their slots.
+
+A malformed list raises :class:`~toolkit.config.ConfigError` naming where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import hostlist
+
+from toolkit.config import HOSTS, ConfigError
+
+AUTO = "auto"
+HOSTFILE_LINE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(\s+slots\s*=\s*(?P<slots>[1-9][0-9]*))?$")
+MAX_HOSTFILE_BYTES = 1 << 20
+
+
+def parse(hosts: str) -> dict[str, int]:
+    """``"h1:2,h2:2"`` as ``{"h1": 2, "h2": 2}``; a host named twice has the sum of its slots."""
+    if not HOSTS.match(hosts):
+        raise ConfigError(
+            f"hosts must be name:slots[,name:slots...], e.g. h1:2,h2:2 (got {hosts[:200]!r})"
+        )
+    slots: dict[str, int] = {}
+    for item in hosts.split(","):
+        name, count = item.rsplit(":", 1)
+        slots[name] = slots.get(name, 0) + int(count)
+    return slots
+
+
+def join(slots: Mapping[str, int]) -> str:
+    """``{"h1": 2, "h2": 2}`` as ``"h1:2,h2:2"``."""
+    return ",".join(f"{name}:{count}" for name, count in slots.items())
+
+
+def read_hostfile(path: str | Path) -> str:
+    """The host list of a horovodrun hostfile."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_HOSTFILE_BYTES:
+            raise ConfigError(f"hostfile {path}: larger than {MAX_HOSTFILE_BYTES} bytes")
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"hostfile {path}: cannot be read ({error})") from None
+    slots: dict[str, int] = {}
+    for number, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = HOSTFILE_LINE.match(line)
+        if not match:
+            raise ConfigError(
+                f"hostfile {path}, line {number}: expected 'name slots=N' with N >= 1 "
+                f"(got {line[:200]!r})"
+            )
+        name, count = match["name"], int(match["slots"] or 1)
+        slots[name] = slots.get(name, 0) + count
+    if not slots:
+        raise ConfigError(f"hostfile {path} lists no host")
+    return join(slots)
+
+
+def from_slurm(environ: Mapping[str, str] = os.environ) -> str:
+    """The host list of the Slurm allocation described by ``environ``."""
+    nodes, tasks = environ.get("SLURM_JOB_NODELIST"), environ.get("SLURM_TASKS_PER_NODE")
+    if not nodes or not tasks:
+        raise ConfigError(
+            "--hosts auto needs a Slurm allocation (SLURM_JOB_NODELIST and "
+            "SLURM_TASKS_PER_NODE are not both set)"
+        )
+    try:
+        names = hostlist.expand_hostlist(nodes)
+        counts = hostlist.parse_slurm_tasks_per_node(tasks)
+    except (hostlist.BadHostlist, ValueError) as error:
+        raise ConfigError(f"Slurm allocation {nodes[:200]!r} / {tasks[:200]!r}: {error}") from None
+    if len(names) != len(counts):
+        raise ConfigError(
+            f"SLURM_JOB_NODELIST names {len(names)} nodes but SLURM_TASKS_PER_NODE gives "
+            f"{len(counts)} counts"
+        )
+    return join(dict(zip(names, counts, strict=True)))
+
+
+def resolve(hosts: str | None = None, hostfile: str | Path | None = None) -> str | None:
+    """The host list from ``hosts`` (a list or ``auto``) or ``hostfile``, not both."""
+    if hosts is not None and hostfile is not None:
+        raise ConfigError("give --hosts or --hostfile, not both")
+    if hostfile is not None:
+        return read_hostfile(hostfile)
+    return from_slurm() if hosts == AUTO else hosts
