@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from toolkit import config as config_lib
 from toolkit import hosts as hosts_lib
-from toolkit import preflight, processes, slots
+from toolkit import preflight, processes, remote, slots
 from toolkit.files import writing
 from toolkit.rundir import LIVE, RUN_FILES, RunDir, RunError, new_run_id, resolve, runs_root
 
@@ -185,8 +187,11 @@ def supervise(run: RunDir, argv: list[str]) -> int:
     stop and a resume may have come between). A run stopped while queued never starts."""
     signal.signal(signal.SIGTERM, lambda *_: None)  # outlive the child to record the state
     me = processes.record("supervisor")
+    heartbeat = processes.Heartbeat(run.path, me)
+    heartbeat.start()
     child = _start_when_free(run, argv)
     if child is None:
+        heartbeat.stop()
         return 0
     while True:
         try:
@@ -198,6 +203,7 @@ def supervise(run: RunDir, argv: list[str]) -> int:
         _record_exit(run, me, code)
     except RunError:  # deleted after a stop: nothing left to record into
         pass
+    heartbeat.stop()
     return code
 
 
@@ -233,15 +239,45 @@ def _record_exit(run: RunDir, me: dict, code: int) -> None:
         finished = time.time()  # horovodrun has exited: its slots are free too
         if status.get("stop_requested"):
             run.finish("stopped", exit_code=code, finished=finished, released=finished)
-        else:  # training's own reason, if it wrote one, wins (the first final state)
-            reason = (
-                f"horovodrun exited with code {code}; see stdout.log"
-                if code
-                else "training exited without finishing"
-            )
-            run.finish(
-                "failed", exit_code=code, finished=finished, reason=reason, released=finished
-            )
+            return
+        rank, reason = _failure(run, status, code)
+        if rank and status.get("state") == "failed":  # rank 0's error followed another's death
+            run.set_status("failed", exit_code=code, finished=finished, reason=reason)
+        # otherwise training's own reason, if it wrote one, wins (the first final state)
+        run.finish("failed", exit_code=code, finished=finished, reason=reason, released=finished)
+
+
+def _failure(run: RunDir, status: dict, code: int) -> tuple[int | None, str]:
+    """Why horovodrun exited with ``code``, and the rank that failed first where horovodrun's
+    last words in ``stdout.log`` name it: that worker's rank, host and exit."""
+    said = f"horovodrun exited with code {code}; see stdout.log"
+    if code == 0:
+        return None, "training exited without finishing"
+    try:
+        with open(run.stdout_path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 65536))
+            tail = log.read().decode(errors="replace")
+    except OSError:
+        return None, said
+    first = re.findall(r"Process name: (\d+)\s+Exit code: (-?\d+)", tail)
+    if not first:
+        return None, said
+    rank, exit_code = int(first[-1][0]), int(first[-1][1])
+    workers = [e for e in status.get("processes", []) if e.get("rank") == rank]
+    where = f" on {workers[0]['host']}" if workers else ""
+    return rank, f"worker rank {rank}{where} exited with code {exit_code}{_how(exit_code)}; {said}"
+
+
+def _how(exit_code: int) -> str:
+    """What a worker's exit code says: a signal (negative: horovodrun's own child; above 128: a
+    shell's), or ssh's 255 for a remote process killed by a signal or a lost connection."""
+    if exit_code == 255:
+        return " (ssh's code: killed by a signal on that host, or the connection was lost)"
+    signum = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else None
+    try:
+        return f" (killed by {signal.Signals(signum).name})" if signum else ""
+    except ValueError:
+        return ""
 
 
 def stop(
@@ -249,7 +285,8 @@ def stop(
 ) -> RunDir:
     """Stop a queued or running run: SIGTERM to every live process it recorded and their
     children (the supervisor excepted: it records the exit code), SIGKILL after ``timeout`` s,
-    and mark it ``stopped``. This works when the supervisor itself is gone. A run trained in
+    and mark it ``stopped``. Processes on other hosts are ended there, over ssh, at the same
+    time. This works when the supervisor itself, or horovodrun, is gone. A run trained in
     the calling process (a notebook) is not signalled: it stops itself at its next check
     (:class:`~toolkit.callbacks.StopWhenRequested`). Raises
     :class:`~toolkit.rundir.RunError` naming any process that survived; a run that has already
@@ -260,19 +297,43 @@ def stop(
         if status["state"] not in LIVE:
             return run
         run.set_status(status["state"], stop_requested=True)
-        entries = run.process_records(status)
-        supervisors = {
-            p.pid for e in entries if e.get("role") == "supervisor" and (p := processes.find(e))
-        }
-        spared = supervisors | {os.getpid()}  # a run trained in this process stops itself
-        targets = [p for p in processes.alive(entries) if p.pid not in spared]
-        survivors = processes.terminate(targets, timeout)
+        survivors = _terminate_everywhere(run, run.process_records(status), timeout)
         if survivors:
-            pids = ", ".join(str(p.pid) for p in survivors)
-            raise RunError(f"run {run.run_id}: processes {pids} survived SIGKILL; still running")
+            raise RunError(f"run {run.run_id}: {'; '.join(survivors)}; still running")
         run.finish("stopped", finished=time.time(), reason="stopped on request")
     slots.leave_line(run)
     return run
+
+
+def _terminate_everywhere(run: RunDir, entries: list[dict], timeout: float) -> list[str]:
+    """End ``entries`` on every host at once, here directly and elsewhere over ssh with the
+    run's options (the supervisors and this process are spared); what survived, per host."""
+    by_host: dict[str, list[dict]] = {}
+    for entry in entries:
+        by_host.setdefault(entry.get("host", ""), []).append(entry)
+    try:
+        ssh = remote.Ssh.of(run.config())
+    except (ValueError, OSError):  # an unreadable config: the default options
+        ssh = remote.Ssh()
+
+    def end(host: str) -> str | None:
+        mine = by_host[host]
+        try:
+            if processes.is_local(mine[0]):
+                left = [p.pid for p in processes.terminate_records(mine, timeout)]
+            else:
+                left = processes.terminate_on(host, mine, timeout, ssh)
+        except OSError as error:
+            return str(error)
+        return f"processes {', '.join(map(str, left))} on {host} survived SIGKILL" if left else None
+
+    with ThreadPoolExecutor(max_workers=max(1, len(by_host))) as pool:
+        problems = [problem for problem in pool.map(end, by_host) if problem]
+    if not problems:  # all ended: their heartbeats would read alive for a while yet
+        for entry in entries:
+            if entry.get("role") != "supervisor":
+                processes.heartbeat_path(run.path, entry).unlink(missing_ok=True)
+    return problems
 
 
 def delete(run: RunDir | str, runs_root_dir: str | Path | None = None) -> None:

@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired
 
 import pandas as pd
 from pydantic import TypeAdapter, ValidationError
@@ -85,6 +85,7 @@ class ProcessRecord(TypedDict):
     pid: int
     started: float
     host: str
+    rank: NotRequired[int]
 
 
 def _fields(**types) -> dict[str, TypeAdapter]:
@@ -311,18 +312,16 @@ class RunDir:
 
     def status(self) -> dict[str, Any]:
         """The run's state, checked against its processes: a ``queued``/``running`` run none of
-        whose recorded local processes is alive is ``failed`` (a run that has recorded none is
-        given :data:`STARTUP_GRACE_S` to start one). Never raises."""
+        whose recorded processes is alive (on this host, or by its heartbeat on another:
+        :func:`toolkit.processes.running`) is ``failed`` (a run that has recorded none is given
+        :data:`STARTUP_GRACE_S` to start one). Never raises."""
         status = self.recorded_status()
         if not status:  # no status.json: a directory being created, or abandoned
             status = {"state": "queued", "updated": _mtime(self.path)}
         if status["state"] not in LIVE:
             return status
         entries = self.process_records(status)
-        local = [entry for entry in entries if processes.is_local(entry)]
-        if entries and not local:  # all on other hosts: nothing here can tell
-            return status
-        if any(processes.find(entry) for entry in local):
+        if any(processes.running(self.path, entry) for entry in entries):
             return status
         if not entries and time.time() - status.get("updated", 0) < STARTUP_GRACE_S:
             return status

@@ -224,7 +224,7 @@ def _active(run: RunDir) -> bool:
     keeps its slots until its workers have exited)."""
     status = run.status()  # checked against its processes
     records = run.process_records(status)
-    return status["state"] in LIVE or any(processes.find(record) for record in records)
+    return status["state"] in LIVE or any(processes.running(run.path, r) for r in records)
 
 
 def _live(entries: list[dict], base: Path) -> list[dict]:

@@ -62,7 +62,11 @@ def train(
     os.environ["HOROVOD_FUSION_THRESHOLD"] = str(fusion_bytes)  # read when Horovod starts
     distributed.init()
     rank0, world = distributed.is_rank0(), distributed.size()
-    workers = distributed.allgather_object(processes.record("worker"))
+    me = {**processes.record("worker"), "rank": distributed.rank()}
+    heartbeat = processes.Heartbeat(Path(run_dir), me) if run_dir else None
+    if heartbeat:  # a launched run: its readers may be on another host
+        heartbeat.start()
+    workers = distributed.allgather_object(me)
     run = _prepare_run_dir(config, run_dir, runs_root) if rank0 else None
     view = monitor.LiveView(run) if run and live and monitor.in_notebook() else None
     if view is not None:
@@ -107,6 +111,8 @@ def train(
         if run:
             run.set_status("completed", exit_code=0, finished=time.time())
     finally:
+        if heartbeat:
+            heartbeat.stop()
         if view is not None:  # its last look: the final state, whatever it is
             view.close(run.status())
     return run
