@@ -24,7 +24,8 @@ say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '\033[31m[setup] %s\033[0m\n' "$*" >&2; exit 1; }
 
 # --- Debian packages -------------------------------------------------------------------------
-apt_packages=(cmake g++ make git)
+# ssh and iproute2: multi-host runs, and the namespace cluster (python -m toolkit cluster).
+apt_packages=(cmake g++ make git openssh-client openssh-server iproute2)
 ((WITH_TESTS)) && apt_packages+=(chromium)
 missing=()
 for pkg in "${apt_packages[@]}"; do

@@ -102,3 +102,28 @@ def headless_chromium(playwright):
         headless=True,
         args=["--no-sandbox", "--enable-unsafe-swiftshader"],
     )
+
+
+@pytest.fixture(scope="session")
+def cluster_hosts() -> Iterator[list[str]]:
+    """The namespace cluster of three hosts (toolkit.cluster), unshaped, shared by every
+    multi-host test of the session and taken down after it, also when a test fails (a cluster
+    a developer already had up is left up)."""
+    from toolkit import cluster
+
+    was_up = cluster.describe() is not None
+    made = cluster.up(3, cluster.Shaping())
+    try:
+        yield [host.name for host in made]
+    finally:
+        if not was_up:
+            cluster.down()
+
+
+def wait_for_state(run, states, timeout: float = 240.0) -> dict:
+    """``run``'s status once its state is one of ``states`` (fails after ``timeout`` s)."""
+    deadline = time.time() + timeout
+    while (status := run.status())["state"] not in states:
+        assert time.time() < deadline, f"{run.run_id} still {status['state']}"
+        time.sleep(0.2)
+    return status

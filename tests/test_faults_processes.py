@@ -88,14 +88,21 @@ def test_a_reused_pid_is_not_mistaken_for_the_run(tmp_path):
     assert run.status()["state"] == "running"  # the live process itself, long after start-up
 
 
-def test_a_run_whose_processes_are_all_on_another_host_keeps_its_recorded_state(tmp_path):
+def test_a_process_on_another_host_is_judged_by_its_heartbeat(tmp_path):
+    """A remote record without a fresh heartbeat reads failed, not running for ever; reading
+    never rewrites the stored status (a reader on another host has nothing else to go by)."""
     run = RunDir.create(tmp_path, "remote")
     elsewhere = {**processes.record("worker"), "host": "another-host", "pid": 2**22 + 1}
-    run.set_status("running", processes=[elsewhere], updated=0)
-    assert run.status()["state"] == "running"  # nothing here can tell it is dead
-    mine = {**processes.record("supervisor"), "pid": 2**22 + 2}  # a local record, gone
-    run.set_status("running", processes=[elsewhere, mine])
+    run.set_status("running", processes=[elsewhere])
     assert run.status()["state"] == "failed"
+    beat = processes.heartbeat_path(run.path, elsewhere)
+    beat.parent.mkdir()
+    beat.write_text("")
+    assert run.status()["state"] == "running"
+    old = time.time() - processes.HEARTBEAT_STALE_S - 1
+    os.utime(beat, (old, old))
+    assert run.status()["state"] == "failed"
+    assert json.loads(run.status_path.read_text())["state"] == "running"
 
 
 def test_training_asked_to_stop_never_claims_completed(tmp_path):

@@ -99,6 +99,19 @@ with top[3]:
     raw["hosts"] = (
         text("Hosts", "hosts", help="name:slots,... (empty: localhost:workers)").strip() or None
     )
+with st.expander("Hosts over ssh: port, key and network interface (multi-host runs)"):
+    cells = st.columns(3)
+    with cells[0]:
+        raw["ssh_port"] = number("ssh port", "ssh_port", help="empty: ssh's default (22)")
+    with cells[1]:
+        raw["ssh_identity_file"] = (
+            text("ssh identity file", "ssh_identity_file", help="empty: ssh's own").strip() or None
+        )
+    with cells[2]:
+        raw["network_interface"] = (
+            text("Network interface", "network_interface", help="empty: all hosts' common").strip()
+            or None
+        )
 
 left, right = st.columns(2)
 with left, st.container(border=True):

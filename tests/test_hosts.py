@@ -1,0 +1,109 @@
+"""Host lists (toolkit.hosts): written out, horovodrun hostfiles and Slurm allocations, and the
+ssh fields of the config as horovodrun receives them."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_cli
+
+from toolkit import hosts
+from toolkit.config import ConfigError, from_mapping
+
+
+def test_a_host_list_parses_and_joins_back():
+    assert hosts.parse("lbl-h1:2,lbl-h2:1") == {"lbl-h1": 2, "lbl-h2": 1}
+    assert hosts.parse("a:1,b:2,a:3") == {"a": 4, "b": 2}  # named twice: the slots add up
+    assert hosts.join({"a": 1, "b.example.org": 16}) == "a:1,b.example.org:16"
+    for bad in ("a", "a:0", "a:1,", ":1", "a:-1", "a b:1", ""):
+        with pytest.raises(ConfigError, match="name:slots"):
+            hosts.parse(bad)
+
+
+@pytest.mark.parametrize(
+    "nodes, tasks, expected",
+    [
+        ("lbl-h[1-3,5]", "2(x3),1", "lbl-h1:2,lbl-h2:2,lbl-h3:2,lbl-h5:1"),
+        ("node07", "8", "node07:8"),
+        ("a[01-02],b3", "1,4(x2)", "a01:1,a02:4,b3:4"),  # zero padding kept, two lists
+        ("gpu-[9-11]", "4(x3)", "gpu-9:4,gpu-10:4,gpu-11:4"),
+    ],
+)
+def test_a_slurm_allocation_expands_to_horovodruns_hosts(nodes, tasks, expected):
+    environ = {"SLURM_JOB_NODELIST": nodes, "SLURM_TASKS_PER_NODE": tasks}
+    assert hosts.from_slurm(environ) == expected
+
+
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        ({}, "needs a Slurm allocation"),
+        ({"SLURM_JOB_NODELIST": "a[1-2]"}, "needs a Slurm allocation"),
+        ({"SLURM_JOB_NODELIST": "a[1-", "SLURM_TASKS_PER_NODE": "1"}, "Slurm allocation"),
+        ({"SLURM_JOB_NODELIST": "a[1-3]", "SLURM_TASKS_PER_NODE": "2(x2)"}, "names 3 nodes"),
+    ],
+)
+def test_a_missing_or_malformed_slurm_allocation_is_refused(environ, message):
+    with pytest.raises(ConfigError, match=message):
+        hosts.from_slurm(environ)
+
+
+def test_a_hostfile_in_horovodruns_format(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text("# the cluster\nlbl-h1 slots=2\n\nlbl-h2   slots = 1  # one core\nlbl-h3\n")
+    assert hosts.read_hostfile(path) == "lbl-h1:2,lbl-h2:1,lbl-h3:1"
+    path.write_text("lbl-h1 slots=2\nlbl-h2 slots=0\n")
+    with pytest.raises(ConfigError, match="line 2: expected 'name slots=N'"):
+        hosts.read_hostfile(path)
+    path.write_text("# nothing\n")
+    with pytest.raises(ConfigError, match="lists no host"):
+        hosts.read_hostfile(path)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        hosts.read_hostfile(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="not both"):
+        hosts.resolve("a:1", path)
+
+
+def test_auto_outside_slurm_and_a_bad_hostfile_exit_2_before_anything_starts(
+    tmp_path, monkeypatch, subprocess_env
+):
+    env = {k: v for k, v in subprocess_env.items() if not k.startswith("SLURM_")}
+    runs = tmp_path / "runs"
+    auto = run_cli(["launch", "experiments/quickstart.yaml", "--hosts", "auto"], runs, env)
+    assert auto.returncode == 2 and "needs a Slurm allocation" in auto.stderr
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("lbl-h1 slots=x\n")
+    bad = run_cli(["launch", "experiments/quickstart.yaml", "--hostfile", str(hostfile)], runs, env)
+    assert bad.returncode == 2 and "line 1" in bad.stderr and "Traceback" not in bad.stderr
+    assert not runs.exists() or not list(runs.iterdir())
+
+
+def test_ssh_fields_are_validated_and_reach_horovodrun(tmp_path):
+    from toolkit.launch import horovodrun_argv
+    from toolkit.rundir import RunDir
+
+    config = from_mapping(
+        {
+            "workers": 2,
+            "hosts": "lbl-h1:1,lbl-h2:1",
+            "ssh_port": 2222,
+            "ssh_identity_file": "/keys/id_ed25519",
+            "network_interface": "lbl0",
+        }
+    )
+    argv = horovodrun_argv(config, RunDir.create(tmp_path, "r", config), resume=False)
+    at = argv.index("-H")
+    assert argv[at : at + 8] == [
+        "-H",
+        "lbl-h1:1,lbl-h2:1",
+        "-p",
+        "2222",
+        "-i",
+        "/keys/id_ed25519",
+        "--network-interfaces",
+        "lbl0",
+    ]
+    bad = {"ssh_port": 70000, "ssh_identity_file": "", "network_interface": "eth0; rm -rf /"}
+    with pytest.raises(ConfigError) as refused:
+        from_mapping(bad)
+    for field in bad:
+        assert f"\n  {field}: " in str(refused.value)
