@@ -222,7 +222,8 @@ def down() -> None:
     cluster."""
     for name in _namespaces():
         _end_processes(name)
-        _ip("netns", "del", name, check=False)
+        _ip("link", "del", name, check=False)  # the root end of its veth: the kernel frees a
+        _ip("netns", "del", name, check=False)  # deleted namespace's devices only later
     _ip("link", "del", INTERFACE, check=False)
     _rewrite_marked(ETC_HOSTS, [])
     SSH_CLIENT_CONFIG.unlink(missing_ok=True)
