@@ -2,13 +2,19 @@
 
     .venv/bin/python experiments/bench_allreduce.py [--np 2] [--models resnet20,resnet50]
                                                     [--repeat 5]
+    .venv/bin/python experiments/bench_allreduce.py --hosts lbl-h1:1,lbl-h2:1 ...
+
+With ``--hosts`` the workers run there, over ssh (on the namespace cluster, whose link
+``python -m toolkit cluster shape --bandwidth 1gbit`` limits; the header says how it is
+shaped). Without, ``--np`` workers run on localhost.
 
 Under horovodrun (started by this script), for each model's trainable variables: one compiled
 update (``DistributedOptimizer(SGD)``, plain SGD, so the update itself costs one pass) with
 random gradients, for the dense float32 allreduce, fp16, topk 1% and 0.1% (with residual; 1%
 also with the k-th magnitude estimated from a 1% sample, as DGC does) and
-threshold (set to select about 1% of the entries, without residual), interleaved,
-``--repeat`` rounds of a block of updates.
+threshold (set to select about 1% of the entries, without residual), and SINGA's partial
+synchronisation (no gradient sent; one partition of the parameters, up to 64 MB, averaged per
+update), interleaved, ``--repeat`` rounds of a block of updates.
 The table gives the median time per update, its spread over rounds, and the ratio to the dense
 allreduce in the same round, with the bytes a worker sent. "selection alone" times only the
 top-k (or threshold) selection over the flattened gradients, in one process: the number to set
@@ -28,6 +34,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from toolkit import cluster  # noqa: E402  (after the path is set)
+from toolkit import hosts as hosts_lib  # noqa: E402
+
 SHAPES = {"resnet20": ((32, 32, 3), 10), "resnet50": ((224, 224, 3), 1000)}
 
 
@@ -41,6 +50,7 @@ def modes(threshold: float) -> dict[str, dict]:
         # no residual: with the same gradient every update, the residual would grow past the
         # threshold everywhere and the selection would creep from 1% towards all entries
         "threshold ~1%": {"compression": "threshold", "threshold": threshold, "residual": False},
+        "partial (64 MB)": {"sync": "partial"},
     }
 
 
@@ -72,7 +82,7 @@ def at_least(flat, threshold: float):
     return tf.where(tf.abs(flat) >= threshold)
 
 
-def worker(names: list[str], repeat: int, block: int) -> None:
+def worker(names: list[str], repeat: int, block: int, where: str) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
@@ -130,16 +140,24 @@ def worker(names: list[str], repeat: int, block: int) -> None:
                 )
             )
     if distributed.is_rank0():
-        print(f"{distributed.size()} workers (Gloo, localhost), {repeat} rounds of {block}")
+        print(f"{distributed.size()} workers (Gloo, {where}), {repeat} rounds of {block}")
         print("| model | entries | mode | ms per update (median) | spread | x dense | MB sent |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for row in rows:
             print("| " + " | ".join(row) + " |")
 
 
+def where(hosts: str) -> str:
+    """Where the workers run, with the namespace cluster's links if they run on it."""
+    on_cluster = set(hosts_lib.parse(hosts)) <= {h.name for h in cluster.hosts()}
+    return f"{hosts}, {cluster.links()}" if on_cluster else hosts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--np", type=int, default=2, help="workers")
+    parser.add_argument("--np", type=int, default=2, help="workers on localhost")
+    parser.add_argument("--hosts", help="host:slots,... (instead of --np)")
+    parser.add_argument("--where", default="localhost", help=argparse.SUPPRESS)
     parser.add_argument("--models", default="resnet20,resnet50")
     parser.add_argument("--repeat", type=int, default=5, help="rounds")
     parser.add_argument("--block", type=int, default=3, help="updates timed per round")
@@ -150,11 +168,13 @@ def main() -> int:
     if unknown:
         parser.error(f"--models: unknown {unknown}; choose from {sorted(SHAPES)}")
     if args.worker:
-        worker(names, args.repeat, args.block)
+        worker(names, args.repeat, args.block, args.where)
         return 0
+    hosts = args.hosts or f"localhost:{args.np}"
     horovodrun = Path(sys.executable).with_name("horovodrun")
-    command = [str(horovodrun), "--gloo", "-np", str(args.np), "-H", f"localhost:{args.np}"]
-    command += [sys.executable, __file__, "--worker", "--models", args.models]
+    command = [str(horovodrun), "--gloo", "-np", str(sum(hosts_lib.parse(hosts).values()))]
+    command += ["-H", hosts, sys.executable, __file__, "--worker", "--models", args.models]
+    command += ["--where", where(hosts)]
     command += ["--repeat", str(args.repeat), "--block", str(args.block)]
     return subprocess.run(command, check=False).returncode
 

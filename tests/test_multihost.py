@@ -146,6 +146,17 @@ def test_a_run_launched_from_python_puts_its_workers_where_asked(cluster_hosts, 
     assert run.meta()["world_size"] == 2
 
 
+def test_a_run_on_one_other_host_names_the_interface_it_is_reached_through(cluster_hosts, runs):
+    """horovodrun's own choice for one remote host is loopback half the time (see
+    toolkit.remote.network_interface); the launcher names the interface instead."""
+    config = from_mapping({**SMALL, "epochs": 1})
+    run = launcher.launch(config, hosts="lbl-h3:2", run_id="one-other")
+    argv = launcher.horovodrun_argv(run.config(), run, resume=False)
+    assert argv[argv.index("--network-interfaces") + 1] == cluster.INTERFACE
+    assert wait_for_state(run, TERMINAL)["state"] == "completed", run.stdout_path.read_text()
+    assert hosts_of(run) == {0: "lbl-h3", 1: "lbl-h3"}
+
+
 def test_stop_ends_every_process_on_every_host_after_the_supervisor_was_killed(
     cluster_hosts, runs, subprocess_env
 ):
@@ -229,6 +240,7 @@ def sshd_stopped_on_lbl_h3(cluster_hosts):
         ("no repository", "lbl-h1:1,lbl-h3:1", "lbl-h3: has no"),
         ("no shared runs root", "lbl-h1:1,lbl-h3:1", "lbl-h3: does not see the runs root"),
         ("too many slots", "lbl-h1:1,lbl-h2:64", "lbl-h2: 64 workers asked of it"),
+        ("no such interface", "lbl-h2:1,lbl-h3:1", "lbl-h3: has no network interface eth9"),
     ],
 )
 def test_pre_flight_refuses_a_host_by_name_before_any_run_directory_exists(
@@ -240,9 +252,10 @@ def test_pre_flight_refuses_a_host_by_name_before_any_run_directory_exists(
         runs.mkdir(parents=True, exist_ok=True)
         request.getfixturevalue("hidden_on_lbl_h3")(ROOT if case == "no repository" else runs)
     started = time.monotonic()
-    result = run_cli(
-        ["launch", "experiments/quickstart.yaml", "--hosts", hosts], runs, subprocess_env
-    )
+    argv = ["launch", "experiments/quickstart.yaml", "--hosts", hosts]
+    if case == "no such interface":
+        argv += ["--set", "network_interface=eth9"]
+    result = run_cli(argv, runs, subprocess_env)
     assert result.returncode == 2, result.stdout + result.stderr
     assert expected in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert "nothing was started" in result.stderr

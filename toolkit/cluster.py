@@ -169,6 +169,15 @@ def describe() -> dict | None:
         return None
 
 
+def links() -> str:
+    """The cluster's links in words, for a benchmark's header: ``links 1gbit, 100us one
+    way`` or ``links unshaped``."""
+    shaping = (describe() or {}).get("shaping") or {}
+    limits = [shaping[k] for k in ("bandwidth",) if shaping.get(k)]
+    limits += [f"{shaping['delay']} one way"] if shaping.get("delay") else []
+    return f"links {', '.join(limits) or 'unshaped'}"
+
+
 def hosts() -> list[Host]:
     """The cluster's hosts (empty if none is up)."""
     return [Host(**h) for h in (describe() or {}).get("hosts", [])]

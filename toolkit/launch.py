@@ -114,10 +114,11 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
     if horovodrun is None:
         raise FileNotFoundError("horovodrun not found: run scripts/setup.sh first")
     hosts = config.hosts or f"localhost:{config.workers}"
+    interface = remote.network_interface(config)
     ssh = [
         *(["-p", str(config.ssh_port)] if config.ssh_port else []),
         *(["-i", config.ssh_identity_file] if config.ssh_identity_file else []),
-        *(["--network-interfaces", config.network_interface] if config.network_interface else []),
+        *(["--network-interfaces", interface] if interface else []),
     ]
     argv = [
         horovodrun,

@@ -7,6 +7,8 @@ run's options (:class:`toolkit.remote.Ssh`):
 - it has this Python at the same path, this repository at the same path and the same toolkit
   version (horovodrun starts every worker with the launcher's interpreter and working
   directory);
+- it has the network interface the workers will talk over, where one is named
+  (:func:`toolkit.remote.network_interface`);
 - it sees the runs root: a file written here is read there, because rank 0 writes events,
   checkpoints and the status into the shared run directory and the others read checkpoints
   back from it on resume;
@@ -43,6 +45,11 @@ try:
 except OSError:
     found["shared"] = False
 try:
+    import psutil
+    found["interfaces"] = sorted(psutil.net_if_addrs())
+except Exception:
+    found["interfaces"] = None
+try:
     import toolkit
     from toolkit.slots import local_slots
     found["version"], found["slots"] = toolkit.__version__, local_slots()
@@ -60,6 +67,8 @@ def check(config: ExperimentConfig, runs_root: Path) -> None:
     if not wanted:
         return
     ssh, capacity = Ssh.of(config), slots.capacity(runs_root)
+    interface = remote.network_interface(config)
+    interfaces = interface.split(",") if interface else []
     token, name = secrets.token_hex(16), f".preflight-{secrets.token_hex(4)}"
     marker = runs_root / name
     with writing(runs_root):
@@ -68,7 +77,9 @@ def check(config: ExperimentConfig, runs_root: Path) -> None:
     try:
         with ThreadPoolExecutor(max_workers=min(len(wanted), 32)) as pool:
             found = pool.map(
-                lambda host: _problem(host, wanted[host], capacity.get(host), ssh, marker, token),
+                lambda host: _problem(
+                    host, wanted[host], capacity.get(host), interfaces, ssh, marker, token
+                ),
                 wanted,
             )
             problems = [
@@ -81,9 +92,15 @@ def check(config: ExperimentConfig, runs_root: Path) -> None:
 
 
 def _problem(
-    host: str, need: int, capacity: int | None, ssh: Ssh, marker: Path, token: str
+    host: str,
+    need: int,
+    capacity: int | None,
+    interfaces: list[str],
+    ssh: Ssh,
+    marker: Path,
+    token: str,
 ) -> str | None:
-    """What stops ``host`` from taking ``need`` workers, or ``None``."""
+    """What stops ``host`` from taking ``need`` workers over ``interfaces``, or ``None``."""
     args = ["-c", PROBE, str(PACKAGE_ROOT), str(marker.parent), marker.name, token]
     try:
         answer = ssh.python(host, [*args, toolkit.__version__], timeout_s=TIMEOUT_S)
@@ -109,6 +126,12 @@ def _problem(
         return (
             f"does not see the runs root {marker.parent} that this machine writes: a "
             "multi-host run needs it on a shared filesystem (NFS, a shared home)"
+        )
+    missing = [name for name in interfaces if name not in (found["interfaces"] or [])]
+    if missing:
+        return (
+            f"has no network interface {', '.join(missing)} (the workers talk over it): set "
+            f"network_interface to one it has (it has {', '.join(found['interfaces'] or [])})"
         )
     have, why = (capacity, "its queue capacity") if capacity else (found["slots"], "its cores")
     if need > have:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from toolkit import hosts as hosts_lib
+
 CONNECT_TIMEOUT_S = 5
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,6 +72,39 @@ def is_local(host: str) -> bool:
     except OSError:
         return False
     return address.startswith("127.") or address in _local_addresses()
+
+
+def network_interface(config) -> str | None:
+    """The interfaces horovodrun is told to use for ``config``: its ``network_interface``,
+    else, for a run whose workers are all on one other host, the interface this machine reaches
+    that host through.
+
+    Why the second: horovodrun keeps the interfaces on which each host reaches the next in a
+    ring of the run's hosts. With one host the ring is that host alone, which reaches itself on
+    loopback too, so ``lo`` is kept, and the rendezvous address is taken from the first
+    interface of a set: ``127.0.0.1`` about half the time, where the workers find nothing
+    (``HTTP request failed``)."""
+    if config.network_interface:
+        return config.network_interface
+    names = list(hosts_lib.parse(config.hosts)) if config.hosts else ["localhost"]
+    if len(names) != 1 or is_local(names[0]):
+        return None
+    return interface_towards(names[0])
+
+
+def interface_towards(host: str) -> str | None:
+    """The name of this machine's interface whose address it reaches ``host`` from (``None``
+    if ``host`` does not resolve or no route leads there)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(host), 9))  # a route lookup: nothing is sent
+            address = probe.getsockname()[0]
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addresses):
+            return name
+    return None
 
 
 @functools.cache
