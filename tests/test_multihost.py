@@ -263,6 +263,58 @@ def test_pre_flight_refuses_a_host_by_name_before_any_run_directory_exists(
     assert not runs.exists() or not list(runs.iterdir())  # no run, no marker left behind
 
 
+def test_the_cluster_commands_refuse_with_what_is_missing(
+    cluster_hosts, runs, subprocess_env, tmp_path
+):
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    refused = {
+        "needs root": subprocess.run(
+            [*nobody, sys.executable, "-m", "toolkit", "cluster", "up"],
+            cwd=ROOT,
+            env={**subprocess_env, "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+        ),
+        "missing ip, tc, nsenter, unshare, ssh, ssh-keygen: run scripts/setup.sh": run_cli(
+            ["cluster", "up"], runs, {**subprocess_env, "PATH": str(tmp_path)}
+        ),
+        "a cluster of 3 hosts is up": run_cli(["cluster", "up", "--hosts", "2"], runs),
+        "--hosts must be between 1 and 50 (got 0)": run_cli(
+            ["cluster", "up", "--hosts", "0"], runs
+        ),
+        "--bandwidth must look like 1gbit": run_cli(
+            ["cluster", "shape", "--bandwidth", "fast"], runs
+        ),
+        "the command is missing": run_cli(["cluster", "exec", "lbl-h1", "--"], runs),
+    }
+    for expected, result in refused.items():
+        assert result.returncode == 2, (expected, result.stdout, result.stderr)
+        assert expected in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert [r["host"] for r in cluster.status()] == cluster_hosts  # untouched by all of it
+
+
+def test_shaping_limits_the_link_and_a_delay_needs_netem(cluster_hosts, runs):
+    try:
+        shaped = run_cli(["cluster", "shape", "--bandwidth", "200mbit"], runs)
+        assert shaped.returncode == 0, shaped.stderr
+        assert [r["bandwidth"] for r in cluster.status()] == ["200mbit"] * 3
+        qdisc = subprocess.run(
+            cluster.exec_argv("lbl-h2", ["tc", "qdisc", "show", "dev", cluster.INTERFACE]),
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "tbf" in qdisc and "200Mbit" in qdisc, qdisc
+        delayed = run_cli(["cluster", "shape", "--delay", "100us"], runs)
+        if delayed.returncode == 0:  # a kernel with sch_netem
+            assert [r["delay"] for r in cluster.status()] == ["100us"] * 3
+        else:  # this one's kernel has none: refused by name, the old shaping kept
+            assert delayed.returncode == 2 and "sch_netem" in delayed.stderr, delayed.stderr
+            assert [r["bandwidth"] for r in cluster.status()] == ["200mbit"] * 3
+    finally:
+        cluster.shape(cluster.Shaping())
+    assert [(r["bandwidth"], r["delay"]) for r in cluster.status()] == [("-", "-")] * 3
+
+
 def test_cluster_down_leaves_no_namespace_process_or_file_and_can_run_twice(cluster_hosts):
     sshd = [h.sshd_pid for h in cluster.hosts()]
     cluster.down()
