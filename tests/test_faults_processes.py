@@ -61,7 +61,11 @@ def test_a_killed_supervisor_leaves_a_truthful_state_and_stop_ends_every_process
     assert status["state"] == "stopped" and status["reason"] == "stopped on request"
 
 
-def test_stop_ends_a_run_trained_in_this_process_without_killing_this_process(tmp_path):
+@pytest.mark.parametrize("stopper", ["this process", "another process"])
+def test_stop_ends_a_run_trained_in_a_kernel_without_killing_it_or_its_children(stopper, tmp_path):
+    """A run trained in this process (as in a notebook's kernel) stops itself; neither this
+    process nor anything it started (here a sleep, as a kernel's other runs or tools) is
+    signalled, whether the stop comes from here or from the CLI or the app."""
     from toolkit.train import train
 
     config = from_mapping({**LONG, "workers": 1, "logging": {"every_steps": 5}})
@@ -69,11 +73,21 @@ def test_stop_ends_a_run_trained_in_this_process_without_killing_this_process(tm
     thread.start()
     run = RunDir(tmp_path / "here")
     wait_for(lambda: len(read_events(run.events_path)) >= 2)
-    assert [p["pid"] for p in records(run, "worker")] == [os.getpid()]
+    assert [p["pid"] for p in records(run, processes.IN_PROCESS)] == [os.getpid()]
     assert run.status()["state"] == "running"
-    launcher.stop(run)
-    thread.join(120)
-    assert not thread.is_alive()  # it ended itself at its next check
+    child = subprocess.Popen(["sleep", "120"])
+    try:
+        if stopper == "this process":
+            launcher.stop(run)
+        else:
+            result = run_cli(["stop", "here"], tmp_path)
+            assert result.returncode == 0, result.stderr
+        thread.join(120)
+        assert not thread.is_alive()  # it ended itself at its next check
+        assert child.poll() is None  # this process's child lives on
+    finally:
+        child.kill()
+        child.wait()
     status = run.status()
     assert status["state"] == "stopped" and status["reason"] == "stopped on request"
     assert read_events(run.events_path)["step"].max() < run.meta()["total_steps"]

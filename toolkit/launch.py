@@ -287,8 +287,9 @@ def stop(
     """Stop a queued or running run: SIGTERM to every live process it recorded and their
     children (the supervisor excepted: it records the exit code), SIGKILL after ``timeout`` s,
     and mark it ``stopped``. Processes on other hosts are ended there, over ssh, at the same
-    time. This works when the supervisor itself, or horovodrun, is gone. A run trained in
-    the calling process (a notebook) is not signalled: it stops itself at its next check
+    time. This works when the supervisor itself, or horovodrun, is gone. A run trained in a
+    process of its own (a notebook's kernel: role ``in-process``) is not signalled, whoever
+    stops it, nor is anything that process started: it stops itself at its next check
     (:class:`~toolkit.callbacks.StopWhenRequested`). Raises
     :class:`~toolkit.rundir.RunError` naming any process that survived; a run that has already
     ended is left as it is."""

@@ -6,6 +6,10 @@ after the run's died is not mistaken for it. A run records its supervisor, its `
 and every training worker (the workers run in sessions of their own, outside the supervisor's
 process group, so killing that group would miss them).
 
+A worker that horovodrun did not start (training in a notebook's kernel, or any process that
+called ``train`` itself) is recorded in the role ``in-process``: ``stop`` never signals it, or
+anything it started, and it ends itself at its next check of the status instead.
+
 A process on this host is checked with the process table. One on another host is judged by its
 **heartbeat**: the supervisor and every worker touch ``<run>/.heartbeats/<host>-<pid>`` every
 :data:`HEARTBEAT_S` seconds (:class:`Heartbeat`), and a heartbeat older than
@@ -34,6 +38,10 @@ import psutil
 HEARTBEATS = ".heartbeats"
 HEARTBEAT_S = 5.0
 HEARTBEAT_STALE_S = 20.0
+
+
+IN_PROCESS = "in-process"
+SPARED = ("supervisor", IN_PROCESS)  # stop leaves them to end by themselves
 
 
 def record(role: str, pid: int | None = None) -> dict[str, Any]:
@@ -128,13 +136,18 @@ class Heartbeat(threading.Thread):
 
 
 def terminate_records(
-    entries: list[dict[str, Any]], timeout: float, spare: tuple[str, ...] = ("supervisor",)
+    entries: list[dict[str, Any]], timeout: float, spare: tuple[str, ...] = SPARED
 ) -> list[psutil.Process]:
-    """End the live local processes of ``entries`` and their descendants, except those whose
-    role is in ``spare`` and this process (:func:`terminate`); returns the survivors."""
+    """End the live local processes of ``entries`` and their descendants (:func:`terminate`),
+    except those whose role is in ``spare`` and this process; the descendants of a process in
+    the role ``in-process``, or of this one, are never looked for. Returns the survivors."""
+
+    def mine(entry: dict[str, Any]) -> bool:
+        return entry.get("role") == IN_PROCESS or entry.get("pid") == os.getpid()
+
     spared = {p.pid for e in entries if e.get("role") in spare and (p := find(e))}
-    targets = [p for p in alive(entries) if p.pid not in spared | {os.getpid()}]
-    return terminate(targets, timeout)
+    targets = [e for e in entries if not mine(e)]
+    return terminate([p for p in alive(targets) if p.pid not in spared | {os.getpid()}], timeout)
 
 
 def terminate_on(host: str, entries: list[dict[str, Any]], timeout: float, ssh) -> list[int]:

@@ -62,7 +62,8 @@ def train(
     os.environ["HOROVOD_FUSION_THRESHOLD"] = str(fusion_bytes)  # read when Horovod starts
     distributed.init()
     rank0, world = distributed.is_rank0(), distributed.size()
-    me = {**processes.record("worker"), "rank": distributed.rank()}
+    role = "worker" if "HOROVOD_RANK" in os.environ else processes.IN_PROCESS  # see processes
+    me = {**processes.record(role), "rank": distributed.rank()}
     heartbeat = processes.Heartbeat(Path(run_dir), me) if run_dir else None
     if heartbeat:  # a launched run: its readers may be on another host
         heartbeat.start()
