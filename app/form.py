@@ -15,6 +15,7 @@ import yaml
 from app.data import md_escape
 from toolkit import config as config_lib
 from toolkit import data as datasets
+from toolkit import safe_yaml
 from toolkit.experiment import schedule_preview, steps_per_epoch
 from toolkit.optimizers import OPTIMIZERS
 
@@ -55,8 +56,8 @@ def preset_mapping(name: str) -> dict:
     if name == BLANK:
         return {}
     try:
-        raw = yaml.safe_load((PRESETS / f"{name}.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+        raw = safe_yaml.load_file(PRESETS / f"{name}.yaml")
+    except (OSError, UnicodeDecodeError, safe_yaml.YamlError):
         return {}
     return raw if isinstance(raw, dict) else {}
 
@@ -116,9 +117,9 @@ def value_input(
     if not typed.strip():
         return None, None
     try:
-        return yaml.safe_load(typed), None
-    except yaml.YAMLError:
-        return None, f"not valid YAML: {typed!r}"
+        return safe_yaml.load(typed, label), None
+    except safe_yaml.YamlError as error:
+        return None, str(error)
 
 
 def _plain(value: Any) -> Any:
@@ -169,7 +170,7 @@ def num_train(name: str, seed: int, params_json: str) -> int:
 def preview(config_yaml: str) -> tuple[pd.DataFrame, int]:
     """``schedule_preview`` of a validated config (given as its YAML) and its steps per epoch;
     raises ``ConfigError`` when the batch does not fit the dataset, or the dataset's error."""
-    config = config_lib.from_mapping(yaml.safe_load(config_yaml))
+    config = config_lib.from_yaml(config_yaml)
     dataset = config.dataset
     n = num_train(dataset.name, config.seed, json.dumps(dataset.params, sort_keys=True))
     return schedule_preview(config, n), steps_per_epoch(config, n, config.workers)

@@ -31,6 +31,8 @@ from pydantic import (
     model_validator,
 )
 
+from toolkit import safe_yaml
+
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -385,7 +387,9 @@ class ExperimentConfig(_Section):
     @model_validator(mode="after")
     def _enough_slots(self):
         if self.hosts and sum(int(h.split(":")[1]) for h in self.hosts.split(",")) < self.workers:
-            raise ValueError(f"hosts {self.hosts!r} have fewer slots than workers={self.workers}")
+            raise ValueError(
+                f"hosts {safe_yaml.short(self.hosts)} have fewer slots than workers={self.workers}"
+            )
         return self
 
     def per_worker_batch(self, world_size: int | None = None) -> int:
@@ -445,13 +449,17 @@ def set_dotted(raw: dict[str, Any], assignment: str) -> None:
     """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
     key, sep, text = assignment.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"override {assignment!r} must look like section.field=value")
+        raise ConfigError(
+            f"override {safe_yaml.short(assignment)} must look like section.field=value"
+        )
+    name = f"override {safe_yaml.short(key.strip())}"
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        problem = str(error).splitlines()[0]
-        raise ConfigError(f"override {assignment!r}: not a plain YAML value ({problem})") from None
-    set_path(raw, key.strip(), value, f"override {assignment!r}")
+        value = safe_yaml.load(text, name)
+    except safe_yaml.YamlLimitError as error:
+        raise ConfigError(str(error)) from None
+    except safe_yaml.YamlError as error:
+        raise ConfigError(f"{error} (not a plain YAML value)") from None
+    set_path(raw, key.strip(), value, name)
 
 
 def set_path(raw: dict[str, Any], path: str, value: Any, what: str | None = None) -> None:
@@ -462,7 +470,7 @@ def set_path(raw: dict[str, Any], path: str, value: Any, what: str | None = None
     for part in parents:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"{what or path}: {part!r} is not a section")
+            raise ConfigError(f"{what or path}: {safe_yaml.short(part)} is not a section")
     node[leaf] = value
 
 
@@ -471,7 +479,7 @@ def from_mapping(
 ) -> ExperimentConfig:
     """Validate a mapping (plus overrides); errors become one :class:`ConfigError`.
     ``stored``: read back from a run directory, so the registry checks are skipped."""
-    raw = yaml.safe_load(yaml.safe_dump(raw or {}))  # deep copy, plain types only
+    raw = safe_yaml.load(yaml.safe_dump(raw or {}), "config")  # a deep copy of plain types
     for assignment in overrides:
         set_dotted(raw, assignment)
     try:
@@ -485,12 +493,14 @@ def load(path: str | Path, overrides: list[str] = (), *, stored: bool = False) -
     for :func:`from_mapping`)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(f"config file {safe_yaml.short(str(path))} does not exist")
     try:
-        text = path.read_text()
+        raw = safe_yaml.load_file(path)
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: cannot be read as text: {error}") from None
-    return from_yaml(text, overrides, source=str(path), stored=stored)
+    except safe_yaml.YamlError as error:
+        raise ConfigError(str(error)) from None
+    return from_raw(raw, overrides, source=str(path), stored=stored)
 
 
 def from_yaml(
@@ -500,9 +510,16 @@ def from_yaml(
     directory's) must not be empty: an empty file is a run that was never fully created, and
     reading it as the defaults would show a run that never was."""
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{source}: not valid YAML: {error}") from None
+        raw = safe_yaml.load(text, source)
+    except safe_yaml.YamlError as error:
+        raise ConfigError(str(error)) from None
+    return from_raw(raw, overrides, source=source, stored=stored)
+
+
+def from_raw(
+    raw: Any, overrides: list[str] = (), *, source: str = "config", stored: bool = False
+) -> ExperimentConfig:
+    """Validate a loaded YAML document (see :func:`from_yaml`)."""
     if raw is None and stored:
         raise ConfigError(f"{source} is empty")
     if not isinstance(raw or {}, dict):
@@ -517,7 +534,7 @@ def format_errors(error: ValidationError) -> str:
         field = ".".join(str(p) for p in item["loc"]) or "config"
         message = item["msg"].removeprefix("Value error, ")
         got = item.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        shown = "" if isinstance(got, dict) else f" (got {safe_yaml.short(got)})"
         lines.append(f"{field}: {message}{shown}")
     return "invalid experiment config:\n  " + "\n  ".join(lines)
 

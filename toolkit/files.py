@@ -64,10 +64,14 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def read_bytes(path: str | os.PathLike) -> bytes:
-    """The content of a regular file (see :func:`open_regular`)."""
+def read_bytes(path: str | os.PathLike, limit: int | None = None) -> bytes:
+    """The content of a regular file (see :func:`open_regular`); :class:`OSError` if it holds
+    more than ``limit`` bytes (read no further)."""
     with open_regular(path) as f:
-        return f.read()
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise OSError(f"{path}: larger than the limit of {limit:,} bytes")
+    return data
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -52,7 +52,7 @@ import pandas as pd
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic needs this one on Python 3.11
 
-from toolkit import files, processes
+from toolkit import files, processes, safe_yaml
 from toolkit.config import ExperimentConfig, from_yaml, run_name_problem
 
 STATES = ("queued", "running", "completed", "failed", "stopped")
@@ -279,7 +279,7 @@ class RunDir:
         TensorFlow). Raises :class:`~toolkit.config.ConfigError` or :class:`OSError` if it
         cannot be read: an empty or missing file is never taken for the defaults."""
         try:
-            text = files.read_bytes(self.config_path).decode()
+            text = files.read_bytes(self.config_path, limit=safe_yaml.MAX_BYTES).decode()
         except UnicodeDecodeError:
             raise OSError("config.yaml is not UTF-8 text") from None
         return from_yaml(text, source=str(self.config_path), stored=True)

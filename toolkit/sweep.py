@@ -56,7 +56,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from toolkit import config as config_lib
-from toolkit import files, launch
+from toolkit import files, launch, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.events import read_events
 from toolkit.rundir import LIVE, RunDir, list_runs, runs_root, summary
@@ -117,7 +117,7 @@ class SweepSpec(BaseModel):
         for grid in grids:
             for path, values in grid.items():
                 if not values:
-                    raise ValueError(f"{path!r} has no values: give at least one")
+                    raise ValueError(f"{safe_yaml.short(path)} has no values: give at least one")
                 if path == SEED:
                     raise ValueError("seeds go in `seeds`, not in the grid")
         return value
@@ -182,11 +182,13 @@ def load(path: str | Path) -> Sweep:
     failing that, to the sweep file's folder."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = safe_yaml.load_file(path)
     except FileNotFoundError:
-        raise SweepError(f"sweep file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise SweepError(f"sweep file {safe_yaml.short(str(path))} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
         raise SweepError(f"{path}: cannot be read as a YAML sweep: {error}") from None
+    except safe_yaml.YamlError as error:
+        raise SweepError(str(error)) from None
     return from_mapping(raw, folder=path.parent)
 
 
@@ -207,13 +209,15 @@ def from_mapping(raw: Any, folder: str | Path = ".") -> Sweep:
 def _read_base(name: str, folder: Path) -> dict[str, Any]:
     path = next((p for p in (Path(name), folder / name) if p.is_file()), None)
     if path is None:
-        raise SweepError(f"base: config file {name!r} does not exist (nor in {folder})")
+        raise SweepError(
+            f"base: config file {safe_yaml.short(name)} does not exist (nor in {folder})"
+        )
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = safe_yaml.load_file(path)
         if not isinstance(raw, dict):
             raise SweepError(f"base: {path} is not a mapping of config sections")
         config_lib.from_mapping(raw)  # a bad base is reported once, as the base's fault
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError) as error:
+    except (OSError, UnicodeDecodeError, safe_yaml.YamlError, ConfigError) as error:
         raise SweepError(f"base {path}: {error}") from None
     return raw
 
@@ -227,7 +231,9 @@ def expand(spec: SweepSpec) -> list[Cell]:
         unknown = [m for m in grid.get(METHOD, []) if m not in spec.methods]
         if unknown:
             known = ", ".join(spec.methods) or "none defined"
-            raise SweepError(f"grid: method {unknown[0]!r} is not in methods ({known})")
+            raise SweepError(
+                f"grid: method {safe_yaml.short(unknown[0])} is not in methods ({known})"
+            )
         methods = grid.get(METHOD) or list(spec.methods) or [None]
         paths = [p for p in grid if p != METHOD]
         for method, *values, seed in itertools.product(methods, *(grid[p] for p in paths), seeds):

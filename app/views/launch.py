@@ -9,7 +9,7 @@ from app import charts, data, form
 from app.data import md_escape
 from toolkit import config as config_lib
 from toolkit import launch as launcher
-from toolkit import noise_scale
+from toolkit import noise_scale, safe_yaml
 from toolkit.config import SCHEDULES, ConfigError, field_errors
 from toolkit.data import DATASETS
 from toolkit.models import MODELS
@@ -151,9 +151,9 @@ with right, st.container(border=True):
         help=config_lib.ScheduleConfig.__doc__,
     )
     try:
-        schedule["params"] = yaml.safe_load(typed) or {}
-    except yaml.YAMLError:
-        local["schedule.params"] = f"not valid YAML: {typed!r}"
+        schedule["params"] = safe_yaml.load(typed, "schedule params") or {}
+    except safe_yaml.YamlError as error:
+        local["schedule.params"] = str(error)
     slots.add("schedule.params")
     slots.add("schedule")
     cells = st.columns(3)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pandas as pd
 import streamlit as st
-import yaml
 
 from app import data, form
 from app.data import md_escape
+from toolkit import safe_yaml
 from toolkit import sweep as sweeps
 from toolkit.config import ConfigError
 
@@ -25,9 +25,9 @@ def sweep_files() -> list[str]:
     found = []
     for path in sorted(EXPERIMENTS.rglob("*.yaml")):
         try:
-            if "grid" in (yaml.safe_load(path.read_text()) or {}):
+            if "grid" in (safe_yaml.load_file(path) or {}):
                 found.append(str(path.relative_to(EXPERIMENTS.parent)))
-        except (OSError, yaml.YAMLError, TypeError):
+        except (OSError, UnicodeDecodeError, safe_yaml.YamlError, TypeError):
             continue
     return found
 
@@ -45,9 +45,9 @@ def built_grid() -> dict:
     parsed = {}
     for field, text in (("grid", grid), ("methods", methods), ("seeds", seeds)):
         try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            st.error(md_escape(f"{field}: not valid YAML: {str(error).splitlines()[0]}"))
+            value = safe_yaml.load(text, field)
+        except safe_yaml.YamlError as error:
+            st.error(md_escape(str(error)))
             st.stop()
         if value is not None:
             parsed[field] = value
@@ -56,7 +56,7 @@ def built_grid() -> dict:
 
 @st.cache_data(max_entries=20, show_spinner="Working out each cell's steps…")
 def plan(sweep_yaml: str) -> pd.DataFrame:
-    return sweeps.dry_run(sweeps.from_mapping(yaml.safe_load(sweep_yaml)))
+    return sweeps.dry_run(sweeps.from_mapping(safe_yaml.load(sweep_yaml, "sweep")))
 
 
 st.title("Sweep")
