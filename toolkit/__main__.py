@@ -27,11 +27,30 @@ import sys
 
 import pandas as pd
 
-from toolkit import cluster, jupyter, slots
+from toolkit import cluster, jupyter, noise_scale, safe_yaml, slots
 from toolkit import launch as launcher
 from toolkit.cluster import ClusterError
+from toolkit.config import MAX_WORKERS
 from toolkit.monitor import follow
 from toolkit.rundir import list_runs, summary
+
+
+def integer(low: int, high: int | None = None):
+    """An argparse type: an integer from ``low`` (to ``high``), the rule the config or the
+    function called applies to the same value; anything else exits 2 naming the argument
+    and the range."""
+    allowed = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {allowed} (got {safe_yaml.short(text)})")
+        return value
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("launch", help="validate a config and start it under horovodrun")
     start.add_argument("config")
-    start.add_argument("--np", type=int, help="number of workers (default: the config's)")
+    start.add_argument(
+        "--np", type=integer(1, MAX_WORKERS), help="number of workers (default: the config's)"
+    )
     start.add_argument("--hosts", help="name:slots,... or auto (Slurm); default localhost:NP")
     start.add_argument("--hostfile", help="horovodrun's hostfile: 'name slots=N' per line")
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -54,15 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("delete", help="delete an ended run's directory").add_argument("run")
     probe = sub.add_parser("probe", help="what batch should I use? (the gradient noise scale)")
     probe.add_argument("config")
-    probe.add_argument("--np", type=int, default=1, help="workers (default 1, in this process)")
-    probe.add_argument("--steps", type=int, default=200, help="updates to measure over")
+    probe.add_argument(
+        "--np", type=integer(1, MAX_WORKERS), default=1, help="workers (default 1, here)"
+    )
+    probe.add_argument(
+        "--steps", type=integer(1, noise_scale.MAX_PROBE_STEPS), default=200, help="updates"
+    )
     probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     grid = sub.add_parser("sweep", help="run a grid of experiments (toolkit.sweep)")
     grid.add_argument("sweep")
     shown = grid.add_mutually_exclusive_group()
     shown.add_argument("--dry-run", action="store_true", help="print the cells, start nothing")
     shown.add_argument("--status", action="store_true", help="print each cell's state and results")
-    grid.add_argument("--max-parallel", type=int, help="cells launched at a time (default: fit)")
+    grid.add_argument("--max-parallel", type=integer(1), help="cells at a time (default: fit)")
     grid.add_argument("--retry-failed", action="store_true", help="rerun failed/stopped cells")
     grid.add_argument("--csv", help="write the per-cell results table here")
     queue = sub.add_parser("queue", help="the launch queue: capacity, running and waiting runs")
@@ -115,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "cluster":
             return _cluster(args)
         elif args.command == "probe":
-            from toolkit import noise_scale
             from toolkit.config import load
 
             config = load(args.config, args.set)
@@ -162,8 +186,6 @@ def _sweep(args) -> int:
     """``sweep``: the plan, the state, or the run; the aggregate over seeds at the end."""
     from toolkit import sweep
 
-    if args.max_parallel is not None and args.max_parallel < 1:
-        raise ValueError(f"--max-parallel must be at least 1 (got {args.max_parallel})")
     grid = sweep.load(args.sweep)
     if args.dry_run:
         print(f"sweep {grid.name}: {len(grid.cells)} cells")
@@ -204,7 +226,9 @@ def _queue(root: str | None, capacity: str | None) -> str:
 def _cluster_parser(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     make = actions.add_parser("up", help="make (or repair) the cluster")
-    make.add_argument("--hosts", type=int, default=3, help="number of hosts (default 3)")
+    make.add_argument(
+        "--hosts", type=integer(1, cluster.MAX_HOSTS), default=3, help="number of hosts (3)"
+    )
     for action in (make, actions.add_parser("shape", help="limit every host's link")):
         action.add_argument("--bandwidth", help="each host's link rate, tc units: 1gbit, 500mbit")
         action.add_argument("--delay", help="one-way delay, tc units: 100us (needs sch_netem)")

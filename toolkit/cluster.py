@@ -49,6 +49,7 @@ SSH_CLIENT_CONFIG = Path("/etc/ssh/ssh_config.d/lbl-cluster.conf")
 MARK_BEGIN, MARK_END = "# lbl-cluster begin", "# lbl-cluster end"
 RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit)$")
 DELAY = re.compile(r"^[0-9]+(\.[0-9]+)?(us|ms|s)$")
+MAX_HOSTS = 50
 TOOLS = ("ip", "tc", "nsenter", "unshare", "ssh", "ssh-keygen", "/usr/sbin/sshd")
 
 
@@ -87,8 +88,8 @@ def up(hosts: int = 3, shaping: Shaping | None = None) -> list[Host]:
     """Make (or repair) a cluster of ``hosts`` hosts and shape its links (``None``: as they
     were, unshaped for a new cluster); returns the hosts. A cluster of another size that is
     already up is refused: ``down`` it first."""
-    if not 1 <= hosts <= 50:
-        raise ClusterError(f"--hosts must be between 1 and 50 (got {hosts})")
+    if not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
+        raise ClusterError(f"--hosts must be between 1 and {MAX_HOSTS} (got {hosts!r})")
     check_requirements()
     existing = describe()
     if existing and len(existing["hosts"]) != hosts:

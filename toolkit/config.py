@@ -33,6 +33,7 @@ from pydantic import (
 
 from toolkit import safe_yaml
 
+MAX_WORKERS = 65_536  # far beyond any cluster this lab will see; more is a typo
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -284,7 +285,7 @@ class ExperimentConfig(_Section):
     sync: SyncConfig = Field(default_factory=SyncConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    workers: int = Field(1, ge=1)
+    workers: int = Field(1, ge=1, le=MAX_WORKERS)
     hosts: str | None = None
     ssh_port: int | None = Field(None, ge=1, le=65535, description="the hosts' ssh port")
     ssh_identity_file: str | None = Field(

@@ -48,10 +48,12 @@ def writing(path: str | os.PathLike, name: str | None = None) -> Iterator[None]:
         raise WriteError(error.errno, message) from error
 
 
-def open_regular(path: str | os.PathLike) -> BinaryIO:
-    """Open ``path`` for binary reading if it is a regular file reached without a symlink."""
+def open_regular(path: str | os.PathLike, follow: bool = False) -> BinaryIO:
+    """Open ``path`` for binary reading if it is a regular file reached without a symlink (with
+    ``follow``, a user's own file: through one too). Never blocks (a FIFO is refused)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        nofollow = 0 if follow else os.O_NOFOLLOW
+        fd = os.open(path, os.O_RDONLY | nofollow | os.O_NONBLOCK)
     except OSError as error:
         if error.errno == errno.ELOOP:  # the last component is a symlink
             raise OSError(error.errno, f"{Path(path).name} is a symlink (not followed)") from None
@@ -64,10 +66,10 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def read_bytes(path: str | os.PathLike, limit: int | None = None) -> bytes:
+def read_bytes(path: str | os.PathLike, limit: int | None = None, follow: bool = False) -> bytes:
     """The content of a regular file (see :func:`open_regular`); :class:`OSError` if it holds
     more than ``limit`` bytes (read no further)."""
-    with open_regular(path) as f:
+    with open_regular(path, follow) as f:
         data = f.read() if limit is None else f.read(limit + 1)
     if limit is not None and len(data) > limit:
         raise OSError(f"{path}: larger than the limit of {limit:,} bytes")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import hostlist
 
+from toolkit import files
 from toolkit.config import HOSTS, ConfigError
 
 AUTO = "auto"
@@ -50,9 +51,7 @@ def read_hostfile(path: str | Path) -> str:
     """The host list of a horovodrun hostfile."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_HOSTFILE_BYTES:
-            raise ConfigError(f"hostfile {path}: larger than {MAX_HOSTFILE_BYTES} bytes")
-        lines = path.read_text().splitlines()
+        lines = files.read_bytes(path, MAX_HOSTFILE_BYTES, follow=True).decode().splitlines()
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"hostfile {path}: cannot be read ({error})") from None
     slots: dict[str, int] = {}

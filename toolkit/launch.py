@@ -102,7 +102,7 @@ def check_fits_dataset(config: config_lib.ExperimentConfig) -> None:
 
     try:
         dataset = load_dataset(config)
-    except RuntimeError as error:  # a downloadable dataset while offline: say so now
+    except (RuntimeError, TypeError, ValueError) as error:  # offline, or a bad parameter
         raise config_lib.ConfigError(f"dataset: {error}") from None
     steps_per_epoch(config, len(dataset.x_train), config.workers)
 

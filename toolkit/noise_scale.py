@@ -168,6 +168,9 @@ def _suggested_batch(b_simple: float, workers: int) -> int:
     return power if power % workers == 0 else max(workers, round(power / workers) * workers)
 
 
+MAX_PROBE_STEPS = 1_000_000  # a probe is a short run: more is a typo
+
+
 def probe(
     config, *, steps: int = 200, np: int = 1, runs_root=None, in_process: bool | None = None
 ) -> ProbeResult:
@@ -180,6 +183,13 @@ def probe(
     from toolkit.events import read_events
     from toolkit.experiment import load_dataset, steps_per_epoch
 
+    for name, value, high in (
+        ("steps", steps, MAX_PROBE_STEPS),
+        ("np", np, config_lib.MAX_WORKERS),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            span = f"from 1 to {high:,}"
+            raise config_lib.ConfigError(f"probe: {name} must be an integer {span} (got {value!r})")
     batches = steps * config.steps_per_update(np)
     dataset = load_dataset(config)
     per_epoch = steps_per_epoch(config, len(dataset.x_train), np)

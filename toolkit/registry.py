@@ -52,9 +52,30 @@ class Registry:
             )
 
     def get(self, name: str, **params) -> Any:
-        """Construct ``name`` with ``params`` after checking both."""
+        """Construct ``name`` with ``params`` after checking both. A parameter of the wrong
+        type (``None``, a list, a string where the default is a number) is a ``ValueError``
+        naming it, not the constructor's ``TypeError``."""
         self.check_params(name, params)
-        return self.constructor(name)(**params)
+        try:
+            return self.constructor(name)(**params)
+        except TypeError as error:
+            defaults = self.parameters(name)
+            odd = [k for k, v in params.items() if not _same_kind(v, defaults.get(k))]
+            named = ", ".join(f"{k}={params[k]!r:.80} (default {defaults[k]!r})" for k in odd)
+            raise ValueError(
+                f"{self.kind} {name!r}: {named or 'a parameter'} has the wrong type ({error})"
+            ) from None
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    """Whether ``value`` could stand where ``default`` does (any value, where it is ``None``)."""
+    if default is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
 
 
 def _init_chain(constructor: Callable[..., Any]):

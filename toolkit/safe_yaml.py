@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from toolkit import files
+
 MAX_BYTES = 1 << 20
 MAX_ALIASES = 256
 MAX_DEPTH = 64
@@ -64,13 +66,10 @@ def load(text: str, source: str = "YAML") -> Any:
 
 
 def load_file(path: str | Path) -> Any:
-    """:func:`load` of the file at ``path``, read no further than the size limit. Raises
-    what reading raises (``OSError``, ``UnicodeDecodeError``) and what :func:`load` raises."""
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read(MAX_BYTES + 1)
-    if len(text) > MAX_BYTES:
-        raise YamlLimitError(f"{path}: larger than the limit of {MAX_BYTES:,} characters")
-    return load(text, str(path))
+    """:func:`load` of the regular file at ``path`` (a FIFO or device is refused, never read),
+    read no further than :data:`MAX_BYTES`. Raises ``OSError`` or ``UnicodeDecodeError`` where
+    it cannot be read as text, and what :func:`load` raises."""
+    return load(files.read_bytes(path, limit=MAX_BYTES, follow=True).decode(), str(path))
 
 
 def short(value: Any, limit: int = SHOWN) -> str:

@@ -377,6 +377,7 @@ def run(
     time (default: as many as the queue's slots hold), and return :func:`results`. Safe to
     call again after an interruption: see the module docstring. One runner per sweep and runs
     root: a second raises :class:`SweepError` while the first is alive."""
+    _check_parallel(max_parallel)
     sweep = sweep if isinstance(sweep, Sweep) else load(sweep)
     base = runs_root(root)
     dry_run(sweep, base)  # every cell can launch, before any does
@@ -450,6 +451,13 @@ def runner_active(name: str, root: str | Path | None = None) -> bool:
         return True
 
 
+def _check_parallel(max_parallel: int | None) -> None:
+    if max_parallel is not None and (
+        isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1
+    ):
+        raise SweepError(f"max_parallel must be an integer >= 1 (got {max_parallel!r})")
+
+
 def start(
     sweep: Sweep,
     root: str | Path | None = None,
@@ -460,6 +468,7 @@ def start(
     """Run ``sweep`` in a background process of its own session (the app's and notebooks'
     way: it outlives them), output to ``<root>/.sweeps/<name>.log``; returns its pid. Raises
     :class:`SweepError` if a runner of this sweep is alive already."""
+    _check_parallel(max_parallel)
     base = runs_root(root)
     if runner_active(sweep.name, base):
         raise SweepError(f"sweep {sweep.name!r} is already being run by another process")
