@@ -84,6 +84,9 @@ ANY_PATH = st.sampled_from(
     ]
 )  # fmt: skip
 PATHS = st.one_of(st.sampled_from(["quick.yaml", "sweep.yaml"]), ANY_PATH)  # often a valid one
+OUTPUTS = st.sampled_from(  # where a command writes: inside the working directory only
+    ["out.csv", "quick.yaml", "a-dir", "fifo.yaml", "", "-", ".", "ünï.csv", "x" * 300]
+)
 NUMBERS = st.one_of(
     st.sampled_from(["0", "-1", "1", "2"]),
     st.integers(-3, 5).map(str),
@@ -101,6 +104,12 @@ HOSTS = st.one_of(
     st.text(max_size=30),
 )
 WORDS = st.text(max_size=12)
+RUNS_OPTION = st.one_of(  # relative: inside the working directory
+    st.just([]),
+    st.sampled_from(["runs2", "quick.yaml", "a-dir", "fifo.yaml", "", "ünï", "a/../b"]).map(
+        lambda root: ["--runs", root]
+    ),
+)
 OVERRIDES = st.one_of(
     WORDS,
     st.sampled_from(
@@ -131,7 +140,7 @@ COMMANDS = {
     "delete": st.tuples(RUN_IDS, st.just([])),
     "probe": st.tuples(PATHS, options(np=NUMBERS, steps=NUMBERS, set=OVERRIDES)),
     "sweep": st.tuples(PATHS, options(**{"dry-run": None, "status": None, "max-parallel": NUMBERS,
-                                         "retry-failed": None, "csv": PATHS})),
+                                         "retry-failed": None, "csv": OUTPUTS})),
     "queue": st.tuples(st.just(None), options(capacity=HOSTS)),
     "notebook": st.tuples(st.just(None), st.lists(st.sampled_from(
         ["--port=8890", "--ip=0.0.0.0", "--no-browser", "--IdentityProvider.token=", "--x"]
@@ -189,6 +198,7 @@ def check(argv, work, runs, monkeypatch, allowed=(0, 2)) -> int:
     took = time.perf_counter() - started
     assert code in allowed, (argv, code, said[-2000:])
     assert "Traceback" not in said, (argv, said[-3000:])
+    assert max(map(len, said.splitlines()), default=0) < 1000, (argv, said[:3000])  # cut short
     assert took < BUDGET_S, (argv, f"{took:.1f} s")
     assert outside_snapshot(work) == before, argv
     return code
@@ -209,10 +219,10 @@ def test_every_command_survives_generated_arguments(command, sandbox):
         max_examples=EXAMPLES["per command"],
         **FUZZ,
     )
-    @given(COMMANDS[command])
-    def case(generated):
+    @given(RUNS_OPTION, COMMANDS[command])
+    def case(runs_option, generated):
         first, rest = generated
-        argv = [command, *([first] if first is not None else []), *rest]
+        argv = [*runs_option, command, *([first] if first is not None else []), *rest]
         with pytest.MonkeyPatch.context() as monkeypatch:
             # sweep: 1 when a cell did not complete; everything else: 0 or 2
             check(

@@ -279,7 +279,7 @@ def test_the_cluster_commands_refuse_with_what_is_missing(
             ["cluster", "up"], runs, {**subprocess_env, "PATH": str(tmp_path)}
         ),
         "a cluster of 3 hosts is up": run_cli(["cluster", "up", "--hosts", "2"], runs),
-        "--hosts must be between 1 and 50 (got 0)": run_cli(
+        "argument --hosts: must be an integer from 1 to 50 (got '0')": run_cli(
             ["cluster", "up", "--hosts", "0"], runs
         ),
         "--bandwidth must look like 1gbit": run_cli(

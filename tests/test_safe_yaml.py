@@ -140,3 +140,11 @@ def test_a_field_error_quotes_a_long_value_cut_short():
     with pytest.raises(config_lib.ConfigError) as refused:
         config_lib.from_mapping({"name": "n" * 50_000})
     assert len(str(refused.value)) < 600 and "characters)" in str(refused.value)
+
+
+def test_a_grid_whose_product_is_huge_is_refused_before_any_cell_is_built():
+    grid = {f"optimizer.params.p{i}": list(range(10)) for i in range(8)}  # 10**8 cells
+    started = time.perf_counter()
+    with pytest.raises(sweeps.SweepError, match="100,000,000 cells, over the limit of 10,000"):
+        sweeps.from_mapping({"name": "huge", "base": {"name": "b"}, "grid": grid})
+    assert time.perf_counter() - started < 2

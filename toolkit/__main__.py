@@ -35,6 +35,13 @@ from toolkit.monitor import follow
 from toolkit.rundir import list_runs, summary
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, its messages cut short where they quote an argument (its subcommands too)."""
+
+    def error(self, message: str):
+        super().error(safe_yaml.clip(message))
+
+
 def integer(low: int, high: int | None = None):
     """An argparse type: an integer from ``low`` (to ``high``), the rule the config or the
     function called applies to the same value; anything else exits 2 naming the argument
@@ -54,7 +61,7 @@ def integer(low: int, high: int | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m toolkit", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", help="runs root (default $LBL_RUNS or ./runs)")
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("launch", help="validate a config and start it under horovodrun")
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             result = noise_scale.probe(config, steps=args.steps, np=args.np, runs_root=args.runs)
             print(f"{result.reading()}\n(probe run: {result.run_id})")
     except (ValueError, OSError, ClusterError) as error:  # ConfigError, RunError: ValueErrors
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {safe_yaml.clip(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         went_on = (

@@ -533,7 +533,7 @@ def format_errors(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "config"
-        message = item["msg"].removeprefix("Value error, ")
+        message = safe_yaml.clip(item["msg"].removeprefix("Value error, ")).replace("\n", " ")
         got = item.get("input")
         shown = "" if isinstance(got, dict) else f" (got {safe_yaml.short(got)})"
         lines.append(f"{field}: {message}{shown}")

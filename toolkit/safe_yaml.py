@@ -72,6 +72,15 @@ def load_file(path: str | Path) -> Any:
     return load(files.read_bytes(path, limit=MAX_BYTES, follow=True).decode(), str(path))
 
 
+def clip(text: str, limit: int = 2 * SHOWN) -> str:
+    """``text``, each line cut to ``limit`` characters: how a message that may hold a user's
+    input is shown."""
+    return "\n".join(
+        line if len(line) <= limit else f"{line[:limit]}... ({len(line):,} characters)"
+        for line in str(text).splitlines()
+    )
+
+
 def short(value: Any, limit: int = SHOWN) -> str:
     """``repr(value)``, cut to ``limit`` characters: how an error quotes a user's input."""
     text = repr(value)

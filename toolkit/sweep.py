@@ -35,6 +35,7 @@ and spread over seeds, and :func:`figure` draws any metric against any axis.
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import hashlib
 import itertools
@@ -67,6 +68,7 @@ SWEEPS_DIR = ".sweeps"
 SEED = "seed"
 METHOD = "method"
 POLL_S = 1.0
+MAX_CELLS = 10_000  # each cell is a run directory: more is a typo in the grid
 DIVERGED = "NonFiniteLoss: loss became"
 """What training's failure reason holds when the loss became NaN or infinite
 (``toolkit.callbacks.NonFiniteLoss``, named here without importing TensorFlow)."""
@@ -226,6 +228,14 @@ def expand(spec: SweepSpec) -> list[Cell]:
     """Every cell of ``spec``, validated: raises :class:`SweepError` listing each bad cell by its
     coordinates with the field's message (the first 10, and how many more)."""
     seeds = spec.seeds or [None]
+    count = sum(
+        len(grid.get(METHOD) or list(spec.methods) or [None])
+        * math.prod(len(values) for path, values in grid.items() if path != METHOD)
+        * len(seeds)
+        for grid in spec.grids()
+    )
+    if count > MAX_CELLS:
+        raise SweepError(f"sweep {spec.name!r}: {count:,} cells, over the limit of {MAX_CELLS:,}")
     cells, problems = [], []
     for grid in spec.grids():
         unknown = [m for m in grid.get(METHOD, []) if m not in spec.methods]
@@ -245,9 +255,9 @@ def expand(spec: SweepSpec) -> list[Cell]:
                 seeded = coordinates | ({SEED: seed} if seed is not None else {})
                 problems.append(_problem(seeded, error))
     _refuse(spec.name, problems)
-    keys = [c.key for c in cells]
-    if len(set(keys)) != len(keys):
-        twice = next(c for c in cells if keys.count(c.key) > 1)
+    counts = collections.Counter(c.key for c in cells)
+    if len(counts) != len(cells):
+        twice = next(c for c in cells if counts[c.key] > 1)
         raise SweepError(
             f"two cells of sweep {spec.name!r} have the same config: {twice.coordinates}"
         )
