@@ -6,6 +6,7 @@ launches go through a fake ``toolkit.launch.launch`` except in the one real-laun
 
 from __future__ import annotations
 
+import ast
 import base64
 import io
 import json
@@ -739,3 +740,33 @@ def test_reading_pages_do_not_import_tensorflow(root, subprocess_env):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "reading: []" in result.stdout, result.stdout
     assert "launch: ['keras', 'tensorflow']" in result.stdout, result.stdout
+
+
+def bare_strings(tree) -> list[int]:
+    """Lines of string statements that are not a module's, class's or function's docstring:
+    in a page, Streamlit's magic renders each one as page text."""
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first))
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, (ast.Constant, ast.JoinedStr))
+        and isinstance(getattr(node.value, "value", ""), str)
+        and id(node) not in docstrings
+    ]
+
+
+@pytest.mark.parametrize(
+    "script", ["main.py", *(f"views/{p.name}" for p in (MAIN.parent / "views").glob("*.py"))]
+)
+def test_no_page_shows_a_bare_string_as_text(script):
+    assert bare_strings(ast.parse((MAIN.parent / script).read_text())) == [], script
+
+
+def test_the_bare_string_check_sees_one():
+    assert bare_strings(ast.parse('"""doc"""\nx = 1\n"""shown by magic"""\n')) == [3]

@@ -43,8 +43,8 @@ if not chosen:
     st.stop()
 
 split = {run_id: data.phases(by_id[run_id]) for run_id in chosen}
+# what the charts and the table depend on: each chosen run's directory and its events' stamp
 drawn = tuple((str(by_id[r].path), data.stamp(by_id[r].events_path)) for r in chosen)
-"""What the charts and the table depend on: each chosen run's directory and its events' stamp."""
 NONE = pd.DataFrame()
 
 
