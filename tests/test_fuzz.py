@@ -134,7 +134,7 @@ def options(**choices) -> st.SearchStrategy[list[str]]:
 COMMANDS = {
     "launch": st.tuples(PATHS, options(np=NUMBERS, hosts=HOSTS, hostfile=PATHS, name=RUN_IDS,
                                        set=OVERRIDES, wait=None)),
-    "runs": st.tuples(st.just(None), st.just([])),
+    "runs": st.tuples(st.just(None), options(all=None)),
     "stop": st.tuples(RUN_IDS, st.just([])),
     "resume": st.tuples(RUN_IDS, options(wait=None)),
     "delete": st.tuples(RUN_IDS, st.just([])),
@@ -422,3 +422,12 @@ def test_an_optimizer_parameter_of_the_wrong_type_is_a_config_error_naming_it(va
     with pytest.raises(ConfigError) as refused:
         from_mapping(raw)
     assert "trust_coefficient" in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize("command", [None, *sorted(COMMANDS)])
+def test_help_is_plain_text_for_every_command(command, sandbox):
+    work, runs = sandbox
+    argv = [command, "--help"] if command else ["--help"]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        code, said = run_command(argv, work, runs, monkeypatch)
+    assert code == 0 and "usage: python -m toolkit" in said and "``" not in said, said

@@ -255,6 +255,18 @@ def test_runs_table_shows_times_and_numbers_a_person_can_read(completed, tmp_pat
     assert runs_table(tmp_path / "none") == "no runs"
 
 
+def test_runs_leaves_probe_runs_out_unless_asked(tmp_path):
+    from toolkit.__main__ import runs_table
+
+    RunDir.create(tmp_path, "kept")
+    RunDir.create(tmp_path, "probe-a").update_meta(probe=True)
+    listed = runs_table(tmp_path)
+    assert "kept" in listed and "probe-a" not in listed
+    assert listed.splitlines()[-1] == "(1 probe run not shown: runs --all)"
+    every = runs_table(tmp_path, probes=True)
+    assert "kept" in every and "probe-a" in every and "not shown" not in every
+
+
 def test_cli_launch_wait_shows_progress_and_the_final_state(runs, subprocess_env):
     result = subprocess.run(
         [sys.executable, "-m", "toolkit", "--runs", str(runs), "launch"]

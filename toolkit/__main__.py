@@ -2,7 +2,7 @@
 
 python -m toolkit launch CONFIG [--np N] [--hosts h1:2,h2:2 | auto | --hostfile F]
                           [--set k=v ...] [--wait]
-python -m toolkit runs
+python -m toolkit runs [--all]
 python -m toolkit stop RUN
 python -m toolkit resume RUN [--wait]
 python -m toolkit delete RUN
@@ -61,7 +61,8 @@ def integer(low: int, high: int | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m toolkit", description=__doc__.splitlines()[0])
+    summary_line = __doc__.splitlines()[0].replace("``", "")
+    parser = Parser(prog="python -m toolkit", description=summary_line)
     parser.add_argument("--runs", help="runs root (default $LBL_RUNS or ./runs)")
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("launch", help="validate a config and start it under horovodrun")
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     start.add_argument("--name", help="run id (default <name>-<time>-<hex>)")
     start.add_argument("--wait", action="store_true", help="wait until the run ends")
-    sub.add_parser("runs", help="list runs")
+    listing = sub.add_parser("runs", help="list runs (probe runs with --all)")
+    listing.add_argument("--all", action="store_true", help="probe runs too")
     sub.add_parser("stop", help="stop a run").add_argument("run")
     cont = sub.add_parser("resume", help="continue a run from its last checkpoint")
     cont.add_argument("run")
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.wait:
                 return _wait(run)
         elif args.command == "runs":
-            print(runs_table(args.runs))
+            print(runs_table(args.runs, probes=args.all))
         elif args.command == "stop":
             run = launcher.stop(args.run, args.runs)
             print(f"{run.run_id}: {run.status()['state']}")
@@ -167,18 +169,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def runs_table(root: str | None = None) -> str:
+def runs_table(root: str | None = None, probes: bool = False) -> str:
     """The runs as a terminal table: start time in UTC to the minute, durations in whole
     seconds, measurements to four significant digits, ``-`` where a run has no value yet (the
-    failure reason is left to the dashboard)."""
-    rows = [summary(r) for r in list_runs(root)]
+    failure reason is left to the dashboard). Probe runs are left out unless ``probes``, as on
+    the Runs page, and a last line says how many were."""
+    every = [summary(r) for r in list_runs(root)]
+    rows = [row for row in every if probes or not row["probe"]]
+    hidden = len(every) - len(rows)
+    note = f"\n({hidden} probe run{'s' * (hidden != 1)} not shown: runs --all)" if hidden else ""
     if not rows:
-        return "no runs"
+        return "no runs" + note
     table = pd.DataFrame(rows).drop(columns=["reason", "probe"])
     started = pd.to_datetime(pd.to_numeric(table.pop("started")), unit="s")
     table.insert(5, "started (UTC)", started.dt.strftime("%Y-%m-%d %H:%M"))
     table["duration_s"] = pd.to_numeric(table["duration_s"]).round()
-    return table.map(_cell).to_string(index=False)
+    return table.map(_cell).to_string(index=False) + note
 
 
 def _cell(value) -> str:
