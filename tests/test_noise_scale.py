@@ -310,7 +310,8 @@ def test_the_probe_cli_on_the_quickstart(tmp_path, subprocess_env):
     (run,) = list_runs(tmp_path)
     assert run.meta()["probe"] is True and run.run_id in result.stdout
     assert run.status()["state"] == "completed"
-    assert run.run_id in runs_table(tmp_path)  # the CLI lists every run; the app hides probes
+    assert run.run_id not in runs_table(tmp_path)  # hidden, as on the Runs page,
+    assert run.run_id in runs_table(tmp_path, probes=True)  # unless asked for (runs --all)
 
 
 def test_the_launch_page_probes_with_the_configs_workers(tmp_path, monkeypatch, subprocess_env):
