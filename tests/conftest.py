@@ -120,10 +120,9 @@ def cluster_hosts() -> Iterator[list[str]]:
             cluster.down()
 
 
-def wait_for_state(run, states, timeout: float = 240.0) -> dict:
-    """``run``'s status once its state is one of ``states`` (fails after ``timeout`` s)."""
-    deadline = time.time() + timeout
-    while (status := run.status())["state"] not in states:
-        assert time.time() < deadline, f"{run.run_id} still {status['state']}"
-        time.sleep(0.2)
-    return status
+@pytest.fixture
+def runs(tmp_path, monkeypatch, subprocess_env):
+    """An empty runs root, as ``$LBL_RUNS``, with the venv's ``horovodrun`` on ``PATH``."""
+    monkeypatch.setenv("LBL_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("PATH", subprocess_env["PATH"])
+    return tmp_path / "runs"

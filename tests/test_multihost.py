@@ -19,7 +19,9 @@ import numpy as np
 import psutil
 import pytest
 import yaml
-from conftest import ROOT, run_cli, wait_for_state
+from conftest import ROOT, run_cli
+from test_train import SMALL as TRAIN_SMALL
+from test_train import wait
 
 from toolkit import cluster, slots
 from toolkit import launch as launcher
@@ -29,27 +31,8 @@ from toolkit.rundir import TERMINAL, RunDir
 
 pytestmark = pytest.mark.timeout(300)
 
-SMALL = {
-    "name": "small",
-    "optimizer": {
-        "name": "lars",
-        "learning_rate": 0.2,
-        "params": {"momentum": 0.9, "weight_decay": 1e-4, "trust_coefficient": 0.02},
-    },
-    "schedule": {"name": "cosine", "warmup": {"epochs": 1, "strategy": "sqrt"}},
-    "batch": {"per_worker": 32},
-    "epochs": 2,
-    "workers": 2,
-    "logging": {"every_steps": 5},
-}
+SMALL = {**TRAIN_SMALL, "epochs": 2}
 LONG = {**SMALL, "epochs": 500}
-
-
-@pytest.fixture
-def runs(tmp_path, monkeypatch, subprocess_env):
-    monkeypatch.setenv("PATH", subprocess_env["PATH"])
-    monkeypatch.setenv("LBL_RUNS", str(tmp_path / "runs"))
-    return tmp_path / "runs"
 
 
 def hosts_of(run: RunDir) -> dict[int, str]:
@@ -80,7 +63,7 @@ def state_seen_from(host: str, run: RunDir, env: dict) -> str:
 
 
 def started_training(run: RunDir) -> None:
-    wait_for_state(run, ("running",))
+    wait(run, ("running",))
     deadline = time.time() + 120
     while not run.events_path.exists() or len(run.events_path.read_text().splitlines()) < 3:
         assert run.status()["state"] == "running", run.stdout_path.read_text()[-2000:]
@@ -113,7 +96,7 @@ def cli_and_one_host(cluster_hosts, tmp_path_factory, subprocess_env):
     argv = [sys.executable, "-m", "toolkit", "--runs", str(root), "launch", str(config_path)]
     argv += ["--hosts", "lbl-h1:1,lbl-h2:1", "--name", "two-hosts", "--wait"]
     cli = in_host("lbl-h1", argv, subprocess_env)
-    wait_for_state(local, TERMINAL)
+    wait(local, TERMINAL)
     return cli, RunDir(root / "two-hosts"), local
 
 
@@ -141,7 +124,7 @@ def test_a_two_host_run_matches_the_same_run_on_one_host(cli_and_one_host):
 
 def test_a_run_launched_from_python_puts_its_workers_where_asked(cluster_hosts, runs):
     run = launcher.launch(from_mapping(SMALL), hosts="lbl-h2:1,lbl-h3:1", run_id="python")
-    assert wait_for_state(run, TERMINAL)["state"] == "completed", run.stdout_path.read_text()
+    assert wait(run, TERMINAL)["state"] == "completed", run.stdout_path.read_text()
     assert hosts_of(run) == {0: "lbl-h2", 1: "lbl-h3"}  # neither is this machine: both by ssh
     assert run.meta()["world_size"] == 2
 
@@ -153,7 +136,7 @@ def test_a_run_on_one_other_host_names_the_interface_it_is_reached_through(clust
     run = launcher.launch(config, hosts="lbl-h3:2", run_id="one-other")
     argv = launcher.horovodrun_argv(run.config(), run, resume=False)
     assert argv[argv.index("--network-interfaces") + 1] == cluster.INTERFACE
-    assert wait_for_state(run, TERMINAL)["state"] == "completed", run.stdout_path.read_text()
+    assert wait(run, TERMINAL)["state"] == "completed", run.stdout_path.read_text()
     assert hosts_of(run) == {0: "lbl-h3", 1: "lbl-h3"}
 
 
@@ -186,7 +169,7 @@ def test_a_worker_killed_on_host_2_leaves_the_run_failed_with_the_reason(cluster
     (rank1,) = [p for p in run.status()["processes"] if p.get("rank") == 1]
     assert rank1["host"] == "lbl-h2"
     subprocess.run(["ssh", "lbl-h2", "kill", "-KILL", str(rank1["pid"])], check=True)
-    wait_for_state(run, TERMINAL, timeout=60)  # rank 0's own failure, written first,
+    wait(run, TERMINAL, timeout=60)  # rank 0's own failure, written first,
     deadline = time.time() + 30  # then the supervisor's account of horovodrun's exit
     while "released" not in (status := run.status()) and time.time() < deadline:
         time.sleep(0.2)
@@ -201,7 +184,7 @@ def test_two_runs_on_one_slot_hosts_run_one_after_the_other(cluster_hosts, runs)
     second = launcher.launch(from_mapping(SMALL), hosts="lbl-h1:1,lbl-h2:1", run_id="second")
     assert slots.positions(runs) == {"second": 1}
     for run in (first, second):
-        assert wait_for_state(run, TERMINAL)["state"] == "completed"
+        assert wait(run, TERMINAL)["state"] == "completed"
     a, b = first.recorded_status(), second.recorded_status()
     assert b["launched"] >= a["released"]  # the hosts were never shared
 

@@ -39,13 +39,6 @@ SMALL = {
 }
 
 
-@pytest.fixture
-def runs(tmp_path, monkeypatch, subprocess_env):
-    monkeypatch.setenv("LBL_RUNS", str(tmp_path / "runs"))
-    monkeypatch.setenv("PATH", subprocess_env["PATH"])
-    return tmp_path / "runs"
-
-
 def wait(run: RunDir, states=TERMINAL, timeout=240.0) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
