@@ -10,7 +10,6 @@ configs as ``None``.
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pandas as pd
@@ -128,20 +127,6 @@ def text(path: Path) -> str:
         return files.read_bytes(path).decode("utf-8", errors="replace")
     except OSError:
         return ""
-
-
-def tail(path: Path, max_bytes: int = 32_000) -> str:
-    """The end of a (possibly large, growing) log file, starting at a line boundary."""
-    try:
-        with files.open_regular(path) as f:
-            size = f.seek(0, io.SEEK_END)
-            f.seek(max(0, size - max_bytes))
-            data = f.read(max_bytes)
-    except OSError:
-        return ""
-    if size > max_bytes:
-        data = data[data.find(b"\n") + 1 :]
-    return data.decode("utf-8", errors="replace")
 
 
 @st.cache_data(max_entries=20, show_spinner=False)

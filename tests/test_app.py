@@ -26,6 +26,7 @@ from streamlit.testing.v1 import AppTest
 from app import charts, data
 from app.fabricate import fake_run
 from toolkit import config as config_lib
+from toolkit import files
 from toolkit import launch as launcher
 from toolkit.curves import downsample
 from toolkit.events import EventWriter, read_events
@@ -679,7 +680,7 @@ def test_launch_quickstart_for_real_through_the_form(hosts, root, monkeypatch, r
     while (state := run.status()["state"]) not in ("completed", "failed", "stopped"):
         assert time.time() < deadline, "the quickstart did not finish in time"
         time.sleep(1)
-    assert state == "completed", data.tail(run.stdout_path)
+    assert state == "completed", files.tail(run.stdout_path)
     expected = config_lib.load(ROOT / "experiments" / "quickstart.yaml")
     assert run.config() == expected.model_copy(update={"hosts": hosts})
     workers = [p["host"] for p in run.status()["processes"] if p["role"] == "worker"]

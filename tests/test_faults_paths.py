@@ -14,8 +14,8 @@ import time
 import pytest
 from conftest import ROOT
 
+from toolkit import files, rundir
 from toolkit import launch as launcher
-from toolkit import rundir
 from toolkit.__main__ import main, runs_table
 from toolkit.config import from_mapping
 from toolkit.events import EventWriter, read_events
@@ -126,7 +126,7 @@ def test_readers_never_follow_a_symlink_out_of_a_run(tree, tmp_path):
 
     from app import data
 
-    assert data.tail(run.stdout_path) == "" and data.text(run.stdout_path) == ""
+    assert files.tail(run.stdout_path) == "" and data.text(run.stdout_path) == ""
     assert data.config(run) is None
 
 

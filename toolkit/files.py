@@ -76,6 +76,21 @@ def read_bytes(path: str | os.PathLike, limit: int | None = None, follow: bool =
     return data
 
 
+def tail(path: str | os.PathLike, max_bytes: int = 32_000) -> str:
+    """The end of a (possibly large, growing) log file, starting at a line boundary; ``''`` if
+    it cannot be read (see :func:`open_regular`)."""
+    try:
+        with open_regular(path) as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            data = f.read(max_bytes)
+    except OSError:
+        return ""
+    if size > max_bytes:
+        data = data[data.find(b"\n") + 1 :]
+    return data.decode("utf-8", errors="replace")
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """The JSON value in ``path``; raises :class:`OSError` or :class:`ValueError` (not JSON)."""
     return json.loads(read_bytes(path))

@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from toolkit import config as config_lib
+from toolkit import files, preflight, processes, remote, slots
 from toolkit import hosts as hosts_lib
-from toolkit import preflight, processes, remote, slots
 from toolkit.files import writing
 from toolkit.rundir import LIVE, RUN_FILES, RunDir, RunError, new_run_id, resolve, runs_root
 
@@ -254,12 +254,7 @@ def _failure(run: RunDir, status: dict, code: int) -> tuple[int | None, str]:
     said = f"horovodrun exited with code {code}; see stdout.log"
     if code == 0:
         return None, "training exited without finishing"
-    try:
-        with open(run.stdout_path, "rb") as log:
-            log.seek(max(0, log.seek(0, os.SEEK_END) - 65536))
-            tail = log.read().decode(errors="replace")
-    except OSError:
-        return None, said
+    tail = files.tail(run.stdout_path, 65536)
     first = re.findall(r"Process name: (\d+)\s+Exit code: (-?\d+)", tail)
     if not first:
         return None, said

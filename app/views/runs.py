@@ -8,8 +8,8 @@ import streamlit as st
 
 from app import data
 from app.data import md_escape
+from toolkit import files, slots
 from toolkit import launch as launcher
-from toolkit import slots
 from toolkit.config import ConfigError
 from toolkit.rundir import LIVE
 
@@ -118,7 +118,7 @@ if st.session_state.get("confirm_delete") == run_id:
 
 output, resolved, diff = st.tabs(["stdout.log (end)", "Config", "Config diff"])
 with output:
-    st.code(data.tail(run.stdout_path) or "(no output yet)", language=None)
+    st.code(files.tail(run.stdout_path) or "(no output yet)", language=None)
 with resolved:
     st.code(data.text(run.config_path) or "(no config.yaml)", language="yaml")
     st.json(run.meta(), expanded=False)
