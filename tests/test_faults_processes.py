@@ -58,7 +58,11 @@ def test_a_killed_supervisor_leaves_a_truthful_state_and_stop_ends_every_process
     assert not [p for p in tracked[1:] if p.is_running() and p.status() != "zombie"]
     time.sleep(2)  # nothing is left to write another state
     status = run.status()
-    assert status["state"] == "stopped" and status["reason"] == "stopped on request"
+    assert status["state"] == "stopped"
+    assert status["reason"].startswith("stopped on request from the CLI by "), status
+    last = run.stdout_path.read_text().rstrip().splitlines()[-1]  # after horovodrun's traceback
+    assert last.startswith("[lab ") and "stopped on request from the CLI" in last, last
+    assert last.endswith("resume it with: python -m toolkit resume orphaned")
 
 
 @pytest.mark.parametrize("stopper", ["this process", "another process"])
@@ -89,7 +93,9 @@ def test_stop_ends_a_run_trained_in_a_kernel_without_killing_it_or_its_children(
         child.kill()
         child.wait()
     status = run.status()
-    assert status["state"] == "stopped" and status["reason"] == "stopped on request"
+    door = "Python" if stopper == "this process" else "the CLI"
+    assert status["state"] == "stopped"
+    assert status["reason"].startswith(f"stopped on request from {door} by "), status
     assert read_events(run.events_path)["step"].max() < run.meta()["total_steps"]
 
 

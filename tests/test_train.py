@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -263,7 +264,8 @@ def test_runs_leaves_probe_runs_out_unless_asked(tmp_path):
 def test_cli_launch_wait_shows_progress_and_the_final_state(runs, subprocess_env):
     result = subprocess.run(
         [sys.executable, "-m", "toolkit", "--runs", str(runs), "launch"]
-        + ["experiments/quickstart.yaml", "--np", "2", "--set", "epochs=1", "--wait"],
+        + ["experiments/quickstart.yaml", "--np", "2", "--set", "epochs=1", "--wait"]
+        + ["--tag", "smoke", "--tag", "one epoch", "--note", "launched by the CLI test"],
         cwd=ROOT,
         env=subprocess_env,
         capture_output=True,
@@ -275,6 +277,11 @@ def test_cli_launch_wait_shows_progress_and_the_final_state(runs, subprocess_env
     total = run.meta()["total_steps"]
     assert f"{total}/{total}" in result.stdout and "test_acc:" in result.stdout
     assert result.stdout.rstrip().endswith(f"{run.run_id}: completed")
+    said = result.stdout + result.stderr + run.stdout_path.read_text()
+    assert "tensorflow/" not in said and "oneDNN" not in said  # no TensorFlow start-up lines
+    batch, optimizer = run.config().global_batch(), run.config().optimizer.name
+    assert re.fullmatch(rf"quickstart-b{batch}-{optimizer}-[0-9a-f]{{4}}", run.run_id)
+    assert run.tags() == ["one epoch", "smoke"] and run.notes() == "launched by the CLI test"
 
 
 def test_a_sparsified_run_resumes_bit_for_bit_with_every_workers_residual(runs):

@@ -1,8 +1,10 @@
 """``python -m toolkit``: launch, list, stop and resume runs.
 
 python -m toolkit launch CONFIG [--np N] [--hosts h1:2,h2:2 | auto | --hostfile F]
-                          [--set k=v ...] [--wait]
-python -m toolkit runs [--all]
+                          [--set k=v ...] [--tag T ...] [--note TEXT] [--wait]
+python -m toolkit runs [--all] [--tag T ...] [--search TEXT]
+python -m toolkit tag RUN [TAG ...] [--remove TAG ...]
+python -m toolkit note RUN [TEXT | -]
 python -m toolkit stop RUN
 python -m toolkit resume RUN [--wait]
 python -m toolkit delete RUN
@@ -24,6 +26,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -32,7 +35,7 @@ from toolkit import launch as launcher
 from toolkit.cluster import ClusterError
 from toolkit.config import MAX_WORKERS
 from toolkit.monitor import follow
-from toolkit.rundir import list_runs, summary
+from toolkit.rundir import list_runs, matches, resolve, summary
 
 
 class Parser(argparse.ArgumentParser):
@@ -73,10 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--hosts", help="name:slots,... or auto (Slurm); default localhost:NP")
     start.add_argument("--hostfile", help="horovodrun's hostfile: 'name slots=N' per line")
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    start.add_argument("--name", help="run id (default <name>-<time>-<hex>)")
+    start.add_argument("--name", help="run id (default <name>-b<batch>-<optimizer>-<hex>)")
+    start.add_argument("--tag", action="append", default=[], help="tag the run (repeatable)")
+    start.add_argument("--note", help="the run's notes")
     start.add_argument("--wait", action="store_true", help="wait until the run ends")
     listing = sub.add_parser("runs", help="list runs (probe runs with --all)")
     listing.add_argument("--all", action="store_true", help="probe runs too")
+    listing.add_argument("--tag", action="append", default=[], help="only runs with this tag")
+    listing.add_argument("--search", help="only runs whose id, tags or notes contain this")
+    tag = sub.add_parser("tag", help="add tags to a run (or --remove them); list them")
+    tag.add_argument("run")
+    tag.add_argument("tags", nargs="*", metavar="TAG")
+    tag.add_argument("--remove", action="append", default=[], metavar="TAG")
+    note = sub.add_parser("note", help="show a run's notes, or replace them with TEXT")
+    note.add_argument("run")
+    note.add_argument("text", nargs="?", help="the new notes ('-': read them from stdin)")
     sub.add_parser("stop", help="stop a run").add_argument("run")
     cont = sub.add_parser("resume", help="continue a run from its last checkpoint")
     cont.add_argument("run")
@@ -119,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                 overrides=args.set,
                 runs_root_dir=args.runs,
                 run_id=args.name,
+                tags=args.tag,
+                notes=args.note,
             )
             print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
             if place := slots.positions(args.runs).get(run.run_id):
@@ -126,9 +142,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.wait:
                 return _wait(run)
         elif args.command == "runs":
-            print(runs_table(args.runs, probes=args.all))
+            print(runs_table(args.runs, probes=args.all, tags=args.tag, search=args.search))
+        elif args.command == "tag":
+            print(", ".join(resolve(args.run, args.runs).set_tags(args.tags, args.remove)))
+        elif args.command == "note":
+            run = resolve(args.run, args.runs)
+            if args.text is not None:
+                run.set_notes(sys.stdin.read().rstrip("\n") if args.text == "-" else args.text)
+            print(run.notes())
         elif args.command == "stop":
-            run = launcher.stop(args.run, args.runs)
+            run = launcher.stop(args.run, args.runs, by="the CLI")
             print(f"{run.run_id}: {run.status()['state']}")
         elif args.command == "resume":
             run = launcher.resume(args.run, args.runs)
@@ -169,22 +192,57 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def runs_table(root: str | None = None, probes: bool = False) -> str:
-    """The runs as a terminal table: start time in UTC to the minute, durations in whole
-    seconds, measurements to four significant digits, ``-`` where a run has no value yet (the
-    failure reason is left to the dashboard). Probe runs are left out unless ``probes``, as on
-    the Runs page, and a last line says how many were."""
+TABLE_COLUMNS = [
+    "run_id",
+    "state",
+    "progress",
+    "best_eval_accuracy",
+    "samples_per_sec",
+    "optimizer",
+    "global_batch",
+    "workers",
+    "started (UTC)",
+    "duration_s",
+    "last_step",
+    "last_loss",
+    "best_eval_loss",
+    "last_eval_accuracy",
+    "tags",
+]
+
+
+def runs_table(
+    root: str | None = None,
+    probes: bool = False,
+    tags: Sequence[str] = (),
+    search: str | None = None,
+) -> str:
+    """The runs as a terminal table: progress as ``epoch x of N``, start time in UTC to the
+    minute, durations in whole seconds, measurements to four significant digits, ``-`` where a
+    run has no value yet (the failure reason is left to the dashboard). Probe runs are left out
+    unless ``probes``, as on the Runs page, and a last line says how many were; ``tags`` keeps
+    the runs that carry all of them, ``search`` those whose id, tags or notes contain it."""
     every = [summary(r) for r in list_runs(root)]
     rows = [row for row in every if probes or not row["probe"]]
     hidden = len(every) - len(rows)
     note = f"\n({hidden} probe run{'s' * (hidden != 1)} not shown: runs --all)" if hidden else ""
+    rows = [row for row in rows if set(tags) <= set(row["tags"]) and matches(row, search)]
     if not rows:
         return "no runs" + note
-    table = pd.DataFrame(rows).drop(columns=["reason", "probe"])
-    started = pd.to_datetime(pd.to_numeric(table.pop("started")), unit="s")
-    table.insert(5, "started (UTC)", started.dt.strftime("%Y-%m-%d %H:%M"))
+    table = pd.DataFrame(rows)
+    table["progress"] = [_progress(row) for row in rows]
+    table["tags"] = table["tags"].map(", ".join)
+    started = pd.to_datetime(pd.to_numeric(table["started"]), unit="s")
+    table["started (UTC)"] = started.dt.strftime("%Y-%m-%d %H:%M")
     table["duration_s"] = pd.to_numeric(table["duration_s"]).round()
-    return table.map(_cell).to_string(index=False) + note
+    return table[TABLE_COLUMNS].map(_cell).to_string(index=False) + note
+
+
+def _progress(row: dict) -> str | None:
+    if not row["epochs"]:
+        return None
+    epoch = row["epochs"] if row["state"] == "completed" else row["epoch"]
+    return f"{round(epoch, 2):g} of {row['epochs']}"
 
 
 def _cell(value) -> str:

@@ -32,6 +32,8 @@ from pydantic import (
 )
 
 from toolkit import safe_yaml
+from toolkit.catalog import DATASETS, MODELS, OPTIMIZERS
+from toolkit.registry import Registry
 
 MAX_WORKERS = 65_536  # far beyond any cluster this lab will see; more is a typo
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -54,11 +56,25 @@ class ConfigError(ValueError):
     """A config that cannot run; the message lists every bad field."""
 
 
-def _check_registries(info: ValidationInfo) -> bool:
-    """Whether to check names and parameters against the registries, which import TensorFlow.
-    A config read back from a run directory (``stored=True``) was checked when its run was
-    created, so readers such as the dashboard and ``python -m toolkit runs`` skip this."""
-    return not (info.context or {}).get("stored", False)
+def _check_component(
+    info: ValidationInfo, registry: Registry, component: Component, reserved: tuple[str, ...]
+) -> bool:
+    """Check ``component``'s name against ``registry`` and, unless this is the first, cheap
+    pass of :func:`from_mapping` (``names_only``), its parameters (which imports the
+    constructor's module, TensorFlow). A config read back from a run directory (``stored``)
+    was checked when its run was created, so readers such as the dashboard skip both.
+    Returns whether the parameters were checked."""
+    context = info.context or {}
+    if context.get("stored"):
+        return False
+    registry.check_name(component.name)
+    if context.get("names_only"):
+        return False
+    taken = sorted(set(component.params) & set(reserved))
+    if taken:
+        raise ValueError(f"{', '.join(map(repr, taken))} is set by the experiment, not in params")
+    registry.check_params(component.name, component.params)
+    return True
 
 
 def _finite(value: Any, path: str = "") -> Any:
@@ -104,10 +120,7 @@ class DatasetConfig(Component):
 
     @model_validator(mode="after")
     def _known(self, info: ValidationInfo):
-        if _check_registries(info):
-            from toolkit.data import DATASETS
-
-            _check_component(DATASETS, self.name, self.params, reserved=("seed",))
+        _check_component(info, DATASETS, self, reserved=("seed",))
         return self
 
 
@@ -116,11 +129,7 @@ class ModelConfig(Component):
 
     @model_validator(mode="after")
     def _known(self, info: ValidationInfo):
-        if _check_registries(info):
-            from toolkit.models import MODELS
-
-            reserved = ("input_shape", "num_classes", "seed")
-            _check_component(MODELS, self.name, self.params, reserved=reserved)
+        _check_component(info, MODELS, self, reserved=("input_shape", "num_classes", "seed"))
         return self
 
 
@@ -132,10 +141,7 @@ class OptimizerConfig(Component):
 
     @model_validator(mode="after")
     def _buildable(self, info: ValidationInfo):
-        if _check_registries(info):
-            from toolkit.optimizers import OPTIMIZERS
-
-            _check_component(OPTIMIZERS, self.name, self.params, reserved=("learning_rate",))
+        if _check_component(info, OPTIMIZERS, self, reserved=("learning_rate",)):
             OPTIMIZERS.get(self.name, learning_rate=self.learning_rate, **self.params)
         return self
 
@@ -272,9 +278,10 @@ class ExperimentConfig(_Section):
 
     name: str = "run"
     seed: int = 0
-    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    # The registered defaults are built unchecked: checking them would import TensorFlow.
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig.model_construct)
+    model: ModelConfig = Field(default_factory=ModelConfig.model_construct)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig.model_construct)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     lr_scaling: ScalingConfig = Field(default_factory=ScalingConfig)
@@ -438,14 +445,6 @@ class ExperimentConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _check_component(registry, name: str, params: dict, reserved: tuple[str, ...]) -> None:
-    registry.constructor(name)  # unknown name: lists the known ones
-    taken = sorted(set(params) & set(reserved))
-    if taken:
-        raise ValueError(f"{', '.join(map(repr, taken))} is set by the experiment, not in params")
-    registry.check_params(name, params)
-
-
 def set_dotted(raw: dict[str, Any], assignment: str) -> None:
     """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
     key, sep, text = assignment.partition("=")
@@ -483,10 +482,15 @@ def from_mapping(
     raw = safe_yaml.load(yaml.safe_dump(raw or {}), "config")  # a deep copy of plain types
     for assignment in overrides:
         set_dotted(raw, assignment)
+    # A first pass checks everything but the registered constructors' parameters, without
+    # TensorFlow, so that most bad configs are refused at once; the second imports them.
+    passes = [{"stored": True}] if stored else [{"names_only": True}, {}]
     try:
-        return ExperimentConfig.model_validate(raw, context={"stored": stored})
+        for context in passes:
+            config = ExperimentConfig.model_validate(raw, context=context)
     except ValidationError as error:
         raise ConfigError(format_errors(error)) from None
+    return config
 
 
 def load(path: str | Path, overrides: list[str] = (), *, stored: bool = False) -> ExperimentConfig:

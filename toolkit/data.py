@@ -28,7 +28,7 @@ import sklearn.datasets
 import sklearn.model_selection
 import tensorflow as tf
 
-from toolkit.registry import Registry
+from toolkit.catalog import DATASETS
 
 CACHE_ENV = "LARGE_BATCH_LAB_CACHE"
 """Environment variable overriding the cache root (default ``~/.cache/large-batch-lab``)."""
@@ -152,17 +152,9 @@ def _keras_loader(name: str, num_classes: int) -> Callable[..., Dataset]:
     return load
 
 
-DATASETS = Registry(
-    "dataset",
-    {
-        "mnist1d": load_mnist1d,
-        "digits": load_digits,
-        "synthetic": load_synthetic,
-        "mnist": _keras_loader("mnist", 10),
-        "fashion_mnist": _keras_loader("fashion_mnist", 10),
-        "cifar10": _keras_loader("cifar10", 10),
-    },
-)
+load_mnist = _keras_loader("mnist", 10)
+load_fashion_mnist = _keras_loader("fashion_mnist", 10)
+load_cifar10 = _keras_loader("cifar10", 10)
 
 
 def load(name: str, *, seed: int = 0, **params) -> Dataset:

@@ -22,22 +22,25 @@ run outside the runs root, or a run in the wrong state.
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from toolkit import config as config_lib
-from toolkit import files, preflight, processes, remote, slots
+from toolkit import files, preflight, processes, remote, rundir, slots
 from toolkit import hosts as hosts_lib
 from toolkit.files import writing
-from toolkit.rundir import LIVE, RUN_FILES, RunDir, RunError, new_run_id, resolve, runs_root
+from toolkit.rundir import LIVE, RUN_FILES, RunDir, RunError, resolve, runs_root
 
 
 def launch(
@@ -50,12 +53,18 @@ def launch(
     runs_root_dir: str | Path | None = None,
     run_id: str | None = None,
     meta: dict | None = None,
+    tags: Sequence[str] = (),
+    notes: str | None = None,
 ) -> RunDir:
     """Validate ``config`` (a path or an object), check its hosts (:mod:`toolkit.preflight`),
     create its run directory and start it with ``np`` workers on ``hosts`` (``name:slots,...``,
     or ``auto`` in a Slurm allocation; default ``localhost:np``) or the hosts of a horovodrun
     ``hostfile`` (:mod:`toolkit.hosts`). ``meta``: extra fields for ``meta.json`` (e.g.
-    ``{"probe": True}``)."""
+    ``{"probe": True}``); ``tags`` and ``notes``: the run's (see
+    :meth:`~toolkit.rundir.RunDir.set_tags`), checked before anything is created."""
+    labels = {"tags": sorted({rundir.check_tag(t) for t in tags})} if tags else {}
+    if notes:
+        labels["notes"] = rundir.check_notes(notes)
     if isinstance(config, (str, Path)):
         config = config_lib.load(config, overrides)
         overrides = ()
@@ -65,10 +74,14 @@ def launch(
     check_fits_dataset(config)
     slots.check_fits(slots.slots_of(config), runs_root_dir)
     preflight.check(config, runs_root(runs_root_dir))
-    run = RunDir.create(runs_root_dir, run_id or new_run_id(config.name), config)
+    run = (
+        RunDir.create(runs_root_dir, run_id, config)
+        if run_id
+        else RunDir.create_new(runs_root_dir, config)
+    )
     try:
         with run.lock():
-            _start(run, config, resume=False, meta=meta)
+            _start(run, config, resume=False, meta={**(meta or {}), **labels})
     except OSError as error:  # nothing was started: leave nothing behind
         slots.leave_line(run)
         shutil.rmtree(run.path, ignore_errors=True)
@@ -277,7 +290,10 @@ def _how(exit_code: int) -> str:
 
 
 def stop(
-    run: RunDir | str, runs_root_dir: str | Path | None = None, timeout: float = 15.0
+    run: RunDir | str,
+    runs_root_dir: str | Path | None = None,
+    timeout: float = 15.0,
+    by: str | None = None,
 ) -> RunDir:
     """Stop a queued or running run: SIGTERM to every live process it recorded and their
     children (the supervisor excepted: it records the exit code), SIGKILL after ``timeout`` s,
@@ -287,8 +303,14 @@ def stop(
     stops it, nor is anything that process started: it stops itself at its next check
     (:class:`~toolkit.callbacks.StopWhenRequested`). Raises
     :class:`~toolkit.rundir.RunError` naming any process that survived; a run that has already
-    ended is left as it is."""
+    ended is left as it is.
+
+    ``by`` names the door the stop came from (``"the CLI"``, ``"the app"``; by default ``"a
+    notebook"`` in a Jupyter kernel, else ``"Python"``). It goes into the run's reason and into
+    a last line of ``stdout.log``, written once every process has ended, so that the log of a
+    stopped run ends by saying so, after horovodrun's own complaints about the signal."""
     run = _as_run(run, runs_root_dir)
+    by = by or ("a notebook" if "ipykernel" in sys.modules else "Python")
     with run.lock():
         status = run.status()
         if status["state"] not in LIVE:
@@ -297,9 +319,27 @@ def stop(
         survivors = _terminate_everywhere(run, run.process_records(status), timeout)
         if survivors:
             raise RunError(f"run {run.run_id}: {'; '.join(survivors)}; still running")
-        run.finish("stopped", finished=time.time(), reason="stopped on request")
+        reason = f"stopped on request from {by} by {getpass.getuser()}@{socket.gethostname()}"
+        run.finish("stopped", finished=time.time(), reason=reason)
+        _say_in_log(run, f"{reason}; resume it with: python -m toolkit resume {run.run_id}")
     slots.leave_line(run)
     return run
+
+
+def _say_in_log(run: RunDir, line: str) -> None:
+    """Append ``[lab <UTC time>] line`` to the run's ``stdout.log``, if it has one (a run
+    trained in a notebook's kernel has none); a log that cannot be written is left as it is."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    try:
+        fd = os.open(run.stdout_path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        files.append_whole(fd, f"\n[lab {stamp}] {line}\n".encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _terminate_everywhere(run: RunDir, entries: list[dict], timeout: float) -> list[str]:

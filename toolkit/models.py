@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import keras
 from keras import layers
 
-from toolkit.registry import Registry
+from toolkit.catalog import MODELS
 
 
 def logreg(input_shape: Sequence[int], num_classes: int) -> keras.Model:
@@ -119,18 +119,6 @@ def resnet50(input_shape: Sequence[int] = (224, 224, 3), num_classes: int = 1000
     )
     outputs = layers.Dense(num_classes, name="logits")(backbone.output)
     return keras.Model(backbone.input, outputs, name="resnet50")
-
-
-MODELS = Registry(
-    "model",
-    {
-        "logreg": logreg,
-        "mlp": mlp,
-        "cnn1d": cnn1d,
-        "resnet20": resnet20,
-        "resnet50": resnet50,
-    },
-)
 
 
 def build(

@@ -2,10 +2,13 @@
 
 A registry checks the name and the parameter names before constructing anything, and its
 errors list what is allowed: configs are validated with these messages before any process starts.
+An entry may be a ``"module:attribute"`` reference, imported when first needed, so that a
+registry's names can be checked without importing what its constructors need (TensorFlow).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 class Registry:
     """Maps names to constructors (classes or functions) of one ``kind`` of object."""
 
-    def __init__(self, kind: str, entries: Mapping[str, Callable[..., Any]]):
+    def __init__(self, kind: str, entries: Mapping[str, Callable[..., Any] | str]):
         self.kind = kind
         self._entries = dict(entries)
 
@@ -24,13 +27,18 @@ class Registry:
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
+    def check_name(self, name: str) -> None:
+        """Raise ``ValueError`` listing the known names if ``name`` is not one (imports nothing)."""
+        if name not in self._entries:
+            raise ValueError(f"unknown {self.kind} {name!r}; choose one of {self.names()}")
+
     def constructor(self, name: str) -> Callable[..., Any]:
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise ValueError(
-                f"unknown {self.kind} {name!r}; choose one of {self.names()}"
-            ) from None
+        self.check_name(name)
+        entry = self._entries[name]
+        if isinstance(entry, str):  # a lazy "module:attribute" reference
+            module, _, attribute = entry.partition(":")
+            entry = self._entries[name] = getattr(importlib.import_module(module), attribute)
+        return entry
 
     def parameters(self, name: str) -> dict[str, Any]:
         """Parameter names of ``name``'s constructor (through its base classes) and defaults."""

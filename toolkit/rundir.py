@@ -42,7 +42,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,7 +121,11 @@ META_FIELDS = _fields(
     sweep=str,
     cell=str,
     coordinates=dict[str, Any],
+    tags=list[str],
+    notes=str,
 )
+MAX_TAG_CHARS = 64
+MAX_NOTES_CHARS = 10_000
 
 
 def typed(record: dict[str, Any], fields: dict[str, TypeAdapter]) -> dict[str, Any]:
@@ -143,10 +147,12 @@ def runs_root(root: str | Path | None = None) -> Path:
     return Path(root or os.environ.get(RUNS_ENV, "runs"))
 
 
-def new_run_id(name: str) -> str:
-    """``<name>-<UTC time>-<4 hex>``: unique, sortable, and a valid run name."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    return f"{name[:40]}-{stamp}-{secrets.token_hex(2)}"
+def new_run_id(config: ExperimentConfig) -> str:
+    """``<name>-b<global batch>-<optimizer>-<4 hex>`` (``quickstart-b256-lars-3f2a``): short
+    enough for a legend, saying what the run is, and a valid run name; its start time is in
+    ``meta.json``. See :meth:`RunDir.create_new` for uniqueness."""
+    batch = f"b{config.global_batch()}"
+    return f"{config.name[:32]}-{batch}-{config.optimizer.name}-{secrets.token_hex(2)}"
 
 
 def check_run_id(run_id: Any) -> str:
@@ -206,6 +212,13 @@ class RunDir:
                 raise RunError(f"a run named {run_id!r} already exists in {base}") from None
             raise RunError(f"cannot create run {run_id!r} in {base}: {error}") from None
         return cls(final)
+
+    @classmethod
+    def create_new(cls, root: str | Path | None, config: ExperimentConfig) -> RunDir:
+        """:meth:`create` under a :func:`new_run_id` that no run has taken."""
+        while (runs_root(root) / (run_id := new_run_id(config))).exists():
+            pass  # 65,536 ids per name, batch and optimizer: drawn again
+        return cls.create(root, run_id, config)
 
     @property
     def run_id(self) -> str:
@@ -287,6 +300,28 @@ class RunDir:
     def meta(self) -> dict[str, Any]:
         """``meta.json``, without fields of the wrong type; ``{}`` if it cannot be read."""
         return typed(_read_object(self.meta_path) or {}, META_FIELDS)
+
+    def tags(self) -> list[str]:
+        """The run's tags (``meta.json``), sorted."""
+        return self.meta().get("tags", [])
+
+    def set_tags(self, add: Iterable[str] = (), remove: Iterable[str] = ()) -> list[str]:
+        """Add and remove tags, under the run's lock; returns the tags now. A tag is 1 to
+        :data:`MAX_TAG_CHARS` characters, spaces at its ends dropped, without commas or control
+        characters; a bad one is a ``ValueError`` naming it, and nothing is changed."""
+        add, remove = [check_tag(t) for t in add], [check_tag(t) for t in remove]
+        with self.lock(timeout=120):
+            tags = sorted((set(self.tags()) | set(add)) - set(remove))
+            self.update_meta(tags=tags)
+        return tags
+
+    def notes(self) -> str:
+        """The run's free-text notes (``meta.json``), ``''`` if none."""
+        return self.meta().get("notes", "")
+
+    def set_notes(self, notes: str) -> None:
+        """Replace the run's notes (at most :data:`MAX_NOTES_CHARS` characters)."""
+        self.update_meta(notes=check_notes(notes))
 
     def update_meta(self, **fields) -> None:
         with self.lock(timeout=120):
@@ -379,6 +414,25 @@ class RunDir:
             self.set_status(state, processes=kept + [*entries], **fields)
 
 
+def check_tag(tag: Any) -> str:
+    """``tag`` without spaces at its ends, if it may tag a run (see :meth:`RunDir.set_tags`);
+    else a ``ValueError`` naming it."""
+    text = tag.strip() if isinstance(tag, str) else ""
+    if not 0 < len(text) <= MAX_TAG_CHARS or "," in text or not text.isprintable():
+        raise ValueError(
+            f"tag {safe_yaml.short(tag)} must be 1 to {MAX_TAG_CHARS} printable characters "
+            "without commas"
+        )
+    return text
+
+
+def check_notes(notes: Any) -> str:
+    """``notes``, if they may be a run's notes: text of at most :data:`MAX_NOTES_CHARS`."""
+    if not isinstance(notes, str) or len(notes) > MAX_NOTES_CHARS:
+        raise ValueError(f"notes must be text of at most {MAX_NOTES_CHARS:,} characters")
+    return notes
+
+
 def _read_object(path: Path) -> dict[str, Any] | None:
     try:
         value = files.read_json(path)
@@ -430,6 +484,15 @@ def _created(run: RunDir) -> float:
     return 0.0
 
 
+def matches(row: dict[str, Any], text: str | None) -> bool:
+    """Whether a :func:`summary` row's id, tags or notes contain ``text`` (any case; no text:
+    every row)."""
+    if not text:
+        return True
+    haystack = "\n".join([row["run_id"], *row.get("tags", []), row.get("notes", "")])
+    return text.casefold() in haystack.casefold()
+
+
 def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
     """One row of the runs table: identity, state, set-up, and the headline numbers
     (``events``: the run's events if the caller has already read them). Never raises: what
@@ -445,6 +508,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         "optimizer": None,
         "global_batch": meta.get("global_batch"),
         "workers": meta.get("world_size"),
+        "epochs": None,
     }
     try:
         config = run.config()
@@ -452,6 +516,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
             optimizer=config.optimizer.name,
             workers=config.workers,
             global_batch=config.global_batch(),
+            epochs=config.epochs,
         )
     except FileNotFoundError:
         problems.append("no config.yaml")
@@ -475,11 +540,18 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         values = frame[name].dropna()
         return float(getattr(values, how)() if how != "last" else values.iloc[-1])
 
+    epoch = column(train, "epoch", "last") or 0.0
+    if status.get("state") == "completed":
+        progress = 1.0
+    else:
+        progress = min(1.0, epoch / row["epochs"]) if row["epochs"] else None
     reasons = [status.get("reason")] if status.get("reason") else []
     if problems and status.get("state") != "queued":
         reasons.append("unreadable: " + "; ".join(problems))
     return {
         **row,
+        "epoch": epoch if row["epochs"] else None,
+        "progress": progress,
         "started": started,
         "duration_s": finished - started if started and finished else None,
         "last_step": column(train, "step", "last"),
@@ -490,4 +562,6 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         "samples_per_sec": column(train, "samples_per_sec", "median"),
         "reason": "; ".join(reasons) or None,
         "probe": bool(meta.get("probe", False)),
+        "tags": meta.get("tags", []),
+        "notes": meta.get("notes", ""),
     }

@@ -21,15 +21,9 @@ from collections.abc import Callable
 
 import keras
 from keras import ops
-from keras.optimizers.schedules import (
-    CosineDecay,
-    ExponentialDecay,
-    LearningRateSchedule,
-    PiecewiseConstantDecay,
-    PolynomialDecay,
-)
+from keras.optimizers.schedules import LearningRateSchedule, PolynomialDecay
 
-from toolkit.registry import Registry
+from toolkit.catalog import SCHEDULES
 
 WARMUP_STRATEGIES = ("linear", "power2", "sqrt")
 
@@ -166,20 +160,6 @@ class Poly(PolynomialDecay):
             "max_update": self.decay_steps,
             "power": self.power,
         }
-
-
-SCHEDULES = Registry(
-    "schedule",
-    {
-        "poly": Poly,
-        "polynomial": PolynomialDecay,
-        "exponential": ExponentialDecay,
-        "piecewise": PiecewiseConstantDecay,
-        "cosine": CosineDecay,
-        "multifactor": MultiFactor,
-        "warmup": Warmup,
-    },
-)
 
 
 def get(name: str, **params) -> LearningRateSchedule:

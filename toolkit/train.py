@@ -34,7 +34,7 @@ from toolkit.experiment import (
     train_batches,
 )
 from toolkit.files import WriteError
-from toolkit.rundir import RunDir, RunError, new_run_id
+from toolkit.rundir import RunDir, RunError
 
 
 def train(
@@ -332,7 +332,7 @@ def _has_trust_ratios(config) -> bool:
 
 def _prepare_run_dir(config, run_dir, runs_root) -> RunDir:
     if run_dir is None:
-        return RunDir.create(runs_root, new_run_id(config.name), config)
+        return RunDir.create_new(runs_root, config)
     run = RunDir(Path(run_dir))
     run.path.mkdir(parents=True, exist_ok=True)
     run.write_config(config)

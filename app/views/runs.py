@@ -92,7 +92,7 @@ st.text(f"state: {state}" + (f"  ({status['reason']})" if status.get("reason") e
 
 stop, rerun, resume, delete = st.columns(4)
 if stop.button("Stop", disabled=state not in LIVE, width="stretch"):
-    act(lambda: launcher.stop(run_id, data.root()))
+    act(lambda: launcher.stop(run_id, data.root(), by="the app"))
     done(f"Stopped {run_id}.")
 config = data.config(run)
 if rerun.button("Rerun with the same config", disabled=config is None, width="stretch"):

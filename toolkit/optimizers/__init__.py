@@ -9,26 +9,11 @@ from __future__ import annotations
 
 import keras
 
+from toolkit.catalog import OPTIMIZERS
 from toolkit.optimizers.lars import LARS
 from toolkit.optimizers.lbsgd import LBSGD
 from toolkit.optimizers.sgd import SGD
 from toolkit.optimizers.trust_ratio import trust_ratio
-from toolkit.registry import Registry
-
-OPTIMIZERS = Registry(
-    "optimizer",
-    {
-        "sgd": SGD,
-        "lars": LARS,
-        "lbsgd": LBSGD,
-        "adam": keras.optimizers.Adam,
-        "adamw": keras.optimizers.AdamW,
-        "rmsprop": keras.optimizers.RMSprop,
-        "adagrad": keras.optimizers.Adagrad,
-        "lamb": keras.optimizers.Lamb,
-        "keras_sgd": keras.optimizers.SGD,
-    },
-)
 
 
 def get(name: str, **params) -> keras.optimizers.Optimizer:

@@ -1,0 +1,107 @@
+"""Run names, tags and notes through the CLI and Python (the app's door is in test_app), and a
+bad config refused at once, without TensorFlow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, run_cli
+
+from toolkit import rundir
+from toolkit.__main__ import runs_table
+from toolkit.config import from_mapping
+from toolkit.rundir import RunDir
+
+
+def test_tags_and_notes_round_trip_between_the_cli_and_python(tmp_path):
+    run = RunDir.create(tmp_path, "labelled")
+    assert run.tags() == [] and run.notes() == ""
+    result = run_cli(["tag", "labelled", "baseline", " lr sweep "], tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == "baseline, lr sweep", result
+    assert run.tags() == ["baseline", "lr sweep"]  # trimmed, sorted
+
+    assert run.set_tags(add=["wd"], remove=["baseline"]) == ["lr sweep", "wd"]
+    result = run_cli(["tag", "labelled"], tmp_path)
+    assert result.stdout.strip() == "lr sweep, wd"
+
+    result = run_cli(["note", "labelled", "warmup too short?"], tmp_path)
+    assert result.returncode == 0 and run.notes() == "warmup too short?"
+    run.set_notes("line one\nline two")
+    assert run_cli(["note", "labelled"], tmp_path).stdout == "line one\nline two\n"
+    stdin = subprocess.run(
+        [sys.executable, "-m", "toolkit", "--runs", str(tmp_path), "note", "labelled", "-"],
+        cwd=ROOT,
+        input="from stdin\n",
+        capture_output=True,
+        text=True,
+    )
+    assert stdin.returncode == 0 and run.notes() == "from stdin"
+
+
+@pytest.mark.parametrize("tag", ["", "   ", "a,b", "tab\there", "x" * 65])
+def test_a_bad_tag_is_refused_naming_it_and_changes_nothing(tag, tmp_path):
+    run = RunDir.create(tmp_path, "kept")
+    run.set_tags(["ok"])
+    with pytest.raises(ValueError, match="must be 1 to 64 printable characters"):
+        run.set_tags(["fine", tag])
+    result = run_cli(["tag", "kept", "fine", tag], tmp_path)
+    assert result.returncode == 2 and "error: tag " in result.stderr
+    assert run.tags() == ["ok"]
+    with pytest.raises(ValueError, match="at most 10,000 characters"):
+        run.set_notes("n" * 10_001)
+
+
+def test_runs_filters_by_tag_and_searches_ids_tags_and_notes(tmp_path):
+    RunDir.create(tmp_path, "alpha").set_tags(["baseline", "lars"])
+    RunDir.create(tmp_path, "beta").set_tags(["lars"])
+    RunDir.create(tmp_path, "gamma").set_notes("Diverged at epoch 3")
+
+    def listed(**filters) -> set[str]:
+        lines = runs_table(tmp_path, **filters).splitlines()
+        return set() if lines == ["no runs"] else {line.split()[0] for line in lines[1:]}
+
+    assert listed() == {"alpha", "beta", "gamma"}
+    assert listed(tags=["lars"]) == {"alpha", "beta"}
+    assert listed(tags=["lars", "baseline"]) == {"alpha"}
+    assert listed(search="DIVERGED") == {"gamma"}  # notes, any case
+    assert listed(search="basel") == {"alpha"}  # tags
+    assert listed(search="bet") == {"beta"}  # ids
+    assert listed(tags=["nothing"]) == set()
+    result = run_cli(["runs", "--tag", "lars", "--search", "alp"], tmp_path)
+    assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == ["alpha"]
+
+
+def test_default_run_ids_are_short_descriptive_and_unique(tmp_path, monkeypatch):
+    config = from_mapping(
+        {"name": "quickstart", "optimizer": {"name": "lars"}, "batch": {"per_worker": 64}}
+    )
+    draws, real = iter(["3f2a", "3f2a", "3f2a", "77b0"]), rundir.secrets.token_hex
+    monkeypatch.setattr(rundir.secrets, "token_hex", lambda n: next(draws) if n == 2 else real(n))
+    first = RunDir.create_new(tmp_path, config)
+    second = RunDir.create_new(tmp_path, config)  # 3f2a is taken: drawn again
+    assert (first.run_id, second.run_id) == ("quickstart-b64-lars-3f2a", "quickstart-b64-lars-77b0")
+
+
+def test_a_bad_config_is_refused_at_once_without_tensorflow(tmp_path, subprocess_env):
+    """Names, types and ranges are checked without importing TensorFlow; only a registered
+    constructor's parameters need it."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nbatch: {per_worker: -3}\nmodel: {name: vgg}\n")
+    code = (
+        "import sys, time\n"
+        "from toolkit.__main__ import main\n"
+        "start = time.perf_counter()\n"
+        f"code = main(['--runs', {str(tmp_path / 'runs')!r}, 'launch', {str(bad)!r}])\n"
+        "print(code, time.perf_counter() - start, 'tensorflow' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True
+    )
+    status, seconds, imported = result.stdout.split()
+    assert status == "2" and imported == "False", result
+    assert float(seconds) < 1.0
+    assert "batch.per_worker: Input should be greater than or equal to 1" in result.stderr
+    assert "model: unknown model 'vgg'; choose one of" in result.stderr
+    assert not (tmp_path / "runs").exists()
