@@ -43,6 +43,27 @@ def runs() -> list[RunDir]:
         return []
 
 
+def colors() -> dict[str, str]:
+    """One colour per run, the same on every chart of every page: the palette in the order the
+    runs were created, so a new run never changes an older run's colour (deleting one shifts
+    the colours of those created after it)."""
+    from app.charts import COLORS
+
+    return {r.run_id: COLORS[i % len(COLORS)] for i, r in enumerate(reversed(runs()))}
+
+
+def config_columns(selected: list[RunDir]) -> pd.DataFrame:
+    """Every config field of each run as a column (``optimizer.params.momentum``), indexed by
+    run id; lists are shown as text, and a run without a readable config has empty cells."""
+    rows = {}
+    for run in selected:
+        loaded = config(run)
+        if loaded is not None:
+            flat = pd.json_normalize(loaded.model_dump(mode="json"), sep=".").iloc[0]
+            rows[run.run_id] = {k: str(v) if isinstance(v, list) else v for k, v in flat.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
 def find(run_id: str | None) -> RunDir | None:
     return next((r for r in runs() if r.run_id == run_id), None)
 

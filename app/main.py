@@ -20,9 +20,19 @@ import streamlit as st  # noqa: E402
 from app import data  # noqa: E402
 
 st.set_page_config(page_title="Large-Batch Lab", page_icon="📈", layout="wide")
+RUNS = st.Page("views/runs.py", title="Runs", icon=":material/table_rows:")
+
+
+def home() -> None:
+    """The app's root shows the Runs page at its own address, ``/runs``, so that both work (a
+    default page is served at ``/`` only)."""
+    st.switch_page(RUNS)
+
+
 page = st.navigation(
     [
-        st.Page("views/runs.py", title="Runs", icon=":material/table_rows:", default=True),
+        st.Page(home, title="Large-Batch Lab", default=True, visibility="hidden"),
+        RUNS,
         st.Page("views/launch.py", title="Launch", icon=":material/rocket_launch:"),
         st.Page("views/detail.py", title="Run detail", icon=":material/monitoring:"),
         st.Page("views/compare.py", title="Compare", icon=":material/stacked_line_chart:"),

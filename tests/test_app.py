@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import run_cli
 from streamlit.testing.v1 import AppTest
 
 from app import charts, data
@@ -276,10 +277,10 @@ def test_runs_table_lists_summaries_and_filters(three_runs):
     )
     by_label(at.multiselect, "State").set_value(["failed", "running"]).run()
     assert set(at.dataframe[0].value["run_id"]) == {"beta-sgd", "gamma-live"}
-    by_label(at.text_input, "Run name contains").set_value("GAMMA").run()
+    by_label(at.text_input, "Search").set_value("GAMMA").run()
     assert list(at.dataframe[0].value["run_id"]) == ["gamma-live"]
     by_label(at.multiselect, "State").set_value([])
-    by_label(at.text_input, "Run name contains").set_value("")
+    by_label(at.text_input, "Search").set_value("")
     by_label(at.multiselect, "Optimizer").set_value(["sgd"]).run()
     assert list(at.dataframe[0].value["run_id"]) == ["beta-sgd"]
 
@@ -302,12 +303,12 @@ def test_runs_selected_run_output_config_and_diff(three_runs):
 
 def test_runs_stop_and_rerun_use_the_launcher(three_runs, launches, monkeypatch):
     stopped = []
-    monkeypatch.setattr(launcher, "stop", lambda run_id, root: stopped.append((run_id, root)))
+    monkeypatch.setattr(launcher, "stop", lambda *args, **kw: stopped.append((*args, kw)))
     at = page()
     by_label(at.selectbox, "Selected run").set_value("gamma-live").run()
     assert by_label(at.button, "Delete…").disabled  # a live run cannot be deleted
     by_label(at.button, "Stop").click().run()
-    assert stopped == [("gamma-live", three_runs)]
+    assert stopped == [("gamma-live", three_runs, {"by": "the app"})]
     assert "Stopped gamma\\-live" in at.success[0].value
     by_label(at.selectbox, "Selected run").set_value("alpha-lars").run()
     assert by_label(at.button, "Stop").disabled
@@ -332,6 +333,71 @@ def test_runs_delete_needs_confirmation(three_runs):
     assert not (three_runs / "alpha-lars").exists()
     assert set(at.dataframe[0].value["run_id"]) == {"beta-sgd", "gamma-live"}
     assert "Deleted alpha\\-lars" in at.success[0].value
+
+
+def test_runs_shows_progress_first_and_no_none_for_missing_values(three_runs):
+    at = page()
+    table = at.dataframe[0].value.set_index("run_id")
+    columns = list(table.columns)
+    assert columns[:5] == [
+        "state",
+        "progress",
+        "epochs_done",
+        "best_eval_accuracy",
+        "last_eval_accuracy",
+    ]  # no horizontal scroll to see how it went
+    assert table.loc["alpha-lars", "progress"] == 1.0
+    assert table.loc["alpha-lars", "epochs_done"] == "10 of 10"
+    live = read_events(three_runs / "gamma-live" / "events.jsonl")
+    epoch = live[live["phase"] == "train"]["epoch"].iloc[-1]
+    assert table.loc["gamma-live", "progress"] == pytest.approx(epoch / 10)
+    assert table.loc["gamma-live", "epochs_done"] == f"{round(epoch, 2):g} of 10"
+    assert all(frame.proto.placeholder == "" for frame in at.dataframe)
+
+
+def test_tags_and_notes_are_edited_on_runs_and_searched(three_runs):
+    RunDir(three_runs / "beta-sgd").set_tags(["baseline"])  # from Python
+    at = page()
+    by_label(at.selectbox, "Selected run").set_value("alpha-lars").run()
+    tags = by_label(at.multiselect, "Tags")
+    assert tags.options == ["baseline"] and tags.value == []
+    tags.set_value(["baseline", "wd 1e-4"]).run()
+    assert RunDir(three_runs / "alpha-lars").tags() == ["baseline", "wd 1e-4"]
+    by_label(at.text_area, "Notes").set_value("lr too high after warmup").run()
+    assert RunDir(three_runs / "alpha-lars").notes() == "lr too high after warmup"
+    table = at.dataframe[0].value.set_index("run_id")
+    assert list(table.loc["alpha-lars", "tags"]) == ["baseline", "wd 1e-4"]
+
+    by_label(at.multiselect, "With tags").set_value(["baseline"]).run()
+    assert set(at.dataframe[0].value["run_id"]) == {"alpha-lars", "beta-sgd"}
+    by_label(at.multiselect, "With tags").set_value([])
+    by_label(at.text_input, "Search").set_value("TOO HIGH").run()
+    assert list(at.dataframe[0].value["run_id"]) == ["alpha-lars"]
+    result = run_cli(["tag", "alpha-lars", "--remove", "baseline"], three_runs)
+    assert result.stdout.strip() == "wd 1e-4"  # the CLI sees what the app wrote
+
+
+def test_any_config_field_is_a_column_to_filter_sort_and_group_by(three_runs):
+    at = page()
+    fields = by_label(at.multiselect, "Config columns")
+    assert {"optimizer.name", "optimizer.params.momentum", "batch.per_worker"} <= set(
+        fields.options
+    )
+    fields.set_value(["optimizer.name", "seed"]).run()
+    table = at.dataframe[0].value.set_index("run_id")
+    seed = RunDir(three_runs / "beta-sgd").config().seed
+    assert (
+        table.loc["beta-sgd", "optimizer.name"] == "sgd" and table.loc["beta-sgd", "seed"] == seed
+    )
+    by_label(at.selectbox, "Group by").set_value("optimizer.name").run()
+    groups = at.dataframe[1].value.set_index("optimizer.name")
+    summaries = at.dataframe[0].value.set_index("run_id")
+    lars = summaries[summaries["optimizer.name"] == "lars"]["best_eval_accuracy"]
+    assert groups.loc["lars", "runs"] == len(lars) == 2 and groups.loc["sgd", "runs"] == 1
+    assert groups.loc["lars", "mean best eval acc"] == pytest.approx(lars.mean())  # NaN skipped
+    assert groups.loc["lars", "max best eval acc"] == pytest.approx(lars.max())
+    by_label(at.multiselect, "State").set_value(["completed"]).run()
+    assert at.dataframe[1].value.set_index("optimizer.name").loc["lars", "runs"] == 1
 
 
 def test_run_names_and_messages_are_never_markup(root):

@@ -35,7 +35,7 @@ from toolkit import launch as launcher
 from toolkit.cluster import ClusterError
 from toolkit.config import MAX_WORKERS
 from toolkit.monitor import follow
-from toolkit.rundir import list_runs, matches, resolve, summary
+from toolkit.rundir import list_runs, matches, progress_text, resolve, summary
 
 
 class Parser(argparse.ArgumentParser):
@@ -230,19 +230,12 @@ def runs_table(
     if not rows:
         return "no runs" + note
     table = pd.DataFrame(rows)
-    table["progress"] = [_progress(row) for row in rows]
+    table["progress"] = [progress_text(row) for row in rows]
     table["tags"] = table["tags"].map(", ".join)
     started = pd.to_datetime(pd.to_numeric(table["started"]), unit="s")
     table["started (UTC)"] = started.dt.strftime("%Y-%m-%d %H:%M")
     table["duration_s"] = pd.to_numeric(table["duration_s"]).round()
     return table[TABLE_COLUMNS].map(_cell).to_string(index=False) + note
-
-
-def _progress(row: dict) -> str | None:
-    if not row["epochs"]:
-        return None
-    epoch = row["epochs"] if row["state"] == "completed" else row["epoch"]
-    return f"{round(epoch, 2):g} of {row['epochs']}"
 
 
 def _cell(value) -> str:

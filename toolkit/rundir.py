@@ -493,6 +493,14 @@ def matches(row: dict[str, Any], text: str | None) -> bool:
     return text.casefold() in haystack.casefold()
 
 
+def progress_text(row: dict[str, Any]) -> str | None:
+    """A :func:`summary` row's progress as ``<epoch> of <epochs>`` (``None`` without a config)."""
+    if not row["epochs"]:
+        return None
+    epoch = row["epochs"] if row["state"] == "completed" else row["epoch"]
+    return f"{round(epoch, 2):g} of {row['epochs']}"
+
+
 def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
     """One row of the runs table: identity, state, set-up, and the headline numbers
     (``events``: the run's events if the caller has already read them). Never raises: what

@@ -1,5 +1,6 @@
-"""Runs: all runs in one filterable table; stop, rerun, resume or delete one; its output,
-config, and a diff of two runs' configs."""
+"""Runs: all runs in one table that refreshes while any is live, filtered by state, optimizer,
+tag or text, with any config field as a column and a grouped summary; and for the selected
+run: stop, rerun, resume or delete, its tags and notes, its output, config and a config diff."""
 
 import difflib
 
@@ -8,29 +9,42 @@ import streamlit as st
 
 from app import data
 from app.data import md_escape
-from toolkit import files, slots
+from toolkit import files, rundir, slots
 from toolkit import launch as launcher
 from toolkit.config import ConfigError
 from toolkit.rundir import LIVE
 
+REFRESH_S = 2.0
+# The table's columns, in the order a researcher reads them: what, how far, how well, how fast.
 COLUMNS = {
-    "run_id": st.column_config.TextColumn("run"),
+    "run_id": st.column_config.TextColumn("run", pinned=True),
     "state": st.column_config.TextColumn("state"),
-    "queue": st.column_config.NumberColumn(
-        "queue", format="%d", help="place in the launch queue while it waits for slots (1: next)"
-    ),
+    "progress": st.column_config.ProgressColumn("progress", format="percent", min_value=0),
+    "epochs_done": st.column_config.TextColumn("epoch"),
+    "best_eval_accuracy": st.column_config.NumberColumn("best eval acc", format="%.4f"),
+    "last_eval_accuracy": st.column_config.NumberColumn("last eval acc", format="%.4f"),
+    "samples_per_sec": st.column_config.NumberColumn("samples/s", format="%.0f"),
     "optimizer": st.column_config.TextColumn("optimizer"),
     "global_batch": st.column_config.NumberColumn("global batch", format="%d"),
     "workers": st.column_config.NumberColumn("workers", format="%d"),
+    "tags": st.column_config.ListColumn("tags"),
     "started": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm:ss"),
     "duration_s": st.column_config.NumberColumn("duration (s)", format="%.0f"),
     "last_step": st.column_config.NumberColumn("last step", format="%d"),
     "last_loss": st.column_config.NumberColumn("last loss", format="%.4f"),
     "best_eval_loss": st.column_config.NumberColumn("best eval loss", format="%.4f"),
-    "last_eval_accuracy": st.column_config.NumberColumn("last eval acc", format="%.4f"),
-    "best_eval_accuracy": st.column_config.NumberColumn("best eval acc", format="%.4f"),
-    "samples_per_sec": st.column_config.NumberColumn("samples/s", format="%.0f"),
+    "queue": st.column_config.NumberColumn(
+        "queue", format="%d", help="place in the launch queue while it waits for slots (1: next)"
+    ),
     "reason": st.column_config.TextColumn("reason"),
+    "notes": st.column_config.TextColumn("notes"),
+}
+GROUP_COLUMNS = {  # the grouped table: its columns, as (column, aggregation) of the runs table
+    "runs": ("run_id", "size"),
+    "mean best eval acc": ("best_eval_accuracy", "mean"),
+    "std best eval acc": ("best_eval_accuracy", "std"),
+    "max best eval acc": ("best_eval_accuracy", "max"),
+    "median samples/s": ("samples_per_sec", "median"),
 }
 
 
@@ -42,6 +56,26 @@ def act(action):
     except (ConfigError, ValueError, OSError) as error:
         st.error(md_escape(error))
         st.stop()
+
+
+def labels(run) -> None:
+    """The run's tags and notes, edited in place (stored in its ``meta.json``)."""
+    left, right = st.columns([1, 2])
+    kept = run.tags()
+    chosen = left.multiselect(
+        "Tags",
+        sorted(set(kept) | set(known_tags)),
+        default=kept,
+        accept_new_options=True,
+        key=f"tags-{run.run_id}",
+    )
+    notes = right.text_area("Notes", run.notes(), height=68, key=f"notes-{run.run_id}")
+    if chosen != kept:
+        act(lambda: run.set_tags(add=chosen, remove=set(kept) - set(chosen)))
+        done(f"Tagged {run.run_id}: {', '.join(sorted(chosen)) or 'no tags'}.")
+    if notes != run.notes():
+        act(lambda: run.set_notes(notes))
+        done(f"Saved the notes of {run.run_id}.")
 
 
 def done(message: str) -> None:
@@ -57,29 +91,81 @@ if not runs:
     st.info("No runs yet. Start one on the Launch page.")
     st.stop()
 
-summaries = pd.DataFrame([data.summary(r) for r in runs])
-probes = summaries["probe"].astype(bool)  # short runs of `toolkit probe`, hidden by default
-if not st.toggle(f"Show noise-scale probes ({int(probes.sum())})", value=False):
-    summaries = summaries[~probes]
-summaries["queue"] = summaries["run_id"].map(slots.positions(data.root()))
-table = summaries.reindex(columns=list(COLUMNS))
-table["started"] = pd.to_datetime(table["started"], unit="s", errors="coerce")
-left, middle, right = st.columns([1, 1, 2])
-states = left.multiselect("State", sorted(table["state"].dropna().unique()))
-optimizers = middle.multiselect("Optimizer", sorted(table["optimizer"].dropna().unique()))
-search = right.text_input("Run name contains")
-if states:
-    table = table[table["state"].isin(states)]
-if optimizers:
-    table = table[table["optimizer"].isin(optimizers)]
-if search:
-    table = table[table["run_id"].str.contains(search, case=False, regex=False)]
-st.dataframe(table, hide_index=True, column_config=COLUMNS)
-if table.empty:
+
+def summaries(runs: list) -> pd.DataFrame:
+    """One row per run (:func:`toolkit.rundir.summary`), with its place in the launch queue and
+    its progress as text."""
+    rows = [data.summary(r) for r in runs]
+    frame = pd.DataFrame(rows)
+    frame["epochs_done"] = [rundir.progress_text(row) for row in rows]
+    frame["queue"] = frame["run_id"].map(slots.positions(data.root()))
+    frame["started"] = pd.to_datetime(frame["started"], unit="s", errors="coerce")
+    return frame
+
+
+every = summaries(runs)
+probes = every["probe"].astype(bool)  # short runs of `toolkit probe`, hidden by default
+show_probes = st.toggle(f"Show noise-scale probes ({int(probes.sum())})", value=False)
+known_tags = sorted({tag for tags in every["tags"] for tag in tags})
+left, middle, right, far = st.columns([1, 1, 1, 2])
+states = left.multiselect("State", sorted(every["state"].dropna().unique()))
+optimizers = middle.multiselect("Optimizer", sorted(every["optimizer"].dropna().unique()))
+tags = right.multiselect("With tags", known_tags, help="runs that carry all of these tags")
+search = far.text_input("Search", placeholder="run name, tag or note")
+configs = data.config_columns(runs)
+left, right = st.columns([3, 1])
+fields = left.multiselect(
+    "Config columns",
+    list(configs.columns),
+    help="any config field as a column: sort by clicking its header, group by it on the right",
+)
+group = right.selectbox("Group by", [None, "state", "optimizer", "tags", *fields])
+
+
+def shown(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows the filters keep, with the chosen config fields as columns."""
+    rows = frame.to_dict("records")
+    keep = frame["probe"].eq(False) | show_probes
+    if states:
+        keep &= frame["state"].isin(states)
+    if optimizers:
+        keep &= frame["optimizer"].isin(optimizers)
+    labelled = [set(tags) <= set(row["tags"]) and rundir.matches(row, search) for row in rows]
+    keep &= pd.Series(labelled, index=frame.index, dtype=bool)
+    table = frame[keep].reindex(columns=list(COLUMNS))
+    return table.join(configs[fields], on="run_id") if fields else table
+
+
+def grouped(table: pd.DataFrame) -> pd.DataFrame:
+    """Runs per value of ``group`` (a run with several tags counts in each), with the spread of
+    their best accuracy and their median throughput."""
+    rows = table.explode("tags") if group == "tags" else table
+    return rows.groupby(group, dropna=False).agg(**GROUP_COLUMNS).reset_index()
+
+
+live = bool(every["state"].isin(LIVE).any())
+
+
+@st.fragment(run_every=REFRESH_S if live else None)
+def table_view() -> None:
+    """The table (and the grouped one), redrawn every few seconds while a run is live."""
+    frame = summaries(data.runs()) if live else every
+    if live and not frame["state"].isin(LIVE).any():
+        st.rerun()  # the last live run just ended: once more, without the timer
+    table = shown(frame)
+    st.dataframe(table, hide_index=True, column_config=COLUMNS, placeholder="")
+    if group and not table.empty:
+        st.caption(f"Grouped by {group}")
+        st.dataframe(grouped(table), hide_index=True, placeholder="")
+    st.session_state.listed = list(table["run_id"])
+
+
+table_view()
+ids = st.session_state.get("listed", [])
+if not ids:
     st.info("No run matches the filters.")
     st.stop()
 
-ids = list(table["run_id"])
 current = st.session_state.get("current_run")
 run_id = st.selectbox("Selected run", ids, index=ids.index(current) if current in ids else 0)
 st.session_state.current_run = run_id
@@ -89,6 +175,7 @@ if run is None:  # deleted since the listing
 status = run.status()
 state = status.get("state")
 st.text(f"state: {state}" + (f"  ({status['reason']})" if status.get("reason") else ""))
+labels(run)
 
 stop, rerun, resume, delete = st.columns(4)
 if stop.button("Stop", disabled=state not in LIVE, width="stretch"):
