@@ -29,11 +29,14 @@ HOVER = "epoch %{{x:.2f}} (step %{{customdata[0]}})<br>{name} %{{y:.4g}}<extra><
 
 @dataclass
 class Series:
-    """One curve: a name and aligned x/y arrays."""
+    """One curve: a name, aligned x/y arrays, and optionally its colour (a run's, from
+    :func:`app.data.colors`; default: the next of :data:`COLORS`) and dash."""
 
     name: str
     x: np.ndarray | pd.Series
     y: np.ndarray | pd.Series
+    color: str | None = None
+    dash: str = "solid"
 
 
 def label(text: str) -> str:
@@ -66,35 +69,70 @@ def lines(
     curve) is drawn solid and the raw curve faint behind it. Each trace is downsampled to its
     share of :data:`CHART_POINTS`. The traces are plain dicts of known-good properties, so
     Plotly skips validating them (a third of the time for a chart of 100 runs)."""
-    traces = []
+    traces, drawn_x, drawn_y = [], [], []
     per_trace = CHART_POINTS // max(1, len(series) * (2 if smoothing > 0 else 1))
     points = min(MAX_POINTS, max(FEWEST_POINTS, per_trace))
     for i, s in enumerate(series):
         x = np.asarray(s.x)
         y = pd.to_numeric(pd.Series(s.y), errors="coerce").to_numpy(dtype=float)
-        color, name = COLORS[i % len(COLORS)], label(s.name)
+        color, name = s.color or COLORS[i % len(COLORS)], label(s.name)
         if smoothing > 0:
             keep = downsample(y, points)
             faint = {"hoverinfo": "skip", "opacity": 0.25, "showlegend": False}
             traces.append(_trace(x[keep], y[keep], name, color, width=1, **faint))
             y = ema(y, smoothing)
         keep = downsample(y, points)
+        drawn_x.append(x[keep])
+        drawn_y.append(y[keep])
         mode = "lines+markers" if len(keep) < 30 else "lines"
-        traces.append(_trace(x[keep], y[keep], name, color, width=2, mode=mode))
+        traces.append(_trace(x[keep], y[keep], name, color, width=2, mode=mode, dash=s.dash))
     layout = {
         "title": {"text": label(title)},
         "height": height,
         "margin": {"l": 10, "r": 10, "t": 40, "b": 10},
         "hovermode": "x",
         "legend": {"orientation": "h", "y": -0.2},
-        "xaxis": {"title": {"text": x_title}},
-        "yaxis": {"type": "log" if log_y else "linear"},
+        "xaxis": {"title": {"text": x_title}, **_x_ticks(drawn_x)},
+        "yaxis": _y_axis(drawn_y, log_y),
     }
     return go.Figure({"data": traces, "layout": layout}, _validate=False)
 
 
-def _trace(x, y, name: str, color: str, width: int, mode: str = "lines", **extra) -> dict:
-    line = {"color": color, "width": width}
+def _x_ticks(xs: list[np.ndarray]) -> dict:
+    """A tick per whole number where x holds whole numbers (steps) spanning fewer than ten,
+    never fractional steps; Plotly's own choice otherwise."""
+    values = np.concatenate(xs) if xs else np.array([])
+    if values.dtype.kind not in "iuf" or not len(values) or not np.isfinite(values).all():
+        return {}
+    whole = bool(np.all(values == np.round(values)))
+    return {"dtick": 1} if whole and np.ptp(values) < 10 else {}
+
+
+def _y_axis(ys: list[np.ndarray], log_y: bool) -> dict:
+    """The y axis. Linear: from zero when the curves are flat (a constant byte count reads as
+    ``20,840``, not as ticks ``20.839k``..``20.841k``). Log: ticks at the powers of ten that
+    the data spans, or at five round values between its ends when it spans less than a decade,
+    each labelled in full (Plotly's own labels a short log axis ``4 5 6 ... 100 2 3``)."""
+    values = np.concatenate(ys) if ys else np.array([])
+    values = values[np.isfinite(values)]
+    if not log_y:
+        flat = len(values) and np.ptp(values) <= 1e-6 * np.abs(values).max()
+        return {"type": "linear", "rangemode": "tozero"} if flat else {"type": "linear"}
+    values = values[values > 0]
+    if not len(values):
+        return {"type": "log"}
+    low, high = np.log10(values.min()), np.log10(values.max())
+    if np.floor(high) - np.ceil(low) >= 1:  # two or more powers of ten inside
+        ticks = 10.0 ** np.arange(np.ceil(low), np.floor(high) + 1)
+    else:
+        ticks = np.unique([float(f"{t:.2g}") for t in np.geomspace(10**low, 10**high, 5)])
+    return {"type": "log", "tickvals": ticks, "ticktext": [f"{t:,.6g}" for t in ticks]}
+
+
+def _trace(
+    x, y, name: str, color: str, width: int, mode: str = "lines", dash: str = "solid", **extra
+) -> dict:
+    line = {"color": color, "width": width, "dash": dash}
     return {"type": "scatter", "x": x, "y": y, "mode": mode, "name": name} | {
         "legendgroup": name,
         "line": line,

@@ -25,9 +25,10 @@ from conftest import run_cli
 from streamlit.testing.v1 import AppTest
 
 from app import charts, data
+from app.data import md_escape
 from app.fabricate import fake_run
 from toolkit import config as config_lib
-from toolkit import files
+from toolkit import files, processes, rundir
 from toolkit import launch as launcher
 from toolkit.curves import downsample
 from toolkit.events import EventWriter, read_events
@@ -449,8 +450,8 @@ def test_half_written_and_crashed_runs_are_displayed(broken_runs):
             assert not at.exception, (run_id, name, at.exception)
     at.session_state["current_run"] = "torn"
     at.switch_page("views/detail.py").run()
-    texts = " ".join(t.value for t in at.text)
-    assert "config.yaml is missing or not valid" in texts
+    texts = " ".join(t.value for t in [*at.text, *at.markdown])
+    assert md_escape("config.yaml is missing or not valid") in texts
     frame = at.session_state["event_tails"][str(broken_runs / "torn")][1]
     assert list(frame["step"]) == [
         1,
@@ -501,6 +502,110 @@ def test_detail_shows_the_traffic_of_a_run_that_logs_it(root):
     assert "compression (dense bytes / sent)" in titles
     ratio = figures(at)[titles.index("compression (dense bytes / sent)")]
     np.testing.assert_allclose(decode(ratio["data"][0]["y"]), 50.0)
+
+
+def test_detail_header_says_what_the_run_is_how_it_went_and_how_sure_b_simple_is(root):
+    run = fake_run(root, "lars-run", events=600, epochs=4, gns_every=20)
+    at = page("detail")
+    header = next(m.value for m in at.markdown if "global batch" in m.value)
+    config, row = run.config(), rundir.summary(run)
+    for said in (
+        "lars",
+        f"global batch {config.global_batch()}",
+        "on 2 workers",
+        "constant",
+        "4 epochs",
+        f"final accuracy {row['last_eval_accuracy']:.4f}",
+        f"best {row['best_eval_accuracy']:.4f}",
+        f"{round(row['duration_s'])}s",
+    ):
+        assert md_escape(said) in header, (said, header)
+    events = read_events(run.events_path)
+    readings = events[events["phase"] == "gns"]["b_simple"].to_numpy()[-10:]
+    low, high = np.percentile(readings, [10, 90])
+    (band,) = [c.value for c in at.caption if md_escape("B_simple") in c.value]
+    said = f"B_simple ≈ {np.median(readings):,.0f} ({low:,.0f}–{high:,.0f} over its last 10)"
+    assert md_escape(said) in band
+
+    fake_run(root, "one-reading", events=30, epochs=1, gns_every=20)
+    at.run()
+    by_label(at.selectbox, "Run").set_value("one-reading").run()
+    (band,) = [c.value for c in at.caption if md_escape("B_simple") in c.value]
+    assert md_escape("from 1 reading(s)") in band and "too few to trust" in band
+
+
+def test_stop_from_run_detail_ends_the_run_and_its_log_says_so(root):
+    run = fake_run(root, "watched", events=100, state="running")
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        run.set_status("running", processes=[processes.record("worker", sleeper.pid)])
+        at = page("detail")
+        by_label(at.button, "Stop").click().run()
+        assert sleeper.wait(timeout=30) is not None
+    finally:
+        sleeper.kill()
+    status = run.status()
+    assert status["state"] == "stopped" and "from the app" in status["reason"]
+    last = run.stdout_path.read_text().rstrip().splitlines()[-1]
+    assert "stopped on request from the app" in last and "resume watched" in last
+    assert by_label(at.button, "Stop").disabled and not at.exception
+
+
+def test_one_colour_per_run_on_run_detail_and_compare(compare_runs):
+    at = page("detail")
+    colours = {}
+    for run_id in ("run-0", "run-1", "run-2"):
+        by_label(at.selectbox, "Run").set_value(run_id).run()
+        lines = {t["line"]["color"] for f in figures(at)[:4] for t in f["data"]}
+        assert len(lines) == 1, lines  # train and eval: one colour, two dashes
+        colours[run_id] = lines.pop()
+    assert len(set(colours.values())) == 3
+    at = page("compare")
+    by_label(at.multiselect, "Runs").set_value(["run-2", "run-0"]).run()
+    for figure in figures(at):
+        for trace in figure["data"]:
+            assert trace["line"]["color"] == colours[trace["legendgroup"]]
+
+
+def test_detail_draws_against_samples_seen_smoothed(root):
+    run = fake_run(root, "axes", events=300, epochs=3)
+    at = page("detail")
+    by_label(at.radio, "x-axis").set_value("samples seen")
+    by_label(at.slider, "EMA smoothing").set_value(0.9).run()
+    loss = figures(at)[0]
+    assert loss["layout"]["xaxis"]["title"]["text"] == "samples seen (all workers)"
+    events = read_events(run.events_path)
+    train = events[events["phase"] == "train"]
+    (raw,) = [t for t in loss["data"] if t.get("opacity") == 0.25 and t["name"] == "train"]
+    batch = run.config().global_batch()
+    np.testing.assert_array_equal(decode(raw["x"]), train["step"].to_numpy() * batch)
+    (solid,) = [t for t in loss["data"] if t["name"] == "train" and "opacity" not in t]
+    np.testing.assert_allclose(decode(solid["y"]), charts.ema(train["loss"].to_numpy(), 0.9))
+
+
+def test_a_run_that_sends_dense_gradients_gets_a_line_not_flat_charts(root):
+    fake_run(root, "dense", events=300, bytes_per_update=40_000.0)
+    at = page("detail")
+    titles = [f["layout"]["title"]["text"] for f in figures(at)]
+    assert "bytes a worker sent per update" not in titles
+    assert any("each worker sends 40,000 bytes per update (dense)" in t.value for t in at.text)
+
+
+def test_axes_never_show_fractional_steps_flat_ticks_or_digit_only_log_labels():
+    short = charts.lines([charts.Series("loss", np.arange(4), [3.0, 2.0, 1.5, 1.2])])
+    assert short.layout.xaxis.dtick == 1  # steps 0..3: no 0.5 ticks
+    long = charts.lines([charts.Series("loss", np.arange(500), np.linspace(3, 1, 500))])
+    assert long.layout.xaxis.dtick is None
+    flat = charts.lines([charts.Series("bytes", np.arange(50), np.full(50, 20_840.0))])
+    assert flat.layout.yaxis.rangemode == "tozero"
+    decades = charts.lines([charts.Series("b", np.arange(3), [3.0, 40.0, 5000.0])], log_y=True)
+    assert list(decades.layout.yaxis.tickvals) == [10.0, 100.0, 1000.0]
+    assert list(decades.layout.yaxis.ticktext) == ["10", "100", "1,000"]
+    narrow = charts.lines([charts.Series("b", np.arange(3), [400.0, 900.0, 3000.0])], log_y=True)
+    ticks = list(narrow.layout.yaxis.tickvals)
+    assert ticks[0] == 400.0 and ticks[-1] == 3000.0 and len(ticks) == 5
+    assert all(t == float(f"{t:.2g}") for t in ticks)  # round values, labelled in full
+    assert list(narrow.layout.yaxis.ticktext) == [f"{t:,.6g}" for t in ticks]
 
 
 def test_detail_gives_the_lines_that_open_the_run_in_a_notebook(root, subprocess_env):

@@ -1,7 +1,7 @@
-"""Compare: several runs overlaid per metric, against step, epoch, wall-clock or relative time,
-or the bytes a worker sent, EMA-smoothed with the raw curve faint behind; values at a step,
-min/max/last, CSV export. The address names the chosen runs (``?run=a&run=b``), so a comparison
-can be shared as a link.
+"""Compare: several runs overlaid per metric, each in its own colour (the same on every page),
+against any of :data:`app.axes.X_AXES`, EMA-smoothed with the raw curve faint behind; values
+at a step, min/max/last, CSV export. The address names the chosen runs (``?run=a&run=b``), so a
+comparison can be shared as a link.
 
 Built for 100 runs of 50,000 events: each run's phases are read once per change of its file
 (``data.phases``), each chart is built once per set of controls and runs (``figure``), and
@@ -12,19 +12,13 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import charts, data
+from app.axes import X_AXES, x_values
 from app.charts import Series
-from toolkit.curves import bytes_axis
 
-X_AXES = {
-    "step": "step",
-    "epoch": "epoch",
-    "wall-clock": "wall-clock (UTC)",
-    "relative time": "time since the run's first event (s)",
-    "bytes sent": "bytes a worker sent (cumulative)",
-}
 NOT_METRICS = {"step", "epoch", "wall", "phase"}
 MAX_STEP = 2**53 - 1  # the largest whole number a browser's number input holds
 DEFAULT_METRICS = ["train/loss", "eval/loss", "eval/accuracy"]
+DEFAULT_RUNS = 5
 PHASES = ("train", "eval", "gns")  # gns: the gradient noise scale (gns/b_simple)
 
 st.title("Compare runs")
@@ -33,18 +27,24 @@ if not runs:
     st.info("No runs yet. Start one on the Launch page.")
     st.stop()
 by_id = {r.run_id: r for r in runs}
-linked = [r for r in st.query_params.get_all("run") if r in by_id]  # a shared link
-remembered = [r for r in st.session_state.get("compare_runs", []) if r in by_id]
-chosen = st.multiselect("Runs", list(by_id), default=remembered or linked or list(by_id)[:5])
-st.session_state.compare_runs = chosen
+colors = data.colors()
+if "compare_widget" not in st.session_state:  # first visit: a shared link, or where we left
+    linked = [r for r in st.query_params.get_all("run") if r in by_id]
+    remembered = [r for r in st.session_state.get("compare_runs", []) if r in by_id]
+    newest = [r.run_id for r in runs if not r.meta().get("probe")][:DEFAULT_RUNS]  # as on Runs
+    st.session_state.compare_widget = linked or remembered or newest
+else:  # runs deleted meanwhile leave the selection
+    st.session_state.compare_widget = [r for r in st.session_state.compare_widget if r in by_id]
+chosen = st.multiselect("Runs", list(by_id), key="compare_widget")
+st.session_state.compare_runs = chosen  # kept when the page is left (its widget's state is not)
 st.query_params["run"] = chosen  # the page's address names its runs: a link to this comparison
 if not chosen:
     st.info("Choose one or more runs.")
     st.stop()
 
 split = {run_id: data.phases(by_id[run_id]) for run_id in chosen}
-# what the charts and the table depend on: each chosen run's directory and its events' stamp
-drawn = tuple((str(by_id[r].path), data.stamp(by_id[r].events_path)) for r in chosen)
+# what the charts and the table depend on: each chosen run's directory, events' stamp and colour
+drawn = tuple((str(by_id[r].path), data.stamp(by_id[r].events_path), colors[r]) for r in chosen)
 NONE = pd.DataFrame()
 
 
@@ -71,24 +71,6 @@ smoothing = controls[2].slider("EMA smoothing", 0.0, 0.99, 0.6, 0.01)
 log_y = controls[3].checkbox("log y")
 
 
-def x_values(run_id: str, rows: pd.DataFrame, x_axis: str) -> pd.Series | None:
-    """The x of each of ``rows`` (one phase of ``run_id``) on ``x_axis``, or ``None``."""
-    if x_axis in ("step", "epoch"):
-        return rows.get(x_axis)
-    if x_axis == "bytes sent":  # runs that log no traffic (one worker, older runs) are left out
-        config = data.config(by_id[run_id])
-        events = data.events(by_id[run_id])
-        sent = bytes_axis(events, config.steps_per_update() if config else 1)
-        return None if sent is None else sent.loc[rows.index]
-    if "wall" not in rows:
-        return None
-    if x_axis == "wall-clock":
-        return pd.to_datetime(rows["wall"], unit="s")
-    return rows["wall"] - min(
-        part["wall"].min() for part in split[run_id].values() if "wall" in part
-    )
-
-
 @st.cache_resource(max_entries=24, show_spinner=False)
 def figure(metric: str, x_axis: str, smoothing: float, log_y: bool, runs: tuple) -> go.Figure:
     """The chart of ``metric`` (built again only when a control or a drawn run changed; the
@@ -97,8 +79,10 @@ def figure(metric: str, x_axis: str, smoothing: float, log_y: bool, runs: tuple)
     series = []
     for run_id in chosen:
         rows = rows_of(run_id, name)
-        if column in rows and (x := x_values(run_id, rows, x_axis)) is not None:
-            series.append(Series(run_id, x, rows[column]))
+        run = by_id[run_id]
+        x = x_values(data.events(run), rows, x_axis, data.config(run)) if column in rows else None
+        if x is not None:
+            series.append(Series(run_id, x, rows[column], color=colors[run_id]))
     return charts.lines(
         series, metric, X_AXES[x_axis], smoothing=smoothing, log_y=log_y, height=380
     )
@@ -140,7 +124,7 @@ def values_at(shown: tuple[str, ...], at_step: int, runs: tuple) -> pd.DataFrame
     return pd.DataFrame(table)
 
 
-st.dataframe(values_at(tuple(shown), at_step, drawn), hide_index=True)
+st.dataframe(values_at(tuple(shown), at_step, drawn), hide_index=True, placeholder="")
 st.download_button(
     "Download the selected runs' events (CSV)",
     data=lambda: data.events_csv([by_id[r] for r in chosen]),

@@ -1,13 +1,21 @@
-"""Run detail: status, progress and curves of one run, refreshed every few seconds while it is
-live by a fragment that reads only the new bytes of its events file."""
+"""Run detail: what the run is and how it went (a summary line), Stop while it is live, and its
+curves in the run's own colour against the x-axis and smoothing of your choice, refreshed every
+few seconds while it is live by a fragment that reads only the new bytes of its events file."""
 
+import numpy as np
 import streamlit as st
 
 from app import charts, data
+from app.axes import X_AXES, x_values
 from app.charts import Series
+from app.data import md_escape
+from toolkit import launch as launcher
+from toolkit.config import ConfigError
 from toolkit.rundir import LIVE
 
 REFRESH_S = 2.0
+BAND_READINGS = 10  # B_simple's band: the spread of its last readings
+FEWEST_FOR_A_BAND = 3
 
 st.title("Run detail")
 runs = data.runs()
@@ -15,57 +23,137 @@ if not runs:
     st.info("No runs yet. Start one on the Launch page.")
     st.stop()
 ids = [r.run_id for r in runs]
-wanted = st.session_state.get("current_run") or st.query_params.get("run")
-run_id = st.selectbox("Run", ids, index=ids.index(wanted) if wanted in ids else 0)
+if st.session_state.get("detail_run") not in ids:  # on arrival: the run chosen elsewhere
+    wanted = st.session_state.get("current_run") or st.query_params.get("run")
+    st.session_state.detail_run = wanted if wanted in ids else ids[0]
+run_id = st.selectbox("Run", ids, key="detail_run")
 st.session_state.current_run = run_id
 st.query_params["run"] = run_id
 run = runs[ids.index(run_id)]
 config = data.config(run)
+color = data.colors()[run_id]
 live = run.status().get("state") in LIVE
-st.caption("The same run in a notebook (the copy button is on the right):")
-st.code(
-    "from toolkit import monitor, rundir\n"
-    "from toolkit.events import read_events\n\n"
-    f"run = rundir.resolve({run.run_id!r}, {str(run.path.parent.resolve())!r})\n"
-    "events = read_events(run.events_path)  # every event, a DataFrame\n"
-    "monitor.live(run)  # these curves, growing in place until the run ends",
-    language="python",
-)
+with st.expander("Open this run in a notebook"):
+    st.code(
+        "from toolkit import monitor, rundir\n"
+        "from toolkit.events import read_events\n\n"
+        f"run = rundir.resolve({run.run_id!r}, {str(run.path.parent.resolve())!r})\n"
+        "events = read_events(run.events_path)  # every event, a DataFrame\n"
+        "monitor.live(run)  # these curves, growing in place until the run ends",
+        language="python",
+    )
+controls = st.columns([3, 2, 1])
+x_axis = controls[0].radio("x-axis", list(X_AXES), horizontal=True)
+smoothing = controls[1].slider("EMA smoothing", 0.0, 0.99, 0.0, 0.01)
+if controls[2].button("Stop", disabled=not live, width="stretch", help="stop this run"):
+    try:
+        with st.spinner("Stopping…"):
+            launcher.stop(run_id, data.root(), by="the app")
+    except (ConfigError, ValueError, OSError) as error:
+        st.error(md_escape(error))
+    else:
+        st.rerun()
+
+
+def setup_line() -> str:
+    """What the run is: optimizer, batch, workers, schedule (with its warmup) and epochs."""
+    if config is None:
+        return "config.yaml is missing or not valid"
+    warmup = config.schedule.warmup.epochs
+    schedule = config.schedule.name + (f" after {warmup:g} warmup epochs" if warmup else "")
+    return (
+        f"{config.optimizer.name} · global batch {config.global_batch():,} on "
+        f"{config.workers} worker{'s' * (config.workers != 1)} · lr "
+        f"{config.scaled_learning_rate():.4g} · {schedule} · {config.epochs} epochs"
+    )
+
+
+def outcome_line(row: dict) -> str:
+    """How it went: duration, final and best accuracy."""
+    parts = []
+    if row["duration_s"] is not None:
+        minutes, seconds = divmod(round(row["duration_s"]), 60)
+        parts.append(f"duration {minutes}m {seconds:02d}s" if minutes else f"{seconds}s")
+    if row["last_eval_accuracy"] is not None:
+        parts.append(
+            f"final accuracy {row['last_eval_accuracy']:.4f} (best {row['best_eval_accuracy']:.4f})"
+        )
+    if row["samples_per_sec"] is not None:
+        parts.append(f"{row['samples_per_sec']:,.0f} samples/s")
+    return " · ".join(parts) or "no results yet"
+
+
+def noise_reading(rows) -> str | None:
+    """``B_simple`` as the median of its last readings with their 10-90% band, against the
+    global batch; with too few readings, said to be too few."""
+    if "b_simple" not in rows or rows["b_simple"].dropna().empty:
+        return None
+    readings = rows["b_simple"].dropna().to_numpy(dtype=float)[-BAND_READINGS:]
+    middle = float(np.median(readings))
+    if len(readings) < FEWEST_FOR_A_BAND:
+        said = f"B_simple ≈ {middle:,.0f} from {len(readings)} reading(s): too few to trust"
+    else:
+        low, high = np.percentile(readings, [10, 90])
+        said = f"B_simple ≈ {middle:,.0f} ({low:,.0f}–{high:,.0f} over its last {len(readings)})"
+    batch = config.global_batch() if config else run.meta().get("global_batch")
+    if batch:
+        ratio = batch / middle
+        side = "below" if ratio < 1 else "above"
+        said += f"; the global batch {batch:,} is {max(ratio, 1 / ratio):.1f}× {side} it"
+    return said
 
 
 def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
+    """``metric`` of each phase, in the run's colour (train solid, eval dashed)."""
     series = []
-    for name in phases:
+    for name, dash in zip(phases, ("solid", "dash"), strict=False):
         rows = data.phase(frame, name)
-        if {"step", metric} <= set(rows.columns):
-            series.append(Series(name, rows["step"], rows[metric]))
+        x = x_values(frame, rows, x_axis, config) if metric in rows else None
+        if x is not None:
+            series.append(Series(name, x, rows[metric], color=color, dash=dash))
     if series:
-        st.plotly_chart(charts.lines(series, title, height=300))
+        figure = charts.lines(series, title, X_AXES[x_axis], smoothing=smoothing, height=300)
+        st.plotly_chart(figure)
     else:
         st.text(f"{title}: no data yet")
 
 
-def noise_scale(rows) -> None:
-    """B_simple over training (log y) against the run's global batch, and the newest reading."""
+def traffic(frame) -> None:
+    """Bytes and compression per update where the run compresses; one line where it sends
+    dense gradients (a flat line says nothing a number does not)."""
+    rows = data.phase(frame, "train")
+    if "comm/bytes_sent" not in rows:
+        return
+    ratios = rows.get("comm/compression_ratio")
+    if ratios is None or np.allclose(ratios.dropna(), 1.0):
+        sent = rows["comm/bytes_sent"].dropna()
+        st.text(f"Traffic: each worker sends {sent.iloc[-1]:,.0f} bytes per update (dense)")
+        return
+    left, right = st.columns(2)
+    with left:
+        curves(frame, "comm/bytes_sent", "bytes a worker sent per update", ("train",))
+    with right:
+        curves(frame, "comm/compression_ratio", "compression (dense bytes / sent)", ("train",))
+
+
+def noise_scale(frame) -> None:
+    """B_simple over training (log y) against the run's global batch."""
+    rows = data.phase(frame, "gns")
     if "b_simple" not in rows or rows["b_simple"].dropna().empty:
         if (config and config.logging.noise_scale_every_steps) or not rows.empty:
             st.text("Gradient noise scale B_simple: no estimate yet")
         return
     rows = rows.dropna(subset=["b_simple"])
-    batch = run.meta().get("global_batch") or (rows["b_big"].iloc[-1] if "b_big" in rows else None)
-    newest = float(rows["b_simple"].iloc[-1])
-    reading = f"Gradient noise scale B_simple ≈ {newest:,.0f}"
-    if batch:
-        ratio = batch / newest
-        side = "below" if ratio < 1 else "above"
-        reading += f": the global batch {batch:,.0f} is {max(ratio, 1 / ratio):.1f}× {side} it"
-    st.text(reading)
-    series = [Series("B_simple", rows["step"], rows["b_simple"])]
+    x = x_values(frame, rows, x_axis, config)
+    if x is None:
+        return
+    series = [Series("B_simple", x, rows["b_simple"], color=color)]
+    batch = config.global_batch() if config else run.meta().get("global_batch")
     if batch:  # a line, not a shape: shapes on a log axis take log10 coordinates
-        steps = rows["step"].iloc[[0, -1]]
-        series.append(Series(f"global batch {batch:,.0f}", steps, [batch, batch]))
-    figure = charts.lines(series, "B_simple against the global batch", log_y=True, height=300)
-    st.plotly_chart(figure)
+        ends = x.iloc[[0, -1]]
+        series.append(Series(f"global batch {batch:,}", ends, [batch, batch], dash="dot"))
+    title = "B_simple against the global batch"
+    st.plotly_chart(charts.lines(series, title, X_AXES[x_axis], log_y=True, height=300))
 
 
 @st.fragment(run_every=REFRESH_S if live else None)
@@ -81,9 +169,10 @@ def panel() -> None:
         if status.get(key) is not None
     ]
     st.text("    ".join(details))
-    if config is None:
-        st.text("config.yaml is missing or not valid: no progress to show")
-    else:
+    st.markdown(f"**{md_escape(setup_line())}**  \n{md_escape(outcome_line(data.summary(run)))}")
+    if reading := noise_reading(data.phase(frame, "gns")):
+        st.caption(md_escape(reading))
+    if config is not None:
         epochs = frame["epoch"].dropna() if "epoch" in frame else frame.index[:0]
         epoch = float(epochs.iloc[-1]) if len(epochs) else 0.0
         done = 1.0 if state == "completed" else min(1.0, max(0.0, epoch / config.epochs))
@@ -98,13 +187,8 @@ def panel() -> None:
     with right:
         curves(frame, "accuracy", "accuracy")
         curves(frame, "samples_per_sec", "samples/sec", phases=("train",))
-    if "comm/bytes_sent" in frame:
-        left, right = st.columns(2)
-        with left:
-            curves(frame, "comm/bytes_sent", "bytes a worker sent per update", ("train",))
-        with right:
-            curves(frame, "comm/compression_ratio", "compression (dense bytes / sent)", ("train",))
-    noise_scale(data.phase(frame, "gns"))
+    traffic(frame)
+    noise_scale(frame)
     ratios = data.phase(frame, "trust_ratio")
     if not ratios.empty or (config and config.optimizer.name in ("lars", "lbsgd")):
         figure = charts.trust_heatmap(ratios)
@@ -113,7 +197,7 @@ def panel() -> None:
         else:
             st.plotly_chart(figure)
     with st.expander("Latest events"):
-        st.dataframe(frame.tail(50), hide_index=True)
+        st.dataframe(frame.tail(50), hide_index=True, placeholder="")
 
 
 panel()

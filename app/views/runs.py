@@ -166,8 +166,10 @@ if not ids:
     st.info("No run matches the filters.")
     st.stop()
 
-current = st.session_state.get("current_run")
-run_id = st.selectbox("Selected run", ids, index=ids.index(current) if current in ids else 0)
+if st.session_state.get("runs_run") not in ids:  # on arrival: the run chosen elsewhere
+    current = st.session_state.get("current_run")
+    st.session_state.runs_run = current if current in ids else ids[0]
+run_id = st.selectbox("Selected run", ids, key="runs_run")
 st.session_state.current_run = run_id
 run = data.find(run_id)
 if run is None:  # deleted since the listing
@@ -185,6 +187,7 @@ config = data.config(run)
 if rerun.button("Rerun with the same config", disabled=config is None, width="stretch"):
     new = act(lambda: launcher.launch(config, runs_root_dir=data.root()))
     st.session_state.current_run = new.run_id
+    del st.session_state.runs_run  # select the new run on the next draw
     done(f"Started {new.run_id} with the config of {run_id}.")
 if resume.button("Resume", disabled=state not in ("stopped", "failed"), width="stretch"):
     act(lambda: launcher.resume(run_id, data.root()))
