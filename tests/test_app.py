@@ -708,6 +708,21 @@ def test_compare_overlays_runs_with_smoothing_and_axes(compare_runs):
     assert decode(figures(at)[0]["data"][0]["x"])[-1] == pytest.approx(train["epoch"].iloc[-1])
 
 
+def test_compare_opens_on_the_newest_runs_without_probes_and_a_removed_run_stays_out(root):
+    for name in ("demo", "second", "third"):
+        fake_run(root, name, events=100)
+        time.sleep(0.01)
+    fake_run(root, "probe-x", events=50).update_meta(probe=True)
+    at = page("compare")
+    runs = by_label(at.multiselect, "Runs")
+    assert runs.value == ["third", "second", "demo"]  # the demo run in, the probe out
+    runs.unselect("second").run()
+    at.run()  # and again: the removal holds
+    assert by_label(at.multiselect, "Runs").value == ["third", "demo"]
+    assert at.query_params["run"] == ["third", "demo"]
+    assert {t["name"] for f in figures(at) for t in f["data"]} == {"third", "demo"}
+
+
 def test_compare_opens_the_runs_its_address_names_and_names_its_own(compare_runs):
     at = AppTest.from_file(str(MAIN), default_timeout=60)
     at.switch_page("views/compare.py")
