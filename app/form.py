@@ -95,6 +95,30 @@ class Slots:
             self.slots[target].error("\n\n".join(map(md_escape, messages)), icon="⚠️")
 
 
+ACRONYMS = {"ema": "EMA", "lr": "LR", "fp16": "FP16", "sgd": "SGD"}
+
+
+def title(name: str) -> str:
+    """A parameter's name as a label in plain words, as the form's own fields are labelled:
+    ``weight_decay`` -> ``Weight decay`` (the name itself is the field's help)."""
+    words = [ACRONYMS.get(word, word) for word in name.split("_")]
+    return " ".join(words)[:1].upper() + " ".join(words)[1:]
+
+
+def warmup_shortfall(config, preview: pd.DataFrame) -> str | None:
+    """A warning when the warmup overlaps the decay so much that the learning rate never comes
+    near the scaled rate the form shows (5% short or more), else ``None``."""
+    warmup, scaled = config.schedule.warmup.epochs, config.scaled_learning_rate()
+    peak = float(preview["lr"].max()) if len(preview) else scaled
+    if not warmup or peak >= 0.95 * scaled:
+        return None
+    return (
+        f"The learning rate peaks at {peak:.4g}, {peak / scaled:.0%} of the scaled rate "
+        f"{scaled:.4g}: the {warmup:g}-epoch warmup overlaps the {config.schedule.name} decay "
+        f"of a {config.epochs}-epoch run. Shorten the warmup or train for longer."
+    )
+
+
 def value_input(
     label: str, default: Any, key: str, help: str | None = None
 ) -> tuple[Any, str | None]:
@@ -152,7 +176,9 @@ def param_inputs(
             for i, param in enumerate(names):
                 start = _plain(given.get(param, defaults[param]))
                 with columns[i % 2]:
-                    value, error = value_input(param, start, key=f"{key}.{name}.{param}")
+                    value, error = value_input(
+                        title(param), start, key=f"{key}.{name}.{param}", help=f"`{param}`"
+                    )
                 if error:
                     errors[param] = error
                 elif param in given or value != _plain(defaults[param]):

@@ -112,7 +112,7 @@ def test_launch_blank_form_previews_scaling_and_schedule(root, launches):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Global batch"] == "32" and metrics["Steps per epoch"] == "125"
     workers = by_label(at.number_input, "Workers").set_value(4)
-    by_label(at.selectbox, "LR scaling rule").set_value("linear")
+    by_label(at.selectbox, "Learning-rate scaling rule").set_value("linear")
     by_label(at.number_input, "Base batch").set_value(64)
     at.run()
     metrics = {m.label: m.value for m in at.metric}
@@ -206,16 +206,16 @@ def test_launch_fixed_global_batch_derives_per_worker_or_is_refused(root, launch
 
 def test_launch_synchronisation_and_compression_fields(root, launches):
     at = page("launch")
-    by_label(at.selectbox, "Sync").set_value("local_sgd")
+    by_label(at.selectbox, "Synchronisation").set_value("local_sgd")
     by_label(at.selectbox, "Compression").set_value("fp16")
     at.run()
     (first, *_) = at.error  # a cross-field error: the slot above the form
     assert "allreduce\\.compression must be \\'none\\'" in first.value, first.value
     by_label(at.button, "Launch").click().run()
     assert launches == []
-    by_label(at.selectbox, "Sync").set_value("full")
+    by_label(at.selectbox, "Synchronisation").set_value("full")
     by_label(at.selectbox, "Compression").set_value("topk")
-    by_label(at.number_input, "topk: ratio sent").set_value(0.05)
+    by_label(at.number_input, "Top-k: ratio sent").set_value(0.05)
     by_label(at.checkbox, "Residual").uncheck()
     at.run()
     assert not at.error
@@ -225,10 +225,36 @@ def test_launch_synchronisation_and_compression_fields(root, launches):
     assert config.allreduce.residual is False and config.sync.mode == "full"
 
 
+def test_launch_labels_are_plain_words_with_the_field_name_as_help(root, launches):
+    at = page("launch")
+    by_label(at.selectbox, "Optimizer").set_value("lars").run()
+    widgets = [*at.number_input, *at.text_input, *at.selectbox, *at.checkbox, *at.multiselect]
+    for widget in widgets:
+        assert "_" not in widget.label and widget.label[:1].isupper(), widget.label
+    decay = by_label(at.number_input, "Weight decay")
+    assert decay.help == "`weight_decay`"
+
+
+def test_launch_warns_when_the_warmup_keeps_the_rate_below_the_scaled_one(root, launches):
+    at = page("launch")
+    by_label(at.selectbox, "Schedule").set_value("cosine")
+    by_label(at.number_input, "Epochs").set_value(1)
+    by_label(at.number_input, "Warmup epochs").set_value(1.0).run()
+    (warning,) = at.warning
+    scaled = float(next(m.value for m in at.metric if m.label == "Scaled learning rate"))
+    assert md_escape(f"of the scaled rate {scaled:.4g}") in warning.value
+    assert md_escape("the 1-epoch warmup overlaps the cosine decay of a 1-epoch run") in (
+        warning.value
+    )
+    by_label(at.number_input, "Epochs").set_value(10)
+    by_label(at.number_input, "Warmup epochs").set_value(1.0).run()
+    assert not at.warning
+
+
 def test_launch_preset_through_the_launcher(root, launches):
     at = page("launch")
     by_label(at.selectbox, "Start from").set_value("large_batch_lars").run()
-    by_label(at.number_input, "momentum").set_value(0.95)
+    by_label(at.number_input, "Momentum").set_value(0.95)
     by_label(at.number_input, "Epochs").set_value(3)
     at.run()
     assert not at.error

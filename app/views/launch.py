@@ -102,10 +102,10 @@ with top[3]:
 with st.expander("Hosts over ssh: port, key and network interface (multi-host runs)"):
     cells = st.columns(3)
     with cells[0]:
-        raw["ssh_port"] = number("ssh port", "ssh_port", help="empty: ssh's default (22)")
+        raw["ssh_port"] = number("SSH port", "ssh_port", help="empty: ssh's default (22)")
     with cells[1]:
         raw["ssh_identity_file"] = (
-            text("ssh identity file", "ssh_identity_file", help="empty: ssh's own").strip() or None
+            text("SSH identity file", "ssh_identity_file", help="empty: ssh's own").strip() or None
         )
     with cells[2]:
         raw["network_interface"] = (
@@ -184,7 +184,7 @@ with st.container(border=True):
         accumulation = number("Accumulation steps", "batch.accumulation", "BatchConfig")
     with cells[2]:
         rule = select(
-            "LR scaling rule",
+            "Learning-rate scaling rule",
             form.choices("ScalingConfig", "rule"),
             "lr_scaling.rule",
             "ScalingConfig",
@@ -217,9 +217,11 @@ with st.container(border=True):
 with st.expander("Synchronisation: what the workers average, and what goes on the wire"):
     cells = st.columns(6)
     with cells[0]:
-        sync = select("Sync", form.choices("SyncConfig", "mode"), "sync.mode", "SyncConfig")
+        sync = select(
+            "Synchronisation", form.choices("SyncConfig", "mode"), "sync.mode", "SyncConfig"
+        )
     with cells[1]:
-        period = number("partial/local_sgd: period (updates)", "sync.period", "SyncConfig")
+        period = number("Period, partial or local SGD (updates)", "sync.period", "SyncConfig")
     raw["sync"] = {"mode": sync, "period": period}
     section = "AllreduceConfig"
     cells = st.columns(6)
@@ -231,15 +233,15 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
             section,
         )
     with cells[1]:
-        ratio = number("topk: ratio sent", "allreduce.ratio", section)
+        ratio = number("Top-k: ratio sent", "allreduce.ratio", section)
         topk_sample = number(
-            "topk: sample (0: exact)",
+            "Top-k: sample (0: exact)",
             "allreduce.topk_sample",
             section,
             help="estimate the k-th magnitude from this fraction of the entries (DGC)",
         )
     with cells[2]:
-        threshold = number("threshold: |g| ≥", "allreduce.threshold", section)
+        threshold = number("Threshold: |g| ≥", "allreduce.threshold", section)
     with cells[3]:
         residual = st.checkbox(
             "Residual",
@@ -250,7 +252,7 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
     with cells[4]:
         clip = default("allreduce.fp16_clip", section)
         fp16_clip = st.number_input(
-            "fp16: clip before the cast",
+            "FP16: clip before the cast",
             value=None if clip is None else float(clip),
             format="%g",
             step=None,
@@ -328,6 +330,8 @@ elif config is not None:
     figures = st.columns(4)
     figures[0].metric("Global batch", f"{config.global_batch():,}")
     figures[1].metric("Scaled learning rate", f"{config.scaled_learning_rate():.4g}")
+    if preview is not None and (shortfall := form.warmup_shortfall(config, preview)):
+        st.warning(md_escape(shortfall))
     if preview is not None:
         figures[2].metric("Steps per epoch", f"{steps:,}")
         figures[3].metric("Total steps", f"{steps * config.epochs:,}")
