@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import ROOT, run_cli
 
-from toolkit import slots, sweep
+from toolkit import rundir, slots, sweep
 from toolkit.config import ConfigError, load, run_name_problem
 from toolkit.rundir import RunDir, list_runs
 
@@ -356,9 +356,21 @@ def labelled(widgets, label: str):
 def test_sweep_page_shows_a_finished_sweep_its_results_and_opens_compare(real, monkeypatch):
     at = sweep_page(real["root"], monkeypatch, "A sweep run here")
     assert labelled(at.selectbox, "Sweep").value == "real"
-    plan, states, summary = (frame.value for frame in at.dataframe)
-    assert len(plan) == 4 and set(plan["global_batch"]) == {32, 64}
+    states, summary = (frame.value for frame in at.dataframe)  # one table of cells: plan, state
+    assert len(states) == 4 and set(states["global_batch"]) == {32, 64}
     assert states["state"].tolist() == ["completed"] * 4
+    runs = list(sweep.cell_runs("real", real["root"]).values())
+    rates = pd.DataFrame(
+        {"batch": r.config().per_worker_batch(), "rate": rundir.summary(r)["samples_per_sec"]}
+        for r in runs
+    )  # the runs like a cell (one dataset, model and world size here): same batch per worker
+    for cell in states.to_dict("records"):
+        like = rates[rates["batch"] == cell["global_batch"] // cell["workers"]]["rate"].median()
+        assert cell["estimated_s"] == pytest.approx(cell["updates"] * cell["global_batch"] / like)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Cells"] == "4" and metrics["Workers per cell"] == str(states["workers"][0])
+    seconds = states["estimated_s"].sum() / labelled(at.number_input, "Cells at a time").value
+    assert metrics["Estimated time"] in (f"{seconds:.0f} s", f"{round(seconds / 60)} min")
     assert set(zip(states["method"], states["batch.global_size"])) == {
         (m, b) for m in ("sgd", "lars") for b in (32, 64)
     }
@@ -368,6 +380,17 @@ def test_sweep_page_shows_a_finished_sweep_its_results_and_opens_compare(real, m
     assert sorted(t["name"] for t in traces) == ["lars", "sgd"]
     labelled(at.button, "Open these runs in Compare").click().run()
     assert sorted(at.session_state["compare_runs"]) == sorted(states["run_id"])
+
+
+def test_a_big_sweep_shows_its_cost_and_launches_only_once_confirmed(tmp_path, monkeypatch):
+    at = sweep_page(tmp_path, monkeypatch, "Build a grid")
+    grid = "epochs: [1]\nworkers: [1]\nbatch.global_size: [32, 64, 128, 256]\n"
+    labelled(at.text_area, "Grid: config path → values (YAML)").set_value(grid).run()
+    cells = len(at.dataframe[0].value)
+    assert cells == 4 * 2 * 3 and {m.label: m.value for m in at.metric}["Cells"] == "24"
+    assert labelled(at.button, "Launch sweep").disabled
+    labelled(at.checkbox, f"Yes, run all {cells} cells").check().run()
+    assert not labelled(at.button, "Launch sweep").disabled
 
 
 def test_sweep_page_refuses_a_bad_grid_naming_the_field(tmp_path, monkeypatch):
@@ -392,6 +415,8 @@ def test_sweep_page_builds_a_grid_dry_runs_and_launches_it(tmp_path, monkeypatch
     plan = at.dataframe[0].value
     assert plan["global_batch"].tolist() == [64, 128] and plan["workers"].tolist() == [1, 1]
     assert plan["total_steps"].tolist() == [4000 // 64, 4000 // 128]
+    assert plan["state"].tolist() == ["pending"] * 2 and plan["estimated_s"].isna().all()
+    assert {m.label: m.value for m in at.metric}["Estimated time"] == "not measured yet"
     labelled(at.button, "Launch sweep").click().run()
     assert "Sweep page started" in at.success[0].value
     grid = sweep.saved(tmp_path)[0]
@@ -401,7 +426,8 @@ def test_sweep_page_builds_a_grid_dry_runs_and_launches_it(tmp_path, monkeypatch
         time.sleep(1)
     assert sweep.states(grid, tmp_path)["state"].tolist() == ["completed"] * 2
     at.run()
-    assert at.dataframe[1].value["state"].tolist() == ["completed"] * 2
+    assert at.dataframe[0].value["state"].tolist() == ["completed"] * 2
+    assert at.dataframe[0].value["estimated_s"].notna().all()  # now measured by these runs
 
 
 def test_failed_cells_are_reported_and_rerun_only_when_asked(tmp_path):

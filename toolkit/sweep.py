@@ -332,6 +332,35 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def throughputs(root: str | Path | None = None, summarize=summary) -> dict[tuple, float]:
+    """The median samples/s of the completed runs under ``root``, by what sets a run's speed on
+    this machine: dataset, model, workers and per-worker batch (``summarize``: the dashboard
+    passes its cached :func:`~toolkit.rundir.summary`)."""
+    measured = collections.defaultdict(list)
+    for run in list_runs(root):
+        row = summarize(run)
+        if row["state"] != "completed" or not row["samples_per_sec"]:
+            continue
+        try:
+            measured[_speed_key(run.config())].append(row["samples_per_sec"])
+        except (OSError, ConfigError):
+            continue
+    return {key: float(pd.Series(rates).median()) for key, rates in measured.items()}
+
+
+def estimate(sweep: Sweep, plan: pd.DataFrame, rates: dict[tuple, float]) -> pd.Series:
+    """Each cell's training time in seconds (its :func:`dry_run` row's updates x global batch
+    at the measured ``rates`` of :func:`throughputs`), ``NaN`` where no run measured it."""
+    keys = [_speed_key(cell.config) for cell in sweep.cells]
+    rate = pd.Series([rates.get(key, float("nan")) for key in keys], index=plan.index)
+    return plan["updates"] * plan["global_batch"] / rate
+
+
+def _speed_key(config: ExperimentConfig) -> tuple:
+    model = json.dumps([config.model.name, config.model.params], sort_keys=True)
+    return (config.dataset.name, model, config.workers, config.per_worker_batch())
+
+
 # ------------------------------------------------------------------------------- the runner
 
 

@@ -1,6 +1,7 @@
 """Sweep: a sweep file from experiments/, a grid built from a preset, or a sweep run here
-before; its cells before launch (the dry run); the launch (a background runner through the
-launch queue); each cell's state, live; results against any axis; the runs in Compare."""
+before; what it will cost (cells, workers, time estimated from runs already measured) and the
+launch (a background runner through the launch queue; a big sweep asks first); one table of
+its cells, their plan and their state, live; results against any axis; the runs in Compare."""
 
 from pathlib import Path
 
@@ -17,6 +18,7 @@ REFRESH_S = 2.0
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 SOURCES = ("A sweep file", "Build a grid", "A sweep run here")
 EXAMPLE_GRID = "batch.global_size: [64, 256, 1024]\n"
+CONFIRM_CELLS = 20  # a sweep of more cells launches only once asked to twice
 EXAMPLE_METHODS = "linear: {lr_scaling.rule: linear}\nsqrt: {lr_scaling.rule: sqrt}\n"
 
 
@@ -54,6 +56,14 @@ def built_grid() -> dict:
     return {"name": name, "base": str(form.PRESETS / f"{base}.yaml"), **parsed}
 
 
+def duration(seconds: float) -> str:
+    """``2 h 05 min``, ``4 min``, ``40 s``."""
+    minutes, hours = round(seconds / 60), seconds / 3600
+    if hours >= 1:
+        return f"{int(hours)} h {minutes % 60:02d} min"
+    return f"{minutes} min" if minutes else f"{seconds:.0f} s"
+
+
 @st.cache_data(max_entries=20, show_spinner="Working out each cell's steps…")
 def plan(sweep_yaml: str) -> pd.DataFrame:
     return sweeps.dry_run(sweeps.from_mapping(safe_yaml.load(sweep_yaml, "sweep")))
@@ -84,14 +94,33 @@ except ConfigError as error:
 
 root = data.root()
 running = sweeps.runner_active(grid.name, root)
-with st.expander(f"{grid.name}: {len(grid.cells)} cells (the dry run)", expanded=not running):
-    st.dataframe(plan(grid.to_yaml()), hide_index=True)
+cells = plan(grid.to_yaml())
+seconds = sweeps.estimate(grid, cells, sweeps.throughputs(root, summarize=data.summary))
 left, middle, right = st.columns([1, 1, 2])
 parallel = left.number_input(
     "Cells at a time", min_value=1, value=sweeps.default_parallel(grid, root), step=1
 )
 retry = middle.checkbox("Rerun failed cells", help="failed or stopped cells run again")
-if right.button("Launch sweep", type="primary", disabled=running, width="stretch"):
+measured = int(seconds.notna().sum())
+cost = st.columns(3)
+cost[0].metric("Cells", f"{len(cells):,}")
+cost[1].metric(
+    "Workers per cell", "–".join(map(str, sorted({cells["workers"].min(), cells["workers"].max()})))
+)
+cost[2].metric(
+    "Estimated time",
+    duration(seconds.sum() / parallel) if measured else "not measured yet",
+    help="training time at the samples/s measured by completed runs of the same dataset, "
+    "model, workers and batch per worker, spread over the cells run at a time",
+)
+if measured < len(cells):
+    st.caption(
+        f"{len(cells) - measured} of {len(cells)} cells have no measured run like them: "
+        "their time is not in the estimate"
+    )
+big = len(cells) > CONFIRM_CELLS
+sure = not big or st.checkbox(f"Yes, run all {len(cells)} cells")
+if right.button("Launch sweep", type="primary", disabled=running or not sure, width="stretch"):
     try:
         pid = sweeps.start(grid, root, max_parallel=int(parallel), retry_failed=retry)
     except (ConfigError, OSError) as error:
@@ -110,7 +139,9 @@ def progress() -> None:
         ("a runner is working on this sweep · " if active else "")
         + " · ".join(f"{state}: {n}" for state, n in counts.items())
     )
-    st.dataframe(states, hide_index=True)
+    shown = cells.assign(state=states["state"], queue_position=states["queue_position"])
+    shown["run_id"] = states["run_id"]  # an attempt after a failure has its own id
+    st.dataframe(shown.assign(estimated_s=seconds), hide_index=True, placeholder="")
     table = sweeps.results(grid, root, events=data.events)
     ended = table[table["state"] != "pending"]
     if ended.empty:
@@ -122,7 +153,7 @@ def progress() -> None:
     metric = left.selectbox("Metric", metrics, key="sweep_metric")
     x = right.selectbox("Against", axes, index=len(axes) - 1, key="sweep_x")
     st.plotly_chart(sweeps.figure(table, metric, x=x), key="sweep_chart")
-    st.dataframe(sweeps.aggregate(table, (metric,)), hide_index=True)
+    st.dataframe(sweeps.aggregate(table, (metric,)), hide_index=True, placeholder="")
     left, right = st.columns(2)
     left.download_button("Results (CSV)", table.to_csv(index=False), f"{grid.name}.csv", "text/csv")
     if right.button("Open these runs in Compare", width="stretch"):
