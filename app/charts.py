@@ -14,12 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from toolkit.curves import MAX_POINTS, downsample
+from toolkit.theme import COLORS
 
-COLORS = qualitative.Plotly + qualitative.D3
 CHART_POINTS = 60_000
 """Points drawn per chart at most: each of its traces keeps ``CHART_POINTS / traces`` (at most
 :data:`~toolkit.curves.MAX_POINTS`, at least :data:`FEWEST_POINTS`)."""

@@ -19,6 +19,7 @@ from toolkit import config as config_lib
 from toolkit import files, rundir
 from toolkit.events import EventTail, read_events
 from toolkit.rundir import RunDir
+from toolkit.theme import COLORS
 
 
 def root() -> Path:
@@ -47,8 +48,6 @@ def colors() -> dict[str, str]:
     """One colour per run, the same on every chart of every page: the palette in the order the
     runs were created, so a new run never changes an older run's colour (deleting one shifts
     the colours of those created after it)."""
-    from app.charts import COLORS
-
     return {r.run_id: COLORS[i % len(COLORS)] for i, r in enumerate(reversed(runs()))}
 
 

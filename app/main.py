@@ -18,8 +18,10 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from app import data  # noqa: E402
+from toolkit import theme  # noqa: E402
 
 st.set_page_config(page_title="Large-Batch Lab", page_icon="📈", layout="wide")
+theme.use()  # the notebooks' look: every chart is drawn with theme=None
 RUNS = st.Page("views/runs.py", title="Runs", icon=":material/table_rows:")
 
 

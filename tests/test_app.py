@@ -28,7 +28,7 @@ from app import charts, data
 from app.data import md_escape
 from app.fabricate import fake_run
 from toolkit import config as config_lib
-from toolkit import files, processes, rundir
+from toolkit import files, processes, rundir, theme
 from toolkit import launch as launcher
 from toolkit.curves import downsample
 from toolkit.events import EventWriter, read_events
@@ -615,6 +615,19 @@ def test_a_run_that_sends_dense_gradients_gets_a_line_not_flat_charts(root):
     titles = [f["layout"]["title"]["text"] for f in figures(at)]
     assert "bytes a worker sent per update" not in titles
     assert any("each worker sends 40,000 bytes per update (dense)" in t.value for t in at.text)
+
+
+def test_every_chart_on_every_page_has_the_notebooks_template(compare_runs):
+    fake_run(compare_runs, "lars-gns", events=300, gns_every=20)
+    charts_seen = 0
+    for name in ("detail", "compare", "launch"):
+        at = page(name)
+        for chart in at.get("plotly_chart"):
+            spec = json.loads(chart.proto.spec)
+            assert chart.proto.theme == "", name  # Streamlit's own theme would restyle it
+            assert spec["layout"]["template"]["layout"]["colorway"] == list(theme.COLORS), name
+            charts_seen += 1
+    assert charts_seen >= 8
 
 
 def test_axes_never_show_fractional_steps_flat_ticks_or_digit_only_log_labels():

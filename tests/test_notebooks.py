@@ -8,20 +8,24 @@ checks it. Notebooks are stored without outputs; executing them here does not wr
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from pathlib import Path
 
 import nbformat
+import numpy as np
+import pandas as pd
 import pytest
 from conftest import ROOT
 from nbclient import NotebookClient
 
-from toolkit import jupyter
+from toolkit import jupyter, theme
 
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 WIDGET = "application/vnd.jupyter.widget-view+json"
+PLOTLY = "application/vnd.plotly.v1+json"
 LIVE_VIEWS = {"01_quickstart.ipynb": 1, "04_launch_and_monitor.ipynb": 3}  # monitor.live calls
 EXPECTED = [
     "01_quickstart.ipynb",
@@ -29,6 +33,19 @@ EXPECTED = [
     "03_large_batch_study.ipynb",
     "04_launch_and_monitor.ipynb",
 ]
+
+
+def test_the_overreach_check_sees_a_shape_on_a_log_axis():
+    figure = {
+        "data": [{"type": "scatter", "y": [300.0, 900.0]}],
+        "layout": {
+            "yaxis": {"type": "log"},
+            "shapes": [{"type": "line", "yref": "y", "y0": 64, "y1": 64}],
+        },
+    }
+    assert axis_overreach(figure)
+    figure["layout"]["shapes"][0].update(y0=2.5, y1=2.5)  # log10(316): inside the data
+    assert not axis_overreach(figure)
 
 
 def test_the_notebooks_are_there_and_clean():
@@ -80,3 +97,56 @@ def test_notebook_runs(path: Path, tmp_path, monkeypatch, subprocess_env, kernel
     ]
     # each live view is one widget: the progress line over the grid of figures
     assert len(views) == LIVE_VIEWS.get(path.name, 0), path.name
+    shown = [
+        output["data"][PLOTLY]
+        for cell in nb.cells
+        for output in cell.get("outputs", [])
+        if PLOTLY in output.get("data", {})
+    ]
+    assert shown, f"{path.name} shows no figure"
+    for figure in shown:
+        title = figure["layout"].get("title", {}).get("text")
+        assert figure["layout"]["template"]["layout"]["colorway"] == list(theme.COLORS), title
+        assert not axis_overreach(figure), (path.name, title, axis_overreach(figure))
+
+
+def values(array) -> np.ndarray:
+    """A Plotly JSON array (a list, or a typed array ``{"dtype", "bdata"}``) as floats."""
+    if isinstance(array, dict):
+        raw = np.frombuffer(base64.b64decode(array["bdata"]), dtype=np.dtype(array["dtype"]))
+        return raw.astype(float)
+    return pd.to_numeric(pd.Series(array, dtype=object), errors="coerce").to_numpy(dtype=float)
+
+
+def axis_overreach(figure: dict) -> list[str]:
+    """The y axes whose range, as Plotly works it out from everything drawn on them (traces,
+    shapes, annotations, a set range), reaches more than ten times beyond the traces' data:
+    on a log axis, shapes and annotations take log10 coordinates, so a line at ``y=64`` drawn
+    as a shape stretches the axis to 10^64."""
+    layout, problems = figure["layout"], []
+    axes = {t.get("yaxis", "y") for t in figure["data"]}
+    for axis in axes:
+        settings = layout.get("yaxis" + axis[1:], {})
+        log = settings.get("type") == "log"
+        data = np.concatenate(
+            [values(t["y"]) for t in figure["data"] if t.get("yaxis", "y") == axis and "y" in t]
+        )
+        data = data[np.isfinite(data) & ((data > 0) if log else True)]
+        if not len(data):
+            continue
+        placed = [
+            v
+            for item in (*layout.get("shapes", []), *layout.get("annotations", []))
+            if item.get("yref") == axis
+            for v in (item.get("y"), item.get("y0"), item.get("y1"))
+            if v is not None
+        ]
+        placed += list(settings.get("range") or [])
+        reach = 10.0 ** np.asarray(placed, dtype=float) if log else np.asarray(placed, dtype=float)
+        if log:
+            beyond = reach.size and (reach.max() > 10 * data.max() or reach.min() < data.min() / 10)
+        else:
+            beyond = reach.size and np.abs(reach).max() > 10 * np.abs(data).max()
+        if beyond:
+            problems.append(f"{axis}: data {data.min():.3g}..{data.max():.3g}, drawn to {reach}")
+    return problems

@@ -160,7 +160,9 @@ class LiveView:
         import ipywidgets as widgets
         from plotly.graph_objects import FigureWidget  # a second's imports: paid here, not mid-run
 
-        self._figure_widget = FigureWidget
+        from toolkit import theme  # the dashboard's look
+
+        self._figure_widget, self._template = FigureWidget, theme.NAME
         self.run, self.size = run, {"width": width, "height": height}
         self.tail = EventTail(run.events_path)
         self.events = pd.DataFrame()
@@ -227,6 +229,7 @@ class LiveView:
     def _layout(self, title: str) -> dict:
         return {
             "title": {"text": html.escape(curves_lib.TITLES.get(title, title)), "x": 0.02},
+            "template": self._template,
             **self.size,
             "margin": {"l": 50, "r": 10, "t": 40, "b": 40},
             "xaxis": {"title": {"text": "step"}},

@@ -676,6 +676,8 @@ def figure(
     when it is the only other axis); a log x-axis for numbers spanning a factor of 8 or more."""
     import plotly.graph_objects as go
 
+    from toolkit import theme
+
     axes = [a for a in axes_of(table) if a != x]
     lines = sorted(axes, key=lambda a: a != color)
     means = aggregate(table, (metric,), by=[*lines, x])
@@ -699,6 +701,6 @@ def figure(
         xaxis={"title": x, "type": "log" if log else None},
         yaxis={"title": metric},
         legend={"title": ", ".join(lines)},
-        template="plotly_white",
+        template=theme.NAME,
     )
     return fig

@@ -89,7 +89,7 @@ def figure(metric: str, x_axis: str, smoothing: float, log_y: bool, runs: tuple)
 
 
 for metric in shown:
-    st.plotly_chart(figure(metric, x_axis, smoothing, log_y, drawn))
+    st.plotly_chart(figure(metric, x_axis, smoothing, log_y, drawn), theme=None)
 
 charted = [rows_of(run_id, name) for run_id in chosen for name in PHASES]
 last_steps = [rows["step"].max() for rows in charted if "step" in rows]

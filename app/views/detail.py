@@ -113,7 +113,7 @@ def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
             series.append(Series(name, x, rows[metric], color=color, dash=dash))
     if series:
         figure = charts.lines(series, title, X_AXES[x_axis], smoothing=smoothing, height=300)
-        st.plotly_chart(figure)
+        st.plotly_chart(figure, theme=None)
     else:
         st.text(f"{title}: no data yet")
 
@@ -153,7 +153,7 @@ def noise_scale(frame) -> None:
         ends = x.iloc[[0, -1]]
         series.append(Series(f"global batch {batch:,}", ends, [batch, batch], dash="dot"))
     title = "B_simple against the global batch"
-    st.plotly_chart(charts.lines(series, title, X_AXES[x_axis], log_y=True, height=300))
+    st.plotly_chart(charts.lines(series, title, X_AXES[x_axis], log_y=True, height=300), theme=None)
 
 
 @st.fragment(run_every=REFRESH_S if live else None)
@@ -195,7 +195,7 @@ def panel() -> None:
         if figure is None:
             st.text("Per-layer trust ratio: no trust_ratio events yet")
         else:
-            st.plotly_chart(figure)
+            st.plotly_chart(figure, theme=None)
     with st.expander("Latest events"):
         st.dataframe(frame.tail(50), hide_index=True, placeholder="")
 

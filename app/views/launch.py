@@ -335,7 +335,7 @@ elif config is not None:
     if preview is not None:
         figures[2].metric("Steps per epoch", f"{steps:,}")
         figures[3].metric("Total steps", f"{steps * config.epochs:,}")
-        st.plotly_chart(charts.schedule(preview))
+        st.plotly_chart(charts.schedule(preview), theme=None)
     with st.expander("Resolved config (YAML)"):
         st.code(config.to_yaml(), language="yaml")
 

@@ -152,7 +152,7 @@ def progress() -> None:
     left, right = st.columns(2)
     metric = left.selectbox("Metric", metrics, key="sweep_metric")
     x = right.selectbox("Against", axes, index=len(axes) - 1, key="sweep_x")
-    st.plotly_chart(sweeps.figure(table, metric, x=x), key="sweep_chart")
+    st.plotly_chart(sweeps.figure(table, metric, x=x), key="sweep_chart", theme=None)
     st.dataframe(sweeps.aggregate(table, (metric,)), hide_index=True, placeholder="")
     left, right = st.columns(2)
     left.download_button("Results (CSV)", table.to_csv(index=False), f"{grid.name}.csv", "text/csv")
