@@ -27,14 +27,16 @@ def fake_run(
     eval_every: int = 100,
     trust_every: int = 200,
     gns_every: int | None = None,
+    system_every: int | None = None,
     bytes_per_update: float | None = None,
     seed: int = 0,
     pid: int | None = None,
 ) -> RunDir:
     """A run with ``events`` event lines (train rows, an eval row every ``eval_every`` steps,
-    a trust-ratio row every ``trust_every``, a gradient-noise-scale row every ``gns_every``
-    if given) spread evenly over ``epochs``; with ``bytes_per_update``, train rows carry that
-    traffic (``comm/bytes_sent``, against 40 kB dense)."""
+    a trust-ratio row every ``trust_every``, a gradient-noise-scale row every ``gns_every`` and
+    a system-metrics row of two workers every ``system_every`` if given) spread evenly over
+    ``epochs``; with ``bytes_per_update``, train rows carry that traffic (``comm/bytes_sent``,
+    against 40 kB dense)."""
     rng = random.Random(seed)
     run = RunDir.create(root, run_id)
     config = from_mapping(
@@ -97,6 +99,12 @@ def fake_run(
                     {"step": step, "epoch": epoch, "wall": wall, "phase": "gns"}
                     | {"b_simple": b_simple, "grad_sq": 1 / b_simple, "trace_sigma": 1.0}
                     | {"b_small": 32, "b_big": 64}
+                )
+            if system_every and step % system_every == system_every - 1:
+                writer.write(
+                    {"step": step, "epoch": epoch, "wall": wall, "phase": "system"}
+                    | {f"cpu_percent/rank{r}": 90 + 20 * rng.random() for r in (0, 1)}
+                    | {f"memory_gb/rank{r}": 0.6 + 0.01 * step / steps for r in (0, 1)}
                 )
             if step % trust_every == trust_every - 1:
                 writer.write(

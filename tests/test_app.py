@@ -609,6 +609,19 @@ def test_detail_draws_against_samples_seen_smoothed(root):
     np.testing.assert_allclose(decode(solid["y"]), charts.ema(train["loss"].to_numpy(), 0.9))
 
 
+def test_detail_draws_each_workers_system_metrics(root):
+    run = fake_run(root, "system", events=300, system_every=50)
+    at = page("detail")
+    drawn = {f["layout"]["title"]["text"]: f for f in figures(at)}
+    cpu = drawn["CPU per worker (%, 100 = one core)"]
+    assert [t["name"] for t in cpu["data"]] == ["rank 0", "rank 1"]
+    events = read_events(run.events_path)
+    system = events[events["phase"] == "system"]
+    np.testing.assert_allclose(decode(cpu["data"][1]["y"]), system["cpu_percent/rank1"])
+    np.testing.assert_array_equal(decode(cpu["data"][1]["x"]), system["step"])
+    assert "memory per worker (GB)" in drawn
+
+
 def test_a_run_that_sends_dense_gradients_gets_a_line_not_flat_charts(root):
     fake_run(root, "dense", events=300, bytes_per_update=40_000.0)
     at = page("detail")

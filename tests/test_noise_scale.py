@@ -236,6 +236,7 @@ def test_run_detail_shows_the_noise_scale_against_the_batch(with_gns, tmp_path, 
     from conftest import ROOT
     from streamlit.testing.v1 import AppTest
 
+    from app.data import md_escape
     from app.fabricate import fake_run
 
     monkeypatch.setenv("LBL_RUNS", str(tmp_path))
@@ -243,10 +244,10 @@ def test_run_detail_shows_the_noise_scale_against_the_batch(with_gns, tmp_path, 
     at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
     at.switch_page("views/detail.py").run()
     assert not at.exception, at.exception
-    texts = " ".join(t.value for t in at.text)
+    texts = " ".join(t.value for t in [*at.text, *at.caption])
     titles = [c.proto.spec for c in at.get("plotly_chart")]
     if with_gns:
-        assert "Gradient noise scale B_simple ≈" in texts and "× below it" in texts
+        assert md_escape("B_simple ≈") in texts and "× below it" in texts
         chart = next(spec for spec in titles if "B_simple against" in spec)
         assert '"type":"log"' in chart and '"name":"global batch 64"' in chart
         assert '"shapes"' not in chart  # a shape on a log axis would be drawn at 10^64

@@ -118,6 +118,22 @@ def test_events_written_once_by_rank0_with_the_scheduled_lr(completed):
     assert ratios.shape[1] == 4 and (ratios > 0).all().all()  # 3 conv kernels + logits kernel
 
 
+def test_every_workers_system_metrics_are_logged_at_a_low_rate(completed):
+    events = read_events(completed.events_path)
+    system = events[events["phase"] == "system"].dropna(axis=1, how="all")
+    every = SMALL["logging"]["every_steps"]
+    total = completed.meta()["total_steps"]
+    expected = sorted({every} | set(range(every * 5, total + 1, every * 5)))  # default: 5 events
+    assert system["step"].tolist() == expected
+    for rank in (0, 1):
+        assert (system[f"cpu_percent/rank{rank}"] >= 0).all()
+        assert system[f"memory_gb/rank{rank}"].between(0.1, 64).all()  # a TensorFlow process
+        assert system[f"host_memory_percent/rank{rank}"].between(0, 100, inclusive="right").all()
+    assert not [c for c in system if "rank2" in c or c.startswith("gpu_")]  # 2 CPU workers
+    train_steps = set(events[events["phase"] == "train"]["step"])
+    assert set(system["step"]) <= train_steps  # with a train event, never on its own
+
+
 def test_resumed_run_matches_an_uninterrupted_one(completed, runs):
     run = launcher.launch(from_mapping(SMALL), run_id="interrupted")
     stop_after_the_first_checkpoint_and_resume(run)

@@ -2,7 +2,8 @@
 
 They are the train loop's hooks (``before/after_step`` in detectron2 and LiBai terms). The
 trainer gives them to rank 0 only, except :class:`StopOnNonFiniteLoss`, which every worker runs
-(the weights are identical on all workers, so all of them see a non-finite loss together).
+(the weights are identical on all workers, so all of them see a non-finite loss together), and
+:class:`SystemLogger`, which gathers a sample from every worker.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from toolkit import checkpoints
+from toolkit import checkpoints, system
+from toolkit.distributed import allgather_object
 from toolkit.events import EventWriter
 from toolkit.experiment import rates_at
 from toolkit.noise_scale import Smoother, estimate
@@ -356,6 +358,37 @@ class Checkpointer(keras.callbacks.Callback):
                 checkpoints.Position(done, self.counter.step),
                 residuals=residuals,
             )
+
+
+class SystemLogger(keras.callbacks.Callback):
+    """At step ``first_step`` and every ``every_steps`` steps, a sample of every worker's system
+    metrics (:mod:`toolkit.system`), gathered from all of them (every worker runs this callback,
+    at the same steps) and written by the one with the ``writer`` (rank 0) as a ``system``
+    event."""
+
+    def __init__(
+        self,
+        writer: EventWriter | None,
+        counter: StepCounter,
+        *,
+        first_step: int,
+        every_steps: int,
+        steps_per_epoch: int,
+    ):
+        super().__init__()
+        self.writer, self.counter = writer, counter
+        self.first_step, self.every_steps = first_step, every_steps
+        self.steps_per_epoch = steps_per_epoch
+        self.sampler = system.Sampler()
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.counter.step
+        if step % self.every_steps and step != self.first_step:
+            return
+        samples = allgather_object(self.sampler.sample())
+        if self.writer is not None:
+            record = {"step": step, "epoch": step / self.steps_per_epoch, "phase": "system"}
+            self.writer.write(record | system.event_columns(samples))
 
 
 class StopWhenRequested(keras.callbacks.Callback):

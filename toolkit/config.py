@@ -232,6 +232,9 @@ class LoggingConfig(_Section):
     noise_scale_smoothing: float = Field(
         0.95, ge=0, lt=1, description="EMA decay of the noise scale's |G|² and tr(Σ)"
     )
+    system_every_events: int = Field(
+        5, ge=0, description="workers' CPU, memory and GPU: the first and every n-th train event"
+    )
 
 
 class AllreduceConfig(_Section):

@@ -34,6 +34,10 @@ TITLES = {
     "samples_per_sec": "samples/sec",
     "b_simple": "gradient noise scale B_simple",
     "trust_ratio": "trust ratio per layer",
+    "cpu_percent": "CPU per worker (%, 100 = one core)",
+    "memory_gb": "memory per worker (GB)",
+    "host_memory_percent": "host memory in use (%)",
+    "gpu_memory_gb": "GPU memory per worker (GB)",
 }
 """How a panel is titled, where its column name says it poorly."""
 

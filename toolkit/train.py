@@ -180,7 +180,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         ],
     )
     test_data = test_batches(dataset)
-    counter = callbacks.StepCounter(position.step)
+    counter, logging = callbacks.StepCounter(position.step), config.logging
     hooks = [
         distributed.BroadcastInitialState(),
         counter,
@@ -224,6 +224,16 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
             pairs = zip(logged.grad_sq_step, logged.trace_sigma_step, strict=True)
             noise_scale.continue_from(pairs)
         hooks.append(noise_scale)
+    if logging.system_every_events:  # every worker: each sends its own sample
+        hooks.append(
+            callbacks.SystemLogger(
+                writer if run else None,
+                counter,
+                first_step=logging.every_steps,  # the first train event's step
+                every_steps=logging.every_steps * logging.system_every_events,
+                steps_per_epoch=spe,
+            )
+        )
     if run and world == 1:
         every = config.logging.every_steps
         hooks.append(callbacks.StopWhenRequested(run, counter, every_steps=every))

@@ -9,6 +9,7 @@ from app import charts, data
 from app.axes import X_AXES, x_values
 from app.charts import Series
 from app.data import md_escape
+from toolkit import curves as curves_lib
 from toolkit import launch as launcher
 from toolkit.config import ConfigError
 from toolkit.rundir import LIVE
@@ -156,6 +157,23 @@ def noise_scale(frame) -> None:
     st.plotly_chart(charts.lines(series, title, X_AXES[x_axis], log_y=True, height=300), theme=None)
 
 
+def system_metrics(frame) -> None:
+    """Each worker's CPU, memory (and GPU memory) over training, a curve per rank, two charts a
+    row (``system`` events, :mod:`toolkit.system`)."""
+    rows = data.phase(frame, "system")
+    x = x_values(frame, rows, x_axis, config) if not rows.empty else None
+    if x is None:
+        return
+    st.caption("System, per worker")
+    found = list(curves_lib.panels(rows).items())
+    for start in range(0, len(found), 2):
+        for column, (title, drawn) in zip(st.columns(2), found[start : start + 2], strict=False):
+            series = [Series(c.name.replace("rank", "rank "), x, rows[c.column]) for c in drawn]
+            name = curves_lib.TITLES.get(title, title)
+            with column:
+                st.plotly_chart(charts.lines(series, name, X_AXES[x_axis], height=260), theme=None)
+
+
 @st.fragment(run_every=REFRESH_S if live else None)
 def panel() -> None:
     status = run.status()
@@ -189,6 +207,7 @@ def panel() -> None:
         curves(frame, "samples_per_sec", "samples/sec", phases=("train",))
     traffic(frame)
     noise_scale(frame)
+    system_metrics(frame)
     ratios = data.phase(frame, "trust_ratio")
     if not ratios.empty or (config and config.optimizer.name in ("lars", "lbsgd")):
         figure = charts.trust_heatmap(ratios)

@@ -1,0 +1,51 @@
+"""What a worker's machine is doing, sampled at a low rate (as W&B's system metrics): the
+worker process's CPU use and memory, its host's memory use, and, where it has a GPU, the
+memory TensorFlow holds on it. :class:`toolkit.callbacks.SystemLogger` gathers one sample
+from every worker and rank 0 logs them as a ``system`` event, one column per metric and rank
+(``cpu_percent/rank1``), which the dashboard and the notebooks' live view draw per worker."""
+
+from __future__ import annotations
+
+import psutil
+
+METRICS = ("cpu_percent", "memory_gb", "host_memory_percent", "gpu_memory_gb")
+"""A sample's fields, in order: the process's CPU use since the previous sample (100 per busy
+core), its resident memory, its host's memory in use, and TensorFlow's memory on its GPU
+(absent without one)."""
+
+
+class Sampler:
+    """Samples this process; the first CPU reading counts from the sampler's creation."""
+
+    def __init__(self):
+        self.process = psutil.Process()
+        self.process.cpu_percent(None)  # starts the CPU clock
+
+    def sample(self) -> dict[str, float]:
+        """One sample: :data:`METRICS` (``gpu_memory_gb`` only with a visible GPU)."""
+        found = {
+            "cpu_percent": self.process.cpu_percent(None),
+            "memory_gb": self.process.memory_info().rss / 1e9,
+            "host_memory_percent": psutil.virtual_memory().percent,
+        }
+        if (gpu := _gpu_memory_gb()) is not None:
+            found["gpu_memory_gb"] = gpu
+        return found
+
+
+def _gpu_memory_gb() -> float | None:
+    import tensorflow as tf  # loaded already by a training process
+
+    gpus = tf.config.list_logical_devices("GPU")
+    if not gpus:
+        return None
+    return tf.config.experimental.get_memory_info(gpus[0].name)["current"] / 1e9
+
+
+def event_columns(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Every worker's sample (in rank order) as event columns ``<metric>/rank<r>``."""
+    return {
+        f"{metric}/rank{rank}": value
+        for rank, sample in enumerate(samples)
+        for metric, value in sample.items()
+    }
