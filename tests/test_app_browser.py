@@ -85,3 +85,62 @@ def test_launch_follow_and_compare_in_chromium(server, tmp_path):
     assert shot.stat().st_size > 20_000
     assert (run_dir / "status.json").read_text().count('"completed"') == 1
     assert not errors, errors
+
+
+@pytest.mark.timeout(300)
+def test_every_page_in_chromium_with_a_live_runs_table_and_screenshots(server, tmp_path):
+    """Each page as a browser draws it, from ``/runs`` (an address of its own) to Sweep, with a
+    screenshot of each in ``screenshots/`` for review; the Runs table follows a live run with no
+    click, and no page shows an exception or a page-not-found dialog."""
+    from app.fabricate import fake_run
+    from toolkit.events import EventWriter
+
+    url, runs = server
+    fake_run(runs, "lars-done", events=400, gns_every=20, system_every=40)
+    fake_run(runs, "sgd-failed", events=200, optimizer="sgd", state="failed", seed=1)
+    live = fake_run(runs, "live-run", events=100, state="running", pid=os.getpid(), epochs=10)
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with sync_playwright() as playwright:
+        browser = headless_chromium(playwright)
+        page = browser.new_page(viewport={"width": 1400, "height": 2600})  # a page's whole height
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+
+        page.goto(f"{url}/runs")
+        # the grid is drawn on a canvas; its cells are also in an accessible table
+        expect(page.get_by_role("gridcell", name="9.9 of 10", include_hidden=True)).to_be_attached(
+            timeout=90_000
+        )
+        page.screenshot(path=str(shots / "runs.png"), full_page=True)
+        with EventWriter(live.events_path) as writer:  # the run goes on; nobody touches the page
+            writer.write({"step": 999, "epoch": 9.97, "phase": "train", "loss": 0.1})
+        expect(page.get_by_role("gridcell", name="9.97 of 10", include_hidden=True)).to_be_attached(
+            timeout=15_000
+        )
+
+        for name, heading in (
+            ("detail?run=lars-done", "Run detail"),
+            ("compare", "Compare runs"),
+            ("launch", "Launch a run"),
+            ("sweep", "Sweep"),
+        ):
+            page.goto(f"{url}/{name}")
+            expect(page.get_by_role("heading", name=heading)).to_be_visible(timeout=90_000)
+            if name != "sweep":
+                expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=60_000)
+            page.wait_for_timeout(1500)  # let the charts paint
+            page.screenshot(path=str(shots / f"{name.split('?')[0]}.png"), full_page=True)
+            assert not page.get_by_test_id("stException").count(), name
+            assert not page.get_by_text("Page not found").count(), name
+        browser.close()
+    print(f"screenshots for review: {shots}")
+    assert sorted(p.name for p in shots.iterdir()) == [
+        "compare.png",
+        "detail.png",
+        "launch.png",
+        "runs.png",
+        "sweep.png",
+    ]
+    assert all(p.stat().st_size > 20_000 for p in shots.iterdir())
+    assert not errors, errors

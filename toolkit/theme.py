@@ -17,7 +17,14 @@ COLORS = qualitative.Plotly + qualitative.D3
 """Curve colours in order; a run keeps one of them on every chart (``app.data.colors``)."""
 
 pio.templates[NAME] = go.layout.Template(
-    pio.templates["plotly_white"], layout={"colorway": COLORS, "hovermode": "x"}
+    pio.templates["plotly_white"],
+    layout={
+        "colorway": COLORS,
+        "hovermode": "x",
+        # room for the tick labels and titles whatever the figure's own margins
+        "xaxis": {"automargin": True},
+        "yaxis": {"automargin": True},
+    },
 )
 
 

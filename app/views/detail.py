@@ -191,10 +191,12 @@ def panel() -> None:
     if reading := noise_reading(data.phase(frame, "gns")):
         st.caption(md_escape(reading))
     if config is not None:
-        epochs = frame["epoch"].dropna() if "epoch" in frame else frame.index[:0]
-        epoch = float(epochs.iloc[-1]) if len(epochs) else 0.0
-        done = 1.0 if state == "completed" else min(1.0, max(0.0, epoch / config.epochs))
-        st.progress(done, text=f"epoch {epoch:.2f} of {config.epochs}")
+        epochs = data.phase(frame, "train").get("epoch", frame.index[:0]).dropna()
+        epoch = (
+            config.epochs if state == "completed" else float(epochs.iloc[-1] if len(epochs) else 0)
+        )
+        done = min(1.0, max(0.0, epoch / config.epochs))
+        st.progress(done, text=f"epoch {round(epoch, 2):g} of {config.epochs}")
     if frame.empty:
         st.text("No events yet.")
         return
