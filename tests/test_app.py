@@ -423,6 +423,10 @@ def test_any_config_field_is_a_column_to_filter_sort_and_group_by(three_runs):
     assert groups.loc["lars", "runs"] == len(lars) == 2 and groups.loc["sgd", "runs"] == 1
     assert groups.loc["lars", "mean best eval acc"] == pytest.approx(lars.mean())  # NaN skipped
     assert groups.loc["lars", "max best eval acc"] == pytest.approx(lars.max())
+    by_label(at.selectbox, "Filter by").set_value("optimizer.name").run()
+    by_label(at.multiselect, "optimizer.name is").set_value(["sgd"]).run()
+    assert list(at.dataframe[0].value["run_id"]) == ["beta-sgd"]
+    by_label(at.multiselect, "optimizer.name is").set_value([]).run()
     by_label(at.multiselect, "State").set_value(["completed"]).run()
     assert at.dataframe[1].value.set_index("optimizer.name").loc["lars", "runs"] == 1
 

@@ -133,8 +133,12 @@ def options(**choices) -> st.SearchStrategy[list[str]]:
 
 COMMANDS = {
     "launch": st.tuples(PATHS, options(np=NUMBERS, hosts=HOSTS, hostfile=PATHS, name=RUN_IDS,
-                                       set=OVERRIDES, wait=None)),
-    "runs": st.tuples(st.just(None), options(all=None)),
+                                       set=OVERRIDES, wait=None, tag=WORDS, note=WORDS)),
+    "runs": st.tuples(st.just(None), options(all=None, tag=WORDS, search=WORDS)),
+    "tag": st.tuples(RUN_IDS, st.builds(
+        lambda tags, removed: tags + removed, st.lists(WORDS, max_size=3), options(remove=WORDS)
+    )),
+    "note": st.tuples(RUN_IDS, st.lists(st.one_of(WORDS, st.just("-")), max_size=1)),
     "stop": st.tuples(RUN_IDS, st.just([])),
     "resume": st.tuples(RUN_IDS, options(wait=None)),
     "delete": st.tuples(RUN_IDS, st.just([])),

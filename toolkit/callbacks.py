@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit import checkpoints, system
-from toolkit.distributed import allgather_object
+from toolkit.distributed import allgather_rows
 from toolkit.events import EventWriter
 from toolkit.experiment import rates_at
 from toolkit.noise_scale import Smoother, estimate
@@ -385,7 +385,7 @@ class SystemLogger(keras.callbacks.Callback):
         step = self.counter.step
         if step % self.every_steps and step != self.first_step:
             return
-        samples = allgather_object(self.sampler.sample())
+        samples = allgather_rows(self.sampler.sample(), name="system_metrics")
         if self.writer is not None:
             record = {"step": step, "epoch": step / self.steps_per_epoch, "phase": "system"}
             self.writer.write(record | system.event_columns(samples))

@@ -149,6 +149,14 @@ def allgather_object(value: T) -> list[T]:
     return hvd.allgather_object(value) if size() > 1 else [value]
 
 
+def allgather_rows(row: np.ndarray, name: str | None = None) -> np.ndarray:
+    """Every worker's ``row`` of numbers, stacked in rank order (``(workers, len(row))``, in
+    float64), on every worker: one collective, no pickling. Every worker must call it, in the
+    same order, with the same length."""
+    row = np.asarray(row, dtype=np.float64)[None, :]
+    return hvd.allgather(tf.constant(row), name=name).numpy() if size() > 1 else row
+
+
 def allreduce_mean(value: float | np.ndarray, name: str | None = None) -> float | np.ndarray:
     """The mean of a number or array over all workers (in float64), eagerly.
 

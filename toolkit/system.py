@@ -6,6 +6,7 @@ from every worker and rank 0 logs them as a ``system`` event, one column per met
 
 from __future__ import annotations
 
+import numpy as np
 import psutil
 
 METRICS = ("cpu_percent", "memory_gb", "host_memory_percent", "gpu_memory_gb")
@@ -21,16 +22,17 @@ class Sampler:
         self.process = psutil.Process()
         self.process.cpu_percent(None)  # starts the CPU clock
 
-    def sample(self) -> dict[str, float]:
-        """One sample: :data:`METRICS` (``gpu_memory_gb`` only with a visible GPU)."""
-        found = {
-            "cpu_percent": self.process.cpu_percent(None),
-            "memory_gb": self.process.memory_info().rss / 1e9,
-            "host_memory_percent": psutil.virtual_memory().percent,
-        }
-        if (gpu := _gpu_memory_gb()) is not None:
-            found["gpu_memory_gb"] = gpu
-        return found
+    def sample(self) -> np.ndarray:
+        """One sample: :data:`METRICS` in order (``gpu_memory_gb`` is NaN without a GPU)."""
+        gpu = _gpu_memory_gb()
+        return np.array(
+            [
+                self.process.cpu_percent(None),
+                self.process.memory_info().rss / 1e9,
+                psutil.virtual_memory().percent,
+                np.nan if gpu is None else gpu,
+            ]
+        )
 
 
 def _gpu_memory_gb() -> float | None:
@@ -42,10 +44,12 @@ def _gpu_memory_gb() -> float | None:
     return tf.config.experimental.get_memory_info(gpus[0].name)["current"] / 1e9
 
 
-def event_columns(samples: list[dict[str, float]]) -> dict[str, float]:
-    """Every worker's sample (in rank order) as event columns ``<metric>/rank<r>``."""
+def event_columns(samples: np.ndarray) -> dict[str, float]:
+    """Every worker's sample (a row each, in rank order) as event columns ``<metric>/rank<r>``,
+    leaving out what a worker could not measure (a GPU's memory on a CPU)."""
     return {
-        f"{metric}/rank{rank}": value
+        f"{metric}/rank{rank}": float(value)
         for rank, sample in enumerate(samples)
-        for metric, value in sample.items()
+        for metric, value in zip(METRICS, sample, strict=True)
+        if np.isfinite(value)
     }

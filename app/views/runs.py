@@ -1,5 +1,5 @@
 """Runs: all runs in one table that refreshes while any is live, filtered by state, optimizer,
-tag or text, with any config field as a column and a grouped summary; and for the selected
+tag or text, with any config field as a column to sort, filter or group by; and for the selected
 run: stop, rerun, resume or delete, its tags and notes, its output, config and a config diff."""
 
 import difflib
@@ -113,12 +113,17 @@ optimizers = middle.multiselect("Optimizer", sorted(every["optimizer"].dropna().
 tags = right.multiselect("With tags", known_tags, help="runs that carry all of these tags")
 search = far.text_input("Search", placeholder="run name, tag or note")
 configs = data.config_columns(runs)
-left, right = st.columns([3, 1])
+left, middle, right = st.columns([2, 1, 1])
 fields = left.multiselect(
     "Config columns",
     list(configs.columns),
-    help="any config field as a column: sort by clicking its header, group by it on the right",
+    help="any config field as a column: sort by clicking its header, filter or group by it",
 )
+where = middle.selectbox("Filter by", [None, *fields])
+allowed = []
+if where:
+    values = sorted(configs[where].dropna().astype(str).unique())
+    allowed = middle.multiselect(f"{where} is", values, placeholder="any value")
 group = right.selectbox("Group by", [None, "state", "optimizer", "tags", *fields])
 
 
@@ -133,7 +138,8 @@ def shown(frame: pd.DataFrame) -> pd.DataFrame:
     labelled = [set(tags) <= set(row["tags"]) and rundir.matches(row, search) for row in rows]
     keep &= pd.Series(labelled, index=frame.index, dtype=bool)
     table = frame[keep].reindex(columns=list(COLUMNS))
-    return table.join(configs[fields], on="run_id") if fields else table
+    table = table.join(configs[fields], on="run_id") if fields else table
+    return table[table[where].astype(str).isin(allowed)] if allowed else table
 
 
 def grouped(table: pd.DataFrame) -> pd.DataFrame:
