@@ -96,7 +96,20 @@ def test_stop_ends_a_run_trained_in_a_kernel_without_killing_it_or_its_children(
     door = "Python" if stopper == "this process" else "the CLI"
     assert status["state"] == "stopped"
     assert status["reason"].startswith(f"stopped on request from {door} by "), status
-    assert read_events(run.events_path)["step"].max() < run.meta()["total_steps"]
+    stopped_at = read_events(run.events_path)["step"].max()
+    assert stopped_at < run.meta()["total_steps"]
+    if stopper == "this process":  # resumed here, it trains on: the old stop does not hold
+        thread = threading.Thread(
+            target=train, args=(config, tmp_path / "here"), kwargs={"resume": True}, daemon=True
+        )
+        thread.start()
+        wait_for(lambda: read_events(run.events_path)["step"].max() > stopped_at + 20)
+        status = run.status()
+        assert status["state"] == "running" and not status["stop_requested"], status
+        assert status["reason"] is None and status["finished"] is None, status
+        launcher.stop(run)
+        thread.join(120)
+        assert not thread.is_alive() and run.status()["state"] == "stopped"
 
 
 def test_a_reused_pid_is_not_mistaken_for_the_run(tmp_path):

@@ -76,7 +76,11 @@ def train(
         if run:
             started = run.status().get("started") if resume else None  # a resumed run's clock
             run.record_processes(*workers)
-            run.set_status("running", world_size=world, started=started or time.time())
+            # a run trained here again (a notebook resuming a stopped run) starts afresh;
+            # a launched run was reset by its launch, and a stop asked meanwhile must hold
+            again = dict(stop_requested=False, exit_code=None, reason=None, finished=None)
+            again = again if role == processes.IN_PROCESS else {}
+            run.set_status("running", world_size=world, started=started or time.time(), **again)
             run.update_meta(run_id=run.run_id, **_meta(config, world), **(meta or {}))
         previous_policy = keras.config.dtype_policy()
         keras.config.set_dtype_policy(config.precision)
@@ -102,15 +106,13 @@ def train(
                 else "".join(traceback.format_exception_only(type(error), error)).strip()
             )
             try:
-                run.set_status(
-                    "stopped" if stopped else "failed", reason=reason, finished=time.time()
-                )
+                run.finish("stopped" if stopped else "failed", reason=reason, finished=time.time())
             except (OSError, RunError):  # unrecordable: it reads failed once its processes end
                 pass
         raise
     else:
         if run:
-            run.set_status("completed", exit_code=0, finished=time.time())
+            run.finish("completed", exit_code=0, finished=time.time())
     finally:
         if heartbeat:
             heartbeat.stop()

@@ -18,6 +18,14 @@ REFRESH_S = 2.0
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 SOURCES = ("A sweep file", "Build a grid", "A sweep run here")
 EXAMPLE_GRID = "batch.global_size: [64, 256, 1024]\n"
+CELL_COLUMNS = {  # the cells table's own columns, labelled as the Runs table labels them
+    "run_id": st.column_config.TextColumn("run"),
+    "global_batch": st.column_config.NumberColumn("global batch", format="%d"),
+    "scaled_lr": st.column_config.NumberColumn("scaled lr", format="%.4g"),
+    "total_steps": st.column_config.NumberColumn("steps per worker", format="%d"),
+    "queue_position": st.column_config.NumberColumn("queue", format="%d"),
+    "estimated_s": st.column_config.NumberColumn("estimated (s)", format="%.0f"),
+}
 CONFIRM_CELLS = 20  # a sweep of more cells launches only once asked to twice
 EXAMPLE_METHODS = "linear: {lr_scaling.rule: linear}\nsqrt: {lr_scaling.rule: sqrt}\n"
 
@@ -141,7 +149,12 @@ def progress() -> None:
     )
     shown = cells.assign(state=states["state"], queue_position=states["queue_position"])
     shown["run_id"] = states["run_id"]  # an attempt after a failure has its own id
-    st.dataframe(shown.assign(estimated_s=seconds), hide_index=True, placeholder="")
+    st.dataframe(
+        shown.assign(estimated_s=seconds),
+        hide_index=True,
+        placeholder="",
+        column_config=CELL_COLUMNS,
+    )
     table = sweeps.results(grid, root, events=data.events)
     ended = table[table["state"] != "pending"]
     if ended.empty:
