@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +120,33 @@ def cluster_hosts() -> Iterator[list[str]]:
     finally:
         if not was_up:
             cluster.down()
+
+
+@pytest.fixture(scope="session")
+def two_workers(tmp_path_factory, subprocess_env):
+    """One run of tests/workers/two_workers.py under ``horovodrun -np 2``, shared by every
+    test that checks what two real workers did: each rank's arrays, logs and output folder."""
+    out = tmp_path_factory.mktemp("hvd")
+    worker = ROOT / "tests" / "workers" / "two_workers.py"
+    command = ["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2"]
+    result = subprocess.run(
+        [*command, sys.executable, str(worker), str(out)],
+        check=False,
+        env={**subprocess_env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    ranks = [np.load(out / f"rank{r}.npz") for r in range(2)]
+    infos = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return ranks, infos, out
+
+
+def weights(npz, scenario: str) -> list[np.ndarray]:
+    keys = [k for k in npz.files if k.split("/")[0] == scenario]
+    return [npz[k] for k in sorted(keys, key=lambda k: int(k.split("/")[1]))]
 
 
 @pytest.fixture

@@ -5,16 +5,14 @@ tests/workers/two_workers.py, shared by the tests that need workers) and in this
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
-import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT
+from conftest import ROOT, weights
 
 sys.path.insert(0, str(ROOT / "tests" / "workers"))
 from scenarios import (
@@ -35,31 +33,6 @@ from scenarios import (
 
 from toolkit import distributed
 from toolkit.optimizers import LBSGD, SGD
-
-
-@pytest.fixture(scope="module")
-def two_workers(tmp_path_factory, subprocess_env):
-    out = tmp_path_factory.mktemp("hvd")
-    worker = ROOT / "tests" / "workers" / "two_workers.py"
-    command = ["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2"]
-    result = subprocess.run(
-        [*command, sys.executable, str(worker), str(out)],
-        check=False,
-        env={**subprocess_env, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    ranks = [np.load(out / f"rank{r}.npz") for r in range(2)]
-    infos = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-    return ranks, infos, out
-
-
-def weights(npz, scenario: str) -> list[np.ndarray]:
-    keys = [k for k in npz.files if k.split("/")[0] == scenario]
-    return [npz[k] for k in sorted(keys, key=lambda k: int(k.split("/")[1]))]
 
 
 def reference(steps: int, rows_per_step: int, embedding: bool = False):

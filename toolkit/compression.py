@@ -27,7 +27,9 @@
   each worker keeps what it did not send and adds it to its next gradient before selecting;
   with ``False`` it is dropped. The residual is training state, and per worker:
   :meth:`SparseAllreduce.state` and :meth:`SparseAllreduce.restore` carry it through a
-  checkpoint (training gathers every worker's into it).
+  checkpoint (training gathers every worker's into it), and :func:`reshard_residuals` deals
+  the workers' residuals out to another number of workers (a resume on another world, an
+  elastic reset).
 
 :class:`Traffic` counts the bytes a worker sends, against the dense float32 allreduce of the
 same gradients.
@@ -47,6 +49,7 @@ import tensorflow as tf
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 SPARSE = ("topk", "threshold")
+Residuals = list[list[np.ndarray]]  # per worker, in rank order: that worker's, per gradient
 
 
 class Traffic:
@@ -213,3 +216,23 @@ class SparseAllreduce:
         sizes = [self.residuals[i].shape.num_elements() for i in group]
         for i, part in zip(group, tf.split(left, sizes), strict=True):
             self.residuals[i].assign(tf.reshape(part, self.residuals[i].shape))
+
+
+def reshard_residuals(residuals: Residuals, world: int) -> Residuals:
+    """Deal the committed residuals of ``len(residuals)`` workers out to ``world`` workers.
+
+    The same number of workers: rank ``r`` takes row ``r``. Another number: every worker takes
+    their mean. The rule keeps what the residuals are for exact: the update still owed to the
+    model is the average of the residuals over the workers (what the allreduce would deliver if
+    each sent its whole residual), and ``world`` copies of the mean have the same average. A
+    departed worker's residual is therefore not lost but shared. Rows left empty (no step taken
+    yet) stay empty."""
+    if len(residuals) == world:
+        return [list(row) for row in residuals]
+    if not residuals or not residuals[0]:
+        return [[] for _ in range(world)]
+    mean = [
+        np.mean(arrays, axis=0, dtype=np.float64).astype(arrays[0].dtype)
+        for arrays in zip(*residuals, strict=True)
+    ]
+    return [[a.copy() for a in mean] for _ in range(world)]

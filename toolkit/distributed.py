@@ -208,6 +208,12 @@ class GradientNoiseMeter:
         same updates as in a run that was never interrupted."""
         self._updates.assign(updates)
 
+    @property
+    def variables(self) -> list[tf.Variable]:
+        """Its counters and latest norms: state outside the optimizer, which an elastic run
+        commits (:class:`toolkit.elastic.TrainingState`)."""
+        return [self._updates, self._measured, self._small_sq, self._big_sq]
+
     def read(self) -> tuple[int, float, float]:
         """``(update, small_sq, big_sq)`` of the latest measurement, ``update`` counted from
         1 (0: none yet)."""
@@ -502,7 +508,15 @@ def broadcast_variables(
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
         variables += list(optimizer.variables)
-    hvd.broadcast_variables([v.value for v in variables], root_rank=root_rank)
+    broadcast_values(variables, root_rank)
+
+
+def broadcast_values(variables: list[keras.Variable], root_rank: int = 0) -> None:
+    """Assign rank ``root_rank``'s values to ``variables`` (Keras 3 or TensorFlow variables)
+    on every worker: one grouped broadcast. A no-op with one worker."""
+    if size() > 1:
+        values = [v.value if isinstance(v, keras.Variable) else v for v in variables]
+        hvd.broadcast_variables(values, root_rank=root_rank)
 
 
 class BroadcastInitialState(keras.callbacks.Callback):

@@ -17,6 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit import distributed
+from toolkit.elastic import TrainingState
+from toolkit.noise_scale import Smoother
 from toolkit.optimizers import SGD
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -60,6 +62,11 @@ def compiled(optimizer, variables):
     """``optimizer.apply(grads, variables)`` as a graph, the way ``model.fit`` runs it."""
     optimizer.build(variables)
     return tf.function(lambda grads: optimizer.apply(grads, variables))
+
+
+def state_variables(model: keras.Model) -> list:
+    """What an elastic state holds of ``model``: its weights and its optimizer's variables."""
+    return [*model.weights, *model.optimizer.variables]
 
 
 def main(out: Path) -> None:
@@ -200,6 +207,46 @@ def main(out: Path) -> None:
     info["local_logs"] = local.epochs
     info["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
     distributed.on_rank0(model.save)(out / "fit.keras")
+
+    # The elastic state (toolkit.elastic): sync from rank 0, commit, train on, restore, and
+    # train the same steps again. Momentum, sparsified residuals and the noise meter's counters
+    # all differ per rank before the sync, and the residuals after it.
+    meter = distributed.GradientNoiseMeter(every=3)
+    model = make_model(
+        100 + rank, SGD(0.1, momentum=0.9), compression="topk", ratio=0.1, noise_meter=meter
+    )
+    model.optimizer.build(model.trainable_variables)
+    for velocity in model.optimizer.velocities:
+        velocity.assign(np.full(velocity.shape, 0.01 * (rank + 1), "float32"))
+    meter.continue_from(rank)
+    smoother = Smoother(decay=0.9)
+    smoother.update(1.0 + rank, 2.0 + rank)
+    state = TrainingState(model, variables=meter.variables, smoother=smoother, epoch=rank, batch=7)
+    state.sync()
+    weights["elastic_synced"] = [keras.ops.convert_to_numpy(v) for v in state_variables(model)]
+    info["elastic_synced"] = {"epoch": state.epoch, "smoother": vars(smoother).copy()}
+    info["elastic_synced"]["meter_updates"] = int(meter.variables[0].numpy())
+    train(model, x, y, 2)
+    state.epoch, state.batch = 1, 2
+    state.commit()
+    weights["elastic_committed"] = [keras.ops.convert_to_numpy(v) for v in state_variables(model)]
+    reducer = distributed.sparse_allreduce(model.optimizer)
+    weights["elastic_residual_committed"] = reducer.state()
+    weights["elastic_residual_table"] = [a for row in state.residuals for a in row]
+    train(model, x, y, 2, first_step=2)
+    weights["elastic_ahead"] = [keras.ops.convert_to_numpy(v) for v in state_variables(model)]
+    state.epoch, state.batch = 9, 9
+    smoother.update(100.0, 100.0)
+    state.restore()
+    weights["elastic_restored"] = [keras.ops.convert_to_numpy(v) for v in state_variables(model)]
+    weights["elastic_residual_restored"] = reducer.state()
+    info["elastic_restored"] = {
+        "epoch": state.epoch,
+        "batch": state.batch,
+        "smoother": vars(smoother).copy(),
+    }
+    train(model, x, y, 2, first_step=2)
+    weights["elastic_replayed"] = [keras.ops.convert_to_numpy(v) for v in state_variables(model)]
 
     np.savez(
         out / f"rank{rank}.npz",

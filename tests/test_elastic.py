@@ -1,0 +1,172 @@
+"""toolkit.elastic: the elastic state's save, restore and sync, on one worker (this process) and
+on two (the shared ``horovodrun -np 2`` run of tests/workers/two_workers.py), and the rule that
+deals committed residuals out to a new number of workers, against numpy."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from conftest import weights
+
+from toolkit import distributed
+from toolkit.compression import reshard_residuals as reshard
+from toolkit.elastic import TrainingState
+from toolkit.noise_scale import Smoother
+from toolkit.optimizers import SGD
+
+
+def residual_rows(workers: int, shapes=((3, 2), (4,)), seed=0) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [[rng.normal(size=s).astype("float32") for s in shapes] for _ in range(workers)]
+
+
+# --- reshard ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("before", "after"), [(3, 2), (2, 3), (4, 1), (1, 3)])
+def test_reshard_keeps_the_update_owed_when_the_world_changes(before, after):
+    """What the allreduce still owes the model is the workers' mean residual; a departed
+    worker's share of it is spread over the others, not dropped."""
+    rows = residual_rows(before)
+    dealt = reshard(rows, after)
+    assert len(dealt) == after
+    for i in range(2):
+        owed_before = sum(r[i].astype(np.float64) for r in rows) / before
+        owed_after = sum(r[i].astype(np.float64) for r in dealt) / after
+        np.testing.assert_allclose(owed_after, owed_before, rtol=1e-6, atol=1e-7)
+        assert all(r[i].dtype == np.float32 and r[i].shape == rows[0][i].shape for r in dealt)
+
+
+def test_reshard_to_the_same_world_gives_each_rank_its_own_row():
+    rows = residual_rows(3)
+    dealt = reshard(rows, 3)
+    for got, want in zip(dealt, rows, strict=True):
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_reshard_of_nothing_committed_is_nothing():
+    assert reshard([[], []], 3) == [[], [], []]
+    assert reshard([], 2) == [[], []]
+
+
+# --- one worker -------------------------------------------------------------------------------
+
+
+def one_worker_model(seed=1) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    model.compile(
+        optimizer=distributed.DistributedOptimizer(
+            SGD(0.1, momentum=0.9), compression="topk", ratio=0.2
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    return model
+
+
+def fit_steps(model, steps, first=0):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 5)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    for step in range(first, first + steps):
+        model.train_on_batch(x[8 * step : 8 * step + 8], y[8 * step : 8 * step + 8])
+
+
+def values(model) -> list[np.ndarray]:
+    return [keras.ops.convert_to_numpy(v) for v in [*model.weights, *model.optimizer.variables]]
+
+
+def test_one_worker_restore_undoes_everything_since_the_commit_and_replays_to_the_bit():
+    model = one_worker_model()
+    smoother = Smoother(decay=0.9)
+    state = TrainingState(model, smoother=smoother, epoch=0, batch=0)
+    fit_steps(model, 2)
+    smoother.update(3.0, 4.0)
+    state.epoch, state.batch = 0, 2
+    state.commit()
+    committed, residual = values(model), distributed.sparse_allreduce(model.optimizer).state()
+    assert any(np.any(r != 0) for r in residual)  # topk left something behind
+    assert [len(row) for row in state.residuals] == [len(residual)]
+
+    fit_steps(model, 3, first=2)
+    ahead = values(model)
+    smoother.update(50.0, 60.0)
+    state.epoch, state.batch = 1, 5
+    state.restore()
+
+    assert (state.epoch, state.batch) == (0, 2)
+    committed_smoother = Smoother(decay=0.9)
+    committed_smoother.update(3.0, 4.0)
+    assert smoother == committed_smoother
+    assert all(np.array_equal(a, b) for a, b in zip(values(model), committed, strict=True))
+    restored = distributed.sparse_allreduce(model.optimizer).state()
+    assert all(np.array_equal(a, b) for a, b in zip(restored, residual, strict=True))
+    fit_steps(model, 3, first=2)
+    assert all(np.array_equal(a, b) for a, b in zip(values(model), ahead, strict=True))
+
+
+def test_one_worker_sync_is_a_commit_of_what_it_holds():
+    model = one_worker_model()
+    state = TrainingState(model, epoch=3)
+    fit_steps(model, 1)
+    state.sync()
+    synced = values(model)
+    fit_steps(model, 1, first=1)
+    state.restore()
+    assert all(np.array_equal(a, b) for a, b in zip(values(model), synced, strict=True))
+    assert state.epoch == 3
+
+
+def test_a_state_is_built_without_collectives_and_builds_the_optimizer():
+    """A worker that joins builds its state alone, while the others wait in the sync."""
+    model = one_worker_model()
+    assert not model.optimizer.built
+    state = TrainingState(model)
+    assert model.optimizer.built and state.residuals == []
+
+
+# --- two workers ------------------------------------------------------------------------------
+
+
+def test_two_workers_sync_to_rank0s_state(two_workers):
+    ranks, infos, _ = two_workers
+    synced = [weights(r, "elastic_synced") for r in ranks]
+    assert all(np.array_equal(a, b) for a, b in zip(*synced, strict=True))
+    assert [i["elastic_synced"]["epoch"] for i in infos] == [0, 0]
+    assert [i["elastic_synced"]["meter_updates"] for i in infos] == [0, 0]
+    want = Smoother(decay=0.9)
+    want.update(1.0, 2.0)  # rank 0's
+    assert all(Smoother(**i["elastic_synced"]["smoother"]) == want for i in infos)
+
+
+def test_two_workers_commit_gathers_every_workers_residual(two_workers):
+    ranks, _, _ = two_workers
+    own = [weights(r, "elastic_residual_committed") for r in ranks]
+    assert not all(np.array_equal(a, b) for a, b in zip(*own, strict=True))  # per worker
+    for r in ranks:  # every worker holds the same table: rank 0's row, then rank 1's
+        assert all(
+            np.array_equal(a, b)
+            for a, b in zip(weights(r, "elastic_residual_table"), own[0] + own[1], strict=True)
+        )
+
+
+def test_two_workers_restore_the_commit_and_replay_to_the_bit(two_workers):
+    ranks, infos, _ = two_workers
+    for r, info in zip(ranks, infos, strict=True):
+        committed, restored = weights(r, "elastic_committed"), weights(r, "elastic_restored")
+        assert not all(np.array_equal(a, b) for a, b in zip(committed, weights(r, "elastic_ahead")))
+        assert all(np.array_equal(a, b) for a, b in zip(restored, committed, strict=True))
+        assert all(
+            np.array_equal(a, b)
+            for a, b in zip(
+                weights(r, "elastic_residual_restored"),
+                weights(r, "elastic_residual_committed"),
+                strict=True,
+            )
+        )
+        replayed, ahead = weights(r, "elastic_replayed"), weights(r, "elastic_ahead")
+        assert all(np.array_equal(a, b) for a, b in zip(replayed, ahead, strict=True))
+        assert (info["elastic_restored"]["epoch"], info["elastic_restored"]["batch"]) == (1, 2)
+        assert Smoother(**info["elastic_restored"]["smoother"]).count == 1

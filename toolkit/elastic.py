@@ -1,0 +1,111 @@
+"""The state of an elastic run for Keras 3: what a reset restores and a new worker receives.
+
+Horovod's elastic training (``horovodrun --min-np/--max-np``) keeps a *state* on every worker:
+``commit()`` copies it to host memory (and raises ``HostsUpdatedInterrupt`` when hosts came or
+went), ``restore()`` brings back the last commit after a worker died mid-step
+(``HorovodInternalError``), and ``sync()`` makes every worker, a new one included, equal to rank
+0 after Horovod restarted with the new world. Horovod's ``TensorFlowKerasState`` targets Keras 2
+(``optimizer.variables()`` is a property in Keras 3, and Horovod's ops need ``v.value``);
+:class:`TrainingState` is the same contract on Horovod's ``ObjectState``, over everything a
+bit-for-bit resume restores (:mod:`toolkit.checkpoints`):
+
+- the model's weights (trainable or not) and the optimizer's variables (iteration count,
+  momentum buffers, gradient accumulators), and any ``variables`` outside both (the noise
+  meter's counters);
+- the noise-scale :class:`~toolkit.noise_scale.Smoother`, restored in place, so the callback that
+  holds it goes on from the committed averages;
+- the sparsified allreduce's residuals, which differ per worker: each commit gathers every
+  worker's (one ``allgather``), so a worker that dies takes nothing committed with it; after a
+  reset they are dealt out by :func:`~toolkit.compression.reshard_residuals`;
+- plain Python values given as keywords (the epoch, the batch within it), read and set as
+  attributes, as with ``ObjectState``.
+
+Every worker must commit together (the commit gathers residuals and checks hosts with
+collectives); restore and the reset's own step use no collective, since the world is broken or
+not yet rebuilt when they run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import keras
+from horovod.common.elastic import ObjectState
+
+from toolkit import distributed
+from toolkit.compression import Residuals, reshard_residuals
+from toolkit.noise_scale import Smoother
+
+
+class TrainingState(ObjectState):
+    """The committed state of ``model`` (compiled: its optimizer too) for
+    ``horovod.common.elastic.run_fn``; see the module's docstring for what it holds.
+    ``fields`` become attributes (``state.epoch``) that ``commit``/``restore``/``sync`` cover."""
+
+    def __init__(
+        self,
+        model: keras.Model,
+        *,
+        variables: Sequence[keras.Variable] = (),
+        smoother: Smoother | None = None,
+        **fields,
+    ):
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        self.model, self.smoother = model, smoother
+        self._variables = [*model.weights, *model.optimizer.variables, *variables]
+        self._reducer = distributed.sparse_allreduce(model.optimizer)
+        if self._reducer is not None and not self._reducer.residual:
+            self._reducer = None
+        self._residuals: Residuals = []  # none committed yet: a new worker gets rank 0's
+        self._save_tensors(gather=False)  # no collective: a joining worker builds it alone
+        super().__init__(
+            bcast_object=distributed.broadcast_object, get_rank=distributed.rank, **fields
+        )
+
+    @property
+    def residuals(self) -> Residuals:
+        """Every worker's residuals at the last commit, in that commit's rank order."""
+        return self._residuals
+
+    def save(self) -> None:
+        self._save_tensors()
+        super().save()
+
+    def restore(self) -> None:
+        for variable, value in zip(self._variables, self._values, strict=True):
+            variable.assign(value)
+        if self.smoother is not None:
+            vars(self.smoother).update(vars(self._smoother))
+        self._deal_residuals()
+        super().restore()
+
+    def reset(self) -> None:
+        """After Horovod restarted with a new world, before any sync: this worker's share of
+        the committed residuals for the new world (a reset that skips the sync, when hosts were
+        only removed, has every survivor holding the same committed table)."""
+        self._deal_residuals()
+
+    def sync(self) -> None:
+        distributed.broadcast_values(self._variables)
+        if self.smoother is not None:
+            vars(self.smoother).update(vars(distributed.broadcast_object(self.smoother)))
+        if self._reducer is not None:
+            self._residuals = distributed.broadcast_object(self._residuals)
+            self._deal_residuals()
+        self._save_tensors(gather=False)  # the table stays the committed one
+        super().sync()
+
+    def _save_tensors(self, gather: bool = True) -> None:
+        self._values = [keras.ops.convert_to_numpy(v).copy() for v in self._variables]
+        if self.smoother is not None:
+            self._smoother = dataclasses.replace(self.smoother)
+        if gather and self._reducer is not None:
+            self._residuals = distributed.allgather_object(self._reducer.state())
+
+    def _deal_residuals(self) -> None:
+        if self._reducer is not None and self._residuals:
+            share = reshard_residuals(self._residuals, distributed.size())[distributed.rank()]
+            if share:
+                self._reducer.restore(share)
