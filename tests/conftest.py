@@ -122,23 +122,29 @@ def cluster_hosts() -> Iterator[list[str]]:
             cluster.down()
 
 
+def run_workers(script: str, out: Path, env: dict, *options: str, timeout: float = 240):
+    """``horovodrun --gloo -np 2 OPTIONS python tests/workers/SCRIPT OUT``; asserts that it
+    succeeded and returns the finished process (its output)."""
+    worker = ROOT / "tests" / "workers" / script
+    result = subprocess.run(
+        ["horovodrun", "--gloo", "-np", "2", *options, sys.executable, str(worker), str(out)],
+        check=False,
+        env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
 @pytest.fixture(scope="session")
 def two_workers(tmp_path_factory, subprocess_env):
     """One run of tests/workers/two_workers.py under ``horovodrun -np 2``, shared by every
     test that checks what two real workers did: each rank's arrays, logs and output folder."""
     out = tmp_path_factory.mktemp("hvd")
-    worker = ROOT / "tests" / "workers" / "two_workers.py"
-    command = ["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2"]
-    result = subprocess.run(
-        [*command, sys.executable, str(worker), str(out)],
-        check=False,
-        env={**subprocess_env, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    run_workers("two_workers.py", out, subprocess_env, "-H", "localhost:2")
     ranks = [np.load(out / f"rank{r}.npz") for r in range(2)]
     infos = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     return ranks, infos, out

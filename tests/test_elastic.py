@@ -1,17 +1,21 @@
 """toolkit.elastic: the elastic state's save, restore and sync, on one worker (this process) and
-on two (the shared ``horovodrun -np 2`` run of tests/workers/two_workers.py), and the rule that
-deals committed residuals out to a new number of workers, against numpy."""
+on two (the shared ``horovodrun -np 2`` run of tests/workers/two_workers.py); the rule that
+deals committed residuals out to a new number of workers, against numpy; and a real elastic
+``horovodrun`` that loses a worker mid-epoch and ends where one process taking the same global
+batches ends (tests/workers/elastic_worker.py)."""
 
 from __future__ import annotations
+
+import json
+import sys
 
 import keras
 import numpy as np
 import pytest
-from conftest import weights
+from conftest import ROOT, run_workers, weights
 
-from toolkit import distributed
+from toolkit import distributed, elastic
 from toolkit.compression import reshard_residuals as reshard
-from toolkit.elastic import TrainingState
 from toolkit.noise_scale import Smoother
 from toolkit.optimizers import SGD
 
@@ -81,7 +85,7 @@ def values(model) -> list[np.ndarray]:
 def test_one_worker_restore_undoes_everything_since_the_commit_and_replays_to_the_bit():
     model = one_worker_model()
     smoother = Smoother(decay=0.9)
-    state = TrainingState(model, smoother=smoother, epoch=0, batch=0)
+    state = elastic.TrainingState(model, smoother=smoother, epoch=0, batch=0)
     fit_steps(model, 2)
     smoother.update(3.0, 4.0)
     state.epoch, state.batch = 0, 2
@@ -109,7 +113,7 @@ def test_one_worker_restore_undoes_everything_since_the_commit_and_replays_to_th
 
 def test_one_worker_sync_is_a_commit_of_what_it_holds():
     model = one_worker_model()
-    state = TrainingState(model, epoch=3)
+    state = elastic.TrainingState(model, epoch=3)
     fit_steps(model, 1)
     state.sync()
     synced = values(model)
@@ -123,8 +127,44 @@ def test_a_state_is_built_without_collectives_and_builds_the_optimizer():
     """A worker that joins builds its state alone, while the others wait in the sync."""
     model = one_worker_model()
     assert not model.optimizer.built
-    state = TrainingState(model)
+    state = elastic.TrainingState(model)
     assert model.optimizer.built and state.residuals == []
+
+
+def test_the_committer_counts_on_from_a_resumed_batch_and_commits_every_n_and_at_epoch_end():
+    model = one_worker_model()
+    state = elastic.TrainingState(model, epoch=2, batch=4)  # a fit resuming epoch 2 after 4 batches
+    commits = []
+    state.commit = lambda: commits.append((state.epoch, state.batch))  # a spy: it saves nothing
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 5)).astype("float32"), rng.integers(0, 2, 32)
+    model.fit(  # 8 more batches of 4: batches 5 .. 12 of the epoch
+        x,
+        y,
+        batch_size=4,
+        initial_epoch=2,
+        epochs=3,
+        verbose=0,
+        callbacks=[elastic.Committer(state, every_steps=3)],
+    )
+    assert commits == [(2, 6), (2, 9), (2, 12), (3, 0)]
+    assert (state.epoch, state.batch) == (3, 0)
+    with pytest.raises(ValueError, match="every_steps must be >= 1"):
+        elastic.Committer(state, every_steps=0)
+
+
+def test_an_elastic_worker_always_reduces_in_float32_even_alone(monkeypatch):
+    """It may grow, so the allreduce is there with one worker; the modes that depend on a fixed
+    number of workers are refused, naming them."""
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    assert distributed.elastic() and distributed.size() == 1
+    optimizer = distributed.DistributedOptimizer(SGD(0.1))
+    assert distributed.traffic(optimizer) is not None  # the allreduce hook is installed
+    for options in ({"compression": "topk"}, {"compression": "fp16"}, {"sync": "local_sgd"}):
+        with pytest.raises(ValueError, match="an elastic run averages every gradient"):
+            distributed.DistributedOptimizer(SGD(0.1), **options)
+    monkeypatch.delenv("HOROVOD_ELASTIC")
+    assert distributed.traffic(distributed.DistributedOptimizer(SGD(0.1))) is None
 
 
 # --- two workers ------------------------------------------------------------------------------
@@ -170,3 +210,60 @@ def test_two_workers_restore_the_commit_and_replay_to_the_bit(two_workers):
         assert all(np.array_equal(a, b) for a, b in zip(replayed, ahead, strict=True))
         assert (info["elastic_restored"]["epoch"], info["elastic_restored"]["batch"]) == (1, 2)
         assert Smoother(**info["elastic_restored"]["smoother"]).count == 1
+
+
+# --- a lost worker, under elastic horovodrun ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lost_worker(tmp_path_factory, subprocess_env):
+    """Two hosts with a slot each (``localhost`` and ``127.0.0.1``: both this machine, two
+    names to Horovod), the second one's worker killed mid-epoch."""
+    out = tmp_path_factory.mktemp("elastic")
+    discover = out / "discover.sh"
+    discover.write_text("#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
+    discover.chmod(0o755)
+    options = ["--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover)]
+    result = run_workers("elastic_worker.py", out, subprocess_env, *options, timeout=300)
+    with np.load(out / "survivor.npz") as saved:
+        final = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    return json.loads((out / "survivor.json").read_text()), final, result.stdout
+
+
+def test_a_lost_worker_does_not_end_the_run(lost_worker):
+    sys.path.insert(0, str(ROOT / "tests" / "workers"))
+    from elastic_worker import COMMIT_EVERY, DIE_AT, EPOCHS, STEPS_PER_EPOCH
+
+    survivor, _, stdout = lost_worker
+    assert "exit with status code 137" in stdout  # the second host's worker really died
+    last_commit = (DIE_AT[0], DIE_AT[1] // COMMIT_EVERY * COMMIT_EVERY)
+    starts = [tuple(s) for s in survivor["starts"]]
+    assert starts == [(0, 0, 2), (1, 0, 2), (*last_commit, 1), (2, 0, 1)]
+    ran = [tuple(r) for r in survivor["ran"]]
+    every_step = [(e, b) for e in range(EPOCHS) for b in range(STEPS_PER_EPOCH)]
+    repeated = [(last_commit[0], b) for b in range(last_commit[1], DIE_AT[1])]
+    assert sorted((e, b) for e, b, _ in ran) == sorted(every_step + repeated)
+    worlds = [w for _, _, w in ran]
+    alone = worlds.index(1)  # two workers up to the loss, then one, from the last commit
+    assert set(worlds[:alone]) == {2} and set(worlds[alone:]) == {1}
+    assert ran[alone - 1][:2] == (DIE_AT[0], DIE_AT[1] - 1) and ran[alone][:2] == last_commit
+
+
+def test_a_run_that_lost_a_worker_ends_as_one_process_on_the_same_global_batches(lost_worker):
+    """The global batch is fixed: the survivor takes the whole batch the two shared, so the
+    steps (the three replayed after the restore included) are one process's steps."""
+    sys.path.insert(0, str(ROOT / "tests" / "workers"))
+    from elastic_worker import EPOCHS, STEPS_PER_EPOCH
+    from scenarios import GLOBAL_BATCH, global_data, make_model, sgd
+
+    _, final, _ = lost_worker
+    x, y = global_data()
+    model = make_model(100, sgd())  # rank 0's start: the first sync gave it to every worker
+    for _ in range(EPOCHS):
+        for step in range(STEPS_PER_EPOCH):
+            rows = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+            model.train_on_batch(x[rows], y[rows])
+    want = model.get_weights()
+    assert len(final) == len(want) > 0
+    for got, expected in zip(final, want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -102,6 +102,18 @@ def init() -> None:
             _log.warning("GPU not pinned to local rank: %s", error)
 
 
+def restart() -> None:
+    """Shut Horovod down and start it again, with the workers the elastic driver has now."""
+    hvd.shutdown()
+    hvd.init()
+
+
+def elastic() -> bool:
+    """Whether this process is a worker of an elastic run (``horovodrun --min-np/--max-np``),
+    whose number of workers may change while it trains."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
 def rank() -> int:
     """This worker's rank, 0 .. size() - 1."""
     init()
@@ -268,7 +280,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
 
     ``backward_passes_per_step=N`` sets Keras's ``gradient_accumulation_steps``: N calls
     accumulate local gradients, the N-th reduces their mean once and applies it (so
-    ``optimizer.iterations`` counts updates). With ``size() == 1`` no collective is added; the
+    ``optimizer.iterations`` counts updates). With ``size() == 1`` no collective is added
+    (except in an elastic run, which may grow; it takes the float32 allreduce only); the
     sparse modes still select (and keep residuals), so one worker trains as its share would.
 
     A ``LossScaleOptimizer`` is wrapped as a whole: the inner optimizer allreduces and
@@ -283,6 +296,12 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         raise ValueError(
             f"sync={sync!r} averages parameters, not gradients: it takes no compression and "
             "no backward_passes_per_step"
+        )
+    if elastic() and (compression != "none" or sync != "full"):
+        raise ValueError(
+            "an elastic run averages every gradient in float32 (compression='none', "
+            f"sync='full'), got compression={compression!r}, sync={sync!r}: the other modes "
+            "depend on a fixed number of workers"
         )
     if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
         raise ValueError(
@@ -306,9 +325,10 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
             backward_passes_per_step=backward_passes_per_step,
             noise_meter=noise_meter,
         )
-        if size() > 1:
+        if size() > 1 or elastic():
             _make_finite_check_global(optimizer)
         return optimizer
+    many = size() > 1 or elastic()  # an elastic run may grow: it always reduces
     traffic = compression_lib.Traffic()
     reduce = _reducer(**wire, traffic=traffic)  # checks the values, with any number of workers
     averaging = None
@@ -328,17 +348,15 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     if averaging is not None:
         if hasattr(optimizer, "batch_scale"):
             raise ValueError(f"sync={sync!r}: {type(optimizer).__name__} accumulates gradients")
-        if size() > 1:
+        if many:
             _average_after_update(optimizer, averaging)
             if noise_meter is not None:  # the hook only measures: the gradient stays local
                 _allreduce_before_clipping(optimizer, lambda grads: grads, noise_meter, False)
     elif sparse is not None:  # changes the update, even alone
-        _allreduce_before_clipping(
-            optimizer, sparse, noise_meter if size() > 1 else None, mean=False
-        )
-    elif size() > 1:
+        _allreduce_before_clipping(optimizer, sparse, noise_meter if many else None, mean=False)
+    elif many:
         _allreduce_before_clipping(optimizer, reduce, noise_meter)
-    if sparse is not None or size() > 1:
+    if sparse is not None or many:
         _WIRING[optimizer] = _Wiring(traffic, sparse)
     return optimizer
 

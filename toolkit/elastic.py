@@ -28,14 +28,44 @@ not yet rebuilt when they run.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import keras
-from horovod.common.elastic import ObjectState
+import tensorflow as tf
+from horovod.common.elastic import ObjectState, run_fn
+from horovod.common.exceptions import HorovodInternalError
 
 from toolkit import distributed
 from toolkit.compression import Residuals, reshard_residuals
 from toolkit.noise_scale import Smoother
+
+T = TypeVar("T")
+
+
+def run(fit: Callable[..., T]) -> Callable[..., T]:
+    """``fit(state, ...)`` run elastically: Horovod's loop (``horovod.common.elastic.run_fn``)
+    syncs ``state`` from rank 0 and calls ``fit``; when a worker dies it restores the last
+    commit, restarts Horovod with the workers left and calls ``fit`` again, and when hosts come
+    or go it does the same from the commit that noticed them. ``fit`` goes on from the
+    position the state holds, and must not call a collective before its first step.
+
+    A Horovod collective that failed inside TensorFlow is a lost worker, whatever its op: the
+    grouped allreduce and allgather of :func:`toolkit.distributed.DistributedOptimizer`
+    included, which ``hvd.elastic.run`` does not recognise (it looks for
+    ``HorovodAllreduce``, ``HorovodAllgather`` or ``HorovodBroadcast`` in the message)."""
+
+    @functools.wraps(fit)
+    def horovod_errors_as_lost_workers(state, *args, **kwargs):
+        try:
+            return fit(state, *args, **kwargs)
+        except tf.errors.OpError as error:
+            if "Horovod" not in error.message:
+                raise
+            raise HorovodInternalError(error) from error
+
+    return run_fn(horovod_errors_as_lost_workers, distributed.restart)
 
 
 class TrainingState(ObjectState):
@@ -109,3 +139,28 @@ class TrainingState(ObjectState):
             share = reshard_residuals(self._residuals, distributed.size())[distributed.rank()]
             if share:
                 self._reducer.restore(share)
+
+
+class Committer(keras.callbacks.Callback):
+    """Keeps ``state.epoch`` and ``state.batch`` (batches done in that epoch) up to date as
+    ``fit`` trains, and commits ``state`` every ``every_steps`` batches and at each epoch's end.
+    A ``fit`` that starts at ``state.batch`` (a resumed epoch) counts on from there."""
+
+    def __init__(self, state: TrainingState, every_steps: int):
+        super().__init__()
+        if every_steps < 1:
+            raise ValueError(f"every_steps must be >= 1, got {every_steps}")
+        self.state, self.every_steps = state, every_steps
+        self._first = 0
+
+    def on_train_begin(self, logs=None):
+        self._first = self.state.batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        before, self.state.batch = self.state.batch, self._first + batch + 1
+        if self.state.batch // self.every_steps > before // self.every_steps:
+            self.state.commit()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.epoch, self.state.batch, self._first = epoch + 1, 0, 0
+        self.state.commit()
