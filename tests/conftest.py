@@ -122,12 +122,24 @@ def cluster_hosts() -> Iterator[list[str]]:
             cluster.down()
 
 
-def run_workers(script: str, out: Path, env: dict, *options: str, timeout: float = 240):
-    """``horovodrun --gloo -np 2 OPTIONS python tests/workers/SCRIPT OUT``; asserts that it
-    succeeded and returns the finished process (its output)."""
+def run_workers(
+    script: str, out: Path, env: dict, *options: str, args: tuple = (), timeout: float = 240
+):
+    """``horovodrun --gloo -np 2 OPTIONS python tests/workers/SCRIPT OUT ARGS``; asserts that
+    it succeeded and returns the finished process (its output)."""
     worker = ROOT / "tests" / "workers" / script
     result = subprocess.run(
-        ["horovodrun", "--gloo", "-np", "2", *options, sys.executable, str(worker), str(out)],
+        [
+            "horovodrun",
+            "--gloo",
+            "-np",
+            "2",
+            *options,
+            sys.executable,
+            str(worker),
+            str(out),
+            *args,
+        ],
         check=False,
         env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
         cwd=ROOT,

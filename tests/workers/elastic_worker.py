@@ -1,5 +1,5 @@
 """Run under ``horovodrun --min-np 1 --max-np 2`` with one slot on each of two hosts: an elastic
-fit that loses a worker (the one started on the second host kills itself, as a preempted
+fit that loses a worker (the one started on host ``DOOMED`` kills itself, as a preempted
 machine would, before batch ``DIE_AT``) and goes on alone at the same global batch.
 
 Step ``s`` of an epoch is global rows ``s*B .. (s+1)*B`` (``B = GLOBAL_BATCH``), split evenly
@@ -7,7 +7,7 @@ over the workers there are, so the run sees the same global batches as one proce
 them whole. The survivor writes ``<out>/survivor.json`` (every step it ran, with the world
 size, and where each ``fit`` call started) and ``<out>/survivor.npz`` (the final weights).
 
-    python elastic_worker.py OUT
+    python elastic_worker.py OUT DOOMED
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ STEPS_PER_EPOCH = len(X) // GLOBAL_BATCH
 
 
 class Steps(keras.callbacks.Callback):
-    """Records ``(epoch, batch, workers)`` of every step; the second host's first worker
-    dies before ``DIE_AT``."""
+    """Records ``(epoch, batch, workers)`` of every step; a doomed worker dies before
+    ``DIE_AT``."""
 
     def __init__(self, state: elastic.TrainingState, ran: list, doomed: bool):
         super().__init__()
@@ -48,9 +48,9 @@ class Steps(keras.callbacks.Callback):
         self.ran.append((self.state.epoch, self.state.batch - 1, distributed.size()))
 
 
-def main(out: Path) -> None:
+def main(out: Path, doomed_host: str) -> None:
     distributed.init()
-    doomed = os.environ["HOROVOD_HOSTNAME"] != "localhost"
+    doomed = os.environ["HOROVOD_HOSTNAME"] == doomed_host
     model = make_model(100 + distributed.rank(), sgd())  # different until the first sync
     state = elastic.TrainingState(model, epoch=0, batch=0)
     ran, starts = [], []
@@ -84,4 +84,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2])
