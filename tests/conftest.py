@@ -123,23 +123,20 @@ def cluster_hosts() -> Iterator[list[str]]:
 
 
 def run_workers(
-    script: str, out: Path, env: dict, *options: str, args: tuple = (), timeout: float = 240
+    script: str,
+    out: Path,
+    env: dict,
+    *options: str,
+    workers: int = 2,
+    args: tuple = (),
+    timeout: float = 240,
 ):
-    """``horovodrun --gloo -np 2 OPTIONS python tests/workers/SCRIPT OUT ARGS``; asserts that
-    it succeeded and returns the finished process (its output)."""
+    """``horovodrun --gloo -np WORKERS OPTIONS python tests/workers/SCRIPT OUT ARGS``; asserts
+    that it succeeded and returns the finished process (its output)."""
     worker = ROOT / "tests" / "workers" / script
+    command = ["horovodrun", "--gloo", "-np", str(workers), *options]
     result = subprocess.run(
-        [
-            "horovodrun",
-            "--gloo",
-            "-np",
-            "2",
-            *options,
-            sys.executable,
-            str(worker),
-            str(out),
-            *args,
-        ],
+        [*command, sys.executable, str(worker), str(out), *args],
         check=False,
         env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"},
         cwd=ROOT,

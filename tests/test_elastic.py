@@ -213,41 +213,86 @@ def test_two_workers_restore_the_commit_and_replay_to_the_bit(two_workers):
         assert Smoother(**info["elastic_restored"]["smoother"]).count == 1
 
 
-# --- a lost worker, under elastic horovodrun ----------------------------------------------------
+# --- a world that changes, under elastic horovodrun on the namespace cluster ---------------------
+
+sys.path.insert(0, str(ROOT / "tests" / "workers"))
+from elastic_worker import COMMIT_EVERY, DIE_AT, EPOCHS, GROW_AT, STEPS_PER_EPOCH  # noqa: E402
+from scenarios import GLOBAL_BATCH, global_data, make_model, sgd  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def lost_worker(cluster_hosts, tmp_path_factory, subprocess_env):
-    """An elastic run on two hosts of the namespace cluster, one slot each, reached over ssh;
-    the worker on the second host is killed mid-epoch."""
-    out = tmp_path_factory.mktemp("elastic")
-    survivor_host, doomed_host = cluster_hosts[:2]
+def elastic_run(out, env, scenario: str, first_hosts: list[str], host: str):
+    """tests/workers/elastic_worker.py SCENARIO HOST under elastic horovodrun, one slot per host,
+    the hosts read from ``out/hosts`` by the discovery script; each rank's steps and weights."""
+    (out / "hosts").write_text("".join(f"{h}:1\n" for h in first_hosts))
     discover = out / "discover.sh"
-    discover.write_text(f"#!/bin/sh\necho {survivor_host}:1\necho {doomed_host}:1\n")
+    discover.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n")
     discover.chmod(0o755)
     options = ["--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover)]
     options += ["--network-interfaces", cluster.INTERFACE]
     result = run_workers(
-        "elastic_worker.py", out, subprocess_env, *options, args=(doomed_host,), timeout=300
+        "elastic_worker.py",
+        out,
+        env,
+        *options,
+        workers=len(first_hosts),
+        args=(scenario, host),
+        timeout=300,
     )
-    with np.load(out / "survivor.npz") as saved:
-        final = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    return json.loads((out / "survivor.json").read_text()), final, result.stdout
+    ranks = {}
+    for path in sorted(out.glob("rank*.json")):
+        with np.load(path.with_suffix(".npz")) as saved:
+            final = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        ranks[int(path.stem[4:])] = (json.loads(path.read_text()), final)
+    return ranks, result.stdout
+
+
+@pytest.fixture(scope="module")
+def lost_worker(cluster_hosts, tmp_path_factory, subprocess_env):
+    """Two hosts; the worker on the second is killed mid-epoch."""
+    out = tmp_path_factory.mktemp("lose")
+    return elastic_run(out, subprocess_env, "lose", cluster_hosts[:2], cluster_hosts[1])
+
+
+@pytest.fixture(scope="module")
+def grown_worker(cluster_hosts, tmp_path_factory, subprocess_env):
+    """One host; the second is added to the discovery output mid-epoch."""
+    out = tmp_path_factory.mktemp("grow")
+    return elastic_run(out, subprocess_env, "grow", cluster_hosts[:1], cluster_hosts[1])
+
+
+def one_process_weights() -> list[np.ndarray]:
+    """Rank 0's start (the first sync gives it to every worker), trained on every global
+    batch in order by one process."""
+    x, y = global_data()
+    model = make_model(100, sgd())
+    for _ in range(EPOCHS):
+        for step in range(STEPS_PER_EPOCH):
+            rows = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+            model.train_on_batch(x[rows], y[rows])
+    return model.get_weights()
+
+
+def assert_weights_equal_one_process(final: list[np.ndarray]) -> None:
+    want = one_process_weights()
+    assert len(final) == len(want) > 0
+    for got, expected in zip(final, want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+EVERY_STEP = [(e, b) for e in range(EPOCHS) for b in range(STEPS_PER_EPOCH)]
 
 
 def test_a_lost_worker_does_not_end_the_run(lost_worker):
-    sys.path.insert(0, str(ROOT / "tests" / "workers"))
-    from elastic_worker import COMMIT_EVERY, DIE_AT, EPOCHS, STEPS_PER_EPOCH
-
-    survivor, _, stdout = lost_worker
+    ranks, stdout = lost_worker
     assert re.search(r"Process \d exit with status code 255", stdout)  # ssh's: it was killed
+    assert list(ranks) == [0]  # the survivor, rank 0 of the world it ended in
+    survivor, _ = ranks[0]
     last_commit = (DIE_AT[0], DIE_AT[1] // COMMIT_EVERY * COMMIT_EVERY)
     starts = [tuple(s) for s in survivor["starts"]]
     assert starts == [(0, 0, 2), (1, 0, 2), (*last_commit, 1), (2, 0, 1)]
     ran = [tuple(r) for r in survivor["ran"]]
-    every_step = [(e, b) for e in range(EPOCHS) for b in range(STEPS_PER_EPOCH)]
     repeated = [(last_commit[0], b) for b in range(last_commit[1], DIE_AT[1])]
-    assert sorted((e, b) for e, b, _ in ran) == sorted(every_step + repeated)
+    assert sorted((e, b) for e, b, _ in ran) == sorted(EVERY_STEP + repeated)
     worlds = [w for _, _, w in ran]
     alone = worlds.index(1)  # two workers up to the loss, then one, from the last commit
     assert set(worlds[:alone]) == {2} and set(worlds[alone:]) == {1}
@@ -257,18 +302,26 @@ def test_a_lost_worker_does_not_end_the_run(lost_worker):
 def test_a_run_that_lost_a_worker_ends_as_one_process_on_the_same_global_batches(lost_worker):
     """The global batch is fixed: the survivor takes the whole batch the two shared, so the
     steps (the three replayed after the restore included) are one process's steps."""
-    sys.path.insert(0, str(ROOT / "tests" / "workers"))
-    from elastic_worker import EPOCHS, STEPS_PER_EPOCH
-    from scenarios import GLOBAL_BATCH, global_data, make_model, sgd
+    ranks, _ = lost_worker
+    assert_weights_equal_one_process(ranks[0][1])
 
-    _, final, _ = lost_worker
-    x, y = global_data()
-    model = make_model(100, sgd())  # rank 0's start: the first sync gave it to every worker
-    for _ in range(EPOCHS):
-        for step in range(STEPS_PER_EPOCH):
-            rows = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
-            model.train_on_batch(x[rows], y[rows])
-    want = model.get_weights()
-    assert len(final) == len(want) > 0
-    for got, expected in zip(final, want, strict=True):
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+def test_a_host_added_to_the_discovery_joins_at_the_next_commit_and_nothing_is_lost(grown_worker):
+    ranks, _ = grown_worker
+    assert sorted(ranks) == [0, 1]
+    (first, _), (joiner, _) = ranks[0], ranks[1]
+    ran = [tuple(r) for r in first["ran"]]
+    assert sorted((e, b) for e, b, _ in ran) == EVERY_STEP  # no step lost or repeated
+    worlds = [w for _, _, w in ran]
+    grown = worlds.index(2)
+    assert set(worlds[:grown]) == {1} and set(worlds[grown:]) == {2}
+    at = ran[grown][:2]
+    assert at > GROW_AT and at[1] % COMMIT_EVERY == 0  # at a commit after the host was added
+    assert [tuple(s) for s in joiner["starts"]][0] == (*at, 2)  # it starts where the state is
+    assert [tuple(r) for r in joiner["ran"]] == ran[grown:]
+
+
+def test_a_grown_run_ends_as_one_process_on_the_same_global_batches(grown_worker):
+    ranks, _ = grown_worker
+    for _, final in ranks.values():
+        assert_weights_equal_one_process(final)

@@ -1,13 +1,18 @@
-"""Run under ``horovodrun --min-np 1 --max-np 2`` with one slot on each of two hosts: an elastic
-fit that loses a worker (the one started on host ``DOOMED`` kills itself, as a preempted
-machine would, before batch ``DIE_AT``) and goes on alone at the same global batch.
+"""Run under ``horovodrun --min-np 1 --max-np 2`` with one slot per host, hosts from the
+discovery script: an elastic fit at a fixed global batch whose world changes mid-run.
+
+- ``lose HOST``: two hosts; the worker on ``HOST`` kills itself (SIGKILL, as a preempted
+  machine would) before batch ``DIE_AT``, and the other goes on alone.
+- ``grow HOST``: one host at first; before batch ``GROW_AT`` rank 0 appends ``HOST:1`` to
+  ``OUT/hosts`` (what the discovery script prints), and a worker started there joins at a
+  commit. Steps are slowed to ``GROW_STEP_S`` so that training is still going when it does.
 
 Step ``s`` of an epoch is global rows ``s*B .. (s+1)*B`` (``B = GLOBAL_BATCH``), split evenly
 over the workers there are, so the run sees the same global batches as one process taking
-them whole. The survivor writes ``<out>/survivor.json`` (every step it ran, with the world
-size, and where each ``fit`` call started) and ``<out>/survivor.npz`` (the final weights).
+them whole. At the end each worker writes ``OUT/rank<r>.json`` (every step it ran, with the
+world size, and where each ``fit`` call started) and ``OUT/rank<r>.npz`` (its final weights).
 
-    python elastic_worker.py OUT DOOMED
+    python elastic_worker.py OUT lose|grow HOST
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import keras
@@ -28,32 +34,41 @@ from scenarios import GLOBAL_BATCH, global_data, make_model, sgd
 
 EPOCHS, COMMIT_EVERY = 3, 5
 DIE_AT = (1, 8)  # (epoch, batch): three batches after the commit at batch 5
+GROW_AT, GROW_STEP_S = (0, 6), 0.1
 X, Y = global_data()
 STEPS_PER_EPOCH = len(X) // GLOBAL_BATCH
 
 
-class Steps(keras.callbacks.Callback):
-    """Records ``(epoch, batch, workers)`` of every step; a doomed worker dies before
-    ``DIE_AT``."""
+class Scenario(keras.callbacks.Callback):
+    """Records ``(epoch, batch, workers)`` of every step, and acts the scenario out."""
 
-    def __init__(self, state: elastic.TrainingState, ran: list, doomed: bool):
+    def __init__(self, state: elastic.TrainingState, ran: list, scenario: str, host: str):
         super().__init__()
-        self.state, self.ran, self.doomed = state, ran, doomed
+        self.state, self.ran = state, ran
+        self.scenario, self.host, self.grown = scenario, host, False
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.doomed and (self.state.epoch, self.state.batch) == DIE_AT:
+        here, on_host = (self.state.epoch, self.state.batch), os.environ["HOROVOD_HOSTNAME"]
+        if self.scenario == "lose" and here == DIE_AT and on_host == self.host:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.scenario == "grow":
+            time.sleep(GROW_STEP_S)
+            if here == GROW_AT and distributed.rank() == 0 and not self.grown:
+                self.grown = True
+                with (OUT / "hosts").open("a") as hosts:
+                    hosts.write(f"{self.host}:1\n")
 
-    def on_train_batch_end(self, batch, logs=None):  # after the Committer: the batch is counted
-        self.ran.append((self.state.epoch, self.state.batch - 1, distributed.size()))
+    def on_train_batch_end(self, batch, logs=None):  # before the Committer counts the batch
+        self.ran.append((self.state.epoch, self.state.batch, distributed.size()))
 
 
-def main(out: Path, doomed_host: str) -> None:
+def main(scenario: str, host: str) -> None:
     distributed.init()
-    doomed = os.environ["HOROVOD_HOSTNAME"] == doomed_host
     model = make_model(100 + distributed.rank(), sgd())  # different until the first sync
     state = elastic.TrainingState(model, epoch=0, batch=0)
     ran, starts = [], []
+    # the Committer last: a commit that finds the hosts changed ends the step's callbacks
+    hooks = [Scenario(state, ran, scenario, host), elastic.Committer(state, COMMIT_EVERY)]
 
     @elastic.run
     def fit(state: elastic.TrainingState) -> None:
@@ -75,13 +90,15 @@ def main(out: Path, doomed_host: str) -> None:
                 epochs=state.epoch + 1,
                 shuffle=False,
                 verbose=0,
-                callbacks=[elastic.Committer(state, COMMIT_EVERY), Steps(state, ran, doomed)],
+                callbacks=hooks,
             )
 
     fit(state)
-    (out / "survivor.json").write_text(json.dumps({"ran": ran, "starts": starts}))
-    np.savez(out / "survivor.npz", *model.get_weights())
+    rank = distributed.rank()
+    (OUT / f"rank{rank}.json").write_text(json.dumps({"ran": ran, "starts": starts}))
+    np.savez(OUT / f"rank{rank}.npz", *model.get_weights())
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    OUT = Path(sys.argv[1])
+    main(*sys.argv[2:])
