@@ -150,22 +150,32 @@ def test_several_steps_per_execution_train_as_one_step_per_execution(two_workers
             np.testing.assert_array_equal(got, want)
 
 
-def simulate_sparse(options: dict, workers: int = 2, sent_counts: list | None = None):
+def simulate_sparse(
+    options: dict,
+    workers: int = 2,
+    sent_counts: list | None = None,
+    steps_run=range(WIRE_STEPS),
+    grads=wire_grads,
+    residuals: list[np.ndarray] | None = None,
+):
     """A numpy simulation of ``workers`` workers sparsifying as SINGA's ``DistOpt`` does: per
     step, per bucket of the flattened gradients (fused in order up to the fusion threshold),
     each worker adds its residual, sends the top ``ceil(ratio * n)`` entries by magnitude (or
     those at or above the k-th largest of every ``1/topk_sample``-th entry, or those
     ``>= threshold``) and keeps the rest as its residual (or drops it); the reduced gradient
-    is the sum of what was sent over ``workers``. Returns each step's gradients."""
+    is the sum of what was sent over ``workers``. Returns each step's gradients. Worker
+    ``rank``'s gradients at ``step`` are ``grads(rank, step)``; ``residuals`` (flat, per
+    worker: zeros if not given) are where the workers start, updated in place."""
     buckets = fused(options)
     sizes = [int(np.prod(shape)) for shape in WIRE_SHAPES]
-    residuals = [np.zeros(sum(sizes), "float32") for _ in range(workers)]
+    if residuals is None:
+        residuals = [np.zeros(sum(sizes), "float32") for _ in range(workers)]
     offsets = np.cumsum([0, *sizes])
     steps = []
-    for step in range(WIRE_STEPS):
+    for step in steps_run:
         total = np.zeros(sum(sizes), "float32")
         for rank in range(workers):
-            flat = np.concatenate([g.ravel() for g in wire_grads(rank, step)])
+            flat = np.concatenate([g.ravel() for g in grads(rank, step)])
             if options.get("residual", True):
                 flat = flat + residuals[rank]
             for bucket in buckets:

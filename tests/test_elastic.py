@@ -154,18 +154,27 @@ def test_the_committer_counts_on_from_a_resumed_batch_and_commits_every_n_and_at
         elastic.Committer(state, every_steps=0)
 
 
-def test_an_elastic_worker_always_reduces_in_float32_even_alone(monkeypatch):
-    """It may grow, so the allreduce is there with one worker; the modes that depend on a fixed
-    number of workers are refused, naming them."""
+def test_an_elastic_worker_always_reduces_even_alone(monkeypatch):
+    """It may grow, so the allreduce is there with one worker, and a sparsified one averages
+    over the workers there are as the step runs; the modes that depend on a fixed number of
+    workers are refused, naming them."""
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
     assert distributed.elastic() and distributed.size() == 1
     optimizer = distributed.DistributedOptimizer(SGD(0.1))
     assert distributed.traffic(optimizer) is not None  # the allreduce hook is installed
-    for options in ({"compression": "topk"}, {"compression": "fp16"}, {"sync": "local_sgd"}):
-        with pytest.raises(ValueError, match="an elastic run averages every gradient"):
+    sparse = distributed.DistributedOptimizer(SGD(0.1), compression="topk")
+    assert callable(distributed.sparse_allreduce(sparse).workers)  # Horovod's, at run time
+    for options in ({"compression": "fp16"}, {"sync": "local_sgd"}, {"sync": "partial"}):
+        with pytest.raises(ValueError, match="an elastic run averages gradients"):
             distributed.DistributedOptimizer(SGD(0.1), **options)
     monkeypatch.delenv("HOROVOD_ELASTIC")
     assert distributed.traffic(distributed.DistributedOptimizer(SGD(0.1))) is None
+    assert (
+        distributed.sparse_allreduce(
+            distributed.DistributedOptimizer(SGD(0.1), compression="topk")
+        ).workers
+        == 1
+    )
 
 
 # --- two workers ------------------------------------------------------------------------------
@@ -216,8 +225,19 @@ def test_two_workers_restore_the_commit_and_replay_to_the_bit(two_workers):
 # --- a world that changes, under elastic horovodrun on the namespace cluster ---------------------
 
 sys.path.insert(0, str(ROOT / "tests" / "workers"))
-from elastic_worker import COMMIT_EVERY, DIE_AT, EPOCHS, GROW_AT, STEPS_PER_EPOCH  # noqa: E402
-from scenarios import GLOBAL_BATCH, global_data, make_model, sgd  # noqa: E402
+from elastic_worker import (  # noqa: E402
+    COMMIT_EVERY,
+    DIE_AT,
+    EPOCHS,
+    GROW_AT,
+    SPARSE,
+    SPARSE_COMMIT_EVERY,
+    SPARSE_DIE_AT,
+    SPARSE_STEPS,
+    STEPS_PER_EPOCH,
+)
+from scenarios import GLOBAL_BATCH, WIRE_SHAPES, global_data, make_model, sgd, wire_grads  # noqa: E402
+from test_distributed import simulate_sparse  # noqa: E402
 
 
 def elastic_run(out, env, scenario: str, first_hosts: list[str], host: str):
@@ -258,6 +278,13 @@ def grown_worker(cluster_hosts, tmp_path_factory, subprocess_env):
     """One host; the second is added to the discovery output mid-epoch."""
     out = tmp_path_factory.mktemp("grow")
     return elastic_run(out, subprocess_env, "grow", cluster_hosts[:1], cluster_hosts[1])
+
+
+@pytest.fixture(scope="module")
+def sparse_worker(cluster_hosts, tmp_path_factory, subprocess_env):
+    """Two hosts sparsifying with error feedback; the worker on the second is killed."""
+    out = tmp_path_factory.mktemp("sparse")
+    return elastic_run(out, subprocess_env, "sparse", cluster_hosts[:2], cluster_hosts[1])
 
 
 def one_process_weights() -> list[np.ndarray]:
@@ -325,3 +352,37 @@ def test_a_grown_run_ends_as_one_process_on_the_same_global_batches(grown_worker
     ranks, _ = grown_worker
     for _, final in ranks.values():
         assert_weights_equal_one_process(final)
+
+
+def test_sparse_residuals_survive_a_lost_worker_as_their_mean(sparse_worker):
+    """The survivor goes on from the last commit with the mean of both workers' committed
+    residuals, so what the departed worker had not yet sent is still owed to the model. A
+    numpy simulation of the workers (tests/test_distributed.py's) gives the expected parameters
+    and residual: two workers up to the commit, then one, starting from the mean residual."""
+    ranks, _ = sparse_worker
+    assert list(ranks) == [0]
+    survivor, saved = ranks[0]
+    commit = SPARSE_DIE_AT // SPARSE_COMMIT_EVERY * SPARSE_COMMIT_EVERY
+    assert [tuple(s) for s in survivor["starts"]] == [(0, 2), (commit, 1)]
+    assert [tuple(r) for r in survivor["ran"]] == [
+        *((step, 2) for step in range(SPARSE_DIE_AT)),
+        *((step, 1) for step in range(commit, SPARSE_STEPS)),
+    ]
+
+    residuals = [np.zeros(sum(int(np.prod(s)) for s in WIRE_SHAPES), "float32") for _ in "ab"]
+    together = simulate_sparse(SPARSE, 2, steps_run=range(commit), residuals=residuals)
+    alone = [(residuals[0] + residuals[1]) / 2]  # the rule: the departed worker's is shared
+
+    def both_halves(rank, step):
+        return [(a + b) / 2 for a, b in zip(wire_grads(0, step), wire_grads(1, step))]
+
+    after = simulate_sparse(
+        SPARSE, 1, steps_run=range(commit, SPARSE_STEPS), grads=both_halves, residuals=alone
+    )
+    parameters = [-sum(step[i] for step in together + after) for i in range(len(WIRE_SHAPES))]
+    got_parameters, got_residuals = saved[: len(WIRE_SHAPES)], saved[len(WIRE_SHAPES) :]
+    for got, want in zip(got_parameters, parameters, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    got_flat = np.concatenate([r.ravel() for r in got_residuals])
+    np.testing.assert_allclose(got_flat, alone[0], rtol=1e-5, atol=1e-5)
+    assert np.abs(alone[0]).sum() > 0  # something was still owed

@@ -113,14 +113,15 @@ class Float16:
 class SparseAllreduce:
     """Average gradients over ``workers`` workers by sending each worker's selected entries
     only (see the module doc). ``allgather`` concatenates a list of tensors over the workers
-    (Horovod's ``grouped_allgather``; with one worker, the identity). Call it with this
-    worker's gradients, in the same order every step. The residuals are created on the first
-    call."""
+    (Horovod's ``grouped_allgather``; with one worker, the identity). ``workers`` is a number,
+    or a function that gives it as the step runs (Horovod's ``size_op``, in an elastic run
+    whose workers come and go). Call it with this worker's gradients, in the same order every
+    step. The residuals are created on the first call."""
 
     def __init__(
         self,
         allgather: Callable[[list[tf.Tensor]], list[tf.Tensor]],
-        workers: int,
+        workers: int | Callable[[], tf.Tensor],
         mode: str,
         *,
         ratio: float = 0.01,
@@ -173,15 +174,18 @@ class SparseAllreduce:
             positions.append(index)
         all_sent = self.allgather(sent)  # one call per dtype: a group shares one
         all_positions = self.allgather(positions)
+        workers = self.workers() if callable(self.workers) else self.workers
         if self.traffic is not None:
             self.traffic.count_dense(grads)
             entries = tf.add_n([tf.size(v, tf.int64) for v in all_sent])
             per_entry = grads[0].dtype.size + index_dtype.size  # a value and its index
-            self.traffic.add(tf.cast(entries * per_entry, tf.float64) / self.workers)
+            self.traffic.add(
+                tf.cast(entries * per_entry, tf.float64) / tf.cast(workers, tf.float64)
+            )
         reduced = []
         for group, flat, values, index in zip(groups, flats, all_sent, all_positions, strict=True):
             total = tf.math.unsorted_segment_sum(values, index, tf.size(flat, index_dtype))
-            mean = total / tf.cast(self.workers, total.dtype)
+            mean = total / tf.cast(workers, total.dtype)
             sizes = [grads[i].shape.num_elements() for i in group]
             for i, part in zip(group, tf.split(mean, sizes), strict=True):
                 reduced.append(tf.reshape(part, grads[i].shape))

@@ -281,7 +281,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     ``backward_passes_per_step=N`` sets Keras's ``gradient_accumulation_steps``: N calls
     accumulate local gradients, the N-th reduces their mean once and applies it (so
     ``optimizer.iterations`` counts updates). With ``size() == 1`` no collective is added
-    (except in an elastic run, which may grow; it takes the float32 allreduce only); the
+    (except in an elastic run, which may grow; it takes no fp16 or parameter averaging); the
     sparse modes still select (and keep residuals), so one worker trains as its share would.
 
     A ``LossScaleOptimizer`` is wrapped as a whole: the inner optimizer allreduces and
@@ -297,11 +297,11 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
             f"sync={sync!r} averages parameters, not gradients: it takes no compression and "
             "no backward_passes_per_step"
         )
-    if elastic() and (compression != "none" or sync != "full"):
+    if elastic() and (compression == "fp16" or sync != "full"):
         raise ValueError(
-            "an elastic run averages every gradient in float32 (compression='none', "
-            f"sync='full'), got compression={compression!r}, sync={sync!r}: the other modes "
-            "depend on a fixed number of workers"
+            "an elastic run averages gradients (sync='full') in float32 or sparsified, got "
+            f"compression={compression!r}, sync={sync!r}: fp16's clip and the parameter "
+            "averaging depend on a fixed number of workers"
         )
     if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
         raise ValueError(
@@ -395,9 +395,9 @@ def _reducer(
     """The function that averages a list of gradients over the workers, as configured, and
     counts what it sends in ``traffic``."""
     if compression in compression_lib.SPARSE:
-        return compression_lib.SparseAllreduce(
-            hvd.grouped_allgather if size() > 1 else lambda tensors: tensors,
-            size(),
+        return compression_lib.SparseAllreduce(  # an elastic run's world: the step's
+            hvd.grouped_allgather if size() > 1 or elastic() else lambda tensors: tensors,
+            hvd.size_op if elastic() else size(),
             compression,
             ratio=ratio,
             topk_sample=topk_sample,

@@ -6,13 +6,19 @@ discovery script: an elastic fit at a fixed global batch whose world changes mid
 - ``grow HOST``: one host at first; before batch ``GROW_AT`` rank 0 appends ``HOST:1`` to
   ``OUT/hosts`` (what the discovery script prints), and a worker started there joins at a
   commit. Steps are slowed to ``GROW_STEP_S`` so that training is still going when it does.
+- ``sparse HOST``: two hosts, a top-k allreduce with error feedback applying known gradients
+  with SGD (rate 1) to zeros, for ``SPARSE_STEPS`` steps; the worker on ``HOST`` dies before
+  step ``SPARSE_DIE_AT``. A worker's gradient is its share of the two halves of
+  ``wire_grads(0, step)`` and ``wire_grads(1, step)``: its own half with two workers, their
+  mean alone. The survivor also saves its residuals, so the test can follow them through the
+  reset.
 
 Step ``s`` of an epoch is global rows ``s*B .. (s+1)*B`` (``B = GLOBAL_BATCH``), split evenly
 over the workers there are, so the run sees the same global batches as one process taking
 them whole. At the end each worker writes ``OUT/rank<r>.json`` (every step it ran, with the
 world size, and where each ``fit`` call started) and ``OUT/rank<r>.npz`` (its final weights).
 
-    python elastic_worker.py OUT lose|grow HOST
+    python elastic_worker.py OUT lose|grow|sparse HOST
 """
 
 from __future__ import annotations
@@ -26,15 +32,22 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from toolkit import distributed, elastic
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scenarios import GLOBAL_BATCH, global_data, make_model, sgd
+from scenarios import GLOBAL_BATCH, WIRE_SHAPES, global_data, make_model, sgd, wire_grads
 
 EPOCHS, COMMIT_EVERY = 3, 5
 DIE_AT = (1, 8)  # (epoch, batch): three batches after the commit at batch 5
 GROW_AT, GROW_STEP_S = (0, 6), 0.1
+SPARSE, SPARSE_STEPS, SPARSE_COMMIT_EVERY, SPARSE_DIE_AT = (
+    {"compression": "topk", "ratio": 0.1},
+    12,
+    4,
+    10,
+)
 X, Y = global_data()
 STEPS_PER_EPOCH = len(X) // GLOBAL_BATCH
 
@@ -62,7 +75,48 @@ class Scenario(keras.callbacks.Callback):
         self.ran.append((self.state.epoch, self.state.batch, distributed.size()))
 
 
+class Parameters(keras.Model):
+    """Zero-initialised variables of ``WIRE_SHAPES``, to apply known gradients to."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts = [self.add_weight(shape=s, initializer="zeros") for s in WIRE_SHAPES]
+
+
+def sparse(host: str) -> None:
+    distributed.init()
+    model = Parameters()
+    model.compile(optimizer=distributed.DistributedOptimizer(keras.optimizers.SGD(1.0), **SPARSE))
+    apply = tf.function(lambda grads: model.optimizer.apply(grads, model.trainable_variables))
+    state = elastic.TrainingState(model, batch=0)
+    ran, starts = [], []
+
+    @elastic.run
+    def fit(state: elastic.TrainingState) -> None:
+        world, rank = distributed.size(), distributed.rank()
+        starts.append((state.batch, world))
+        while state.batch < SPARSE_STEPS:
+            if state.batch == SPARSE_DIE_AT and os.environ["HOROVOD_HOSTNAME"] == host:
+                os.kill(os.getpid(), signal.SIGKILL)
+            halves = [wire_grads(half, state.batch) for half in range(2)]
+            mine = halves[rank] if world == 2 else [(a + b) / 2 for a, b in zip(*halves)]
+            apply(mine)
+            ran.append((state.batch, world))
+            state.batch += 1
+            if state.batch % SPARSE_COMMIT_EVERY == 0:
+                state.commit()
+
+    fit(state)
+    rank = distributed.rank()
+    (OUT / f"rank{rank}.json").write_text(json.dumps({"ran": ran, "starts": starts}))
+    residuals = distributed.sparse_allreduce(model.optimizer).state()
+    np.savez(OUT / f"rank{rank}.npz", *[v.numpy() for v in model.parts], *residuals)
+
+
 def main(scenario: str, host: str) -> None:
+    if scenario == "sparse":
+        sparse(host)
+        return
     distributed.init()
     model = make_model(100 + distributed.rank(), sgd())  # different until the first sync
     state = elastic.TrainingState(model, epoch=0, batch=0)
