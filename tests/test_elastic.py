@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
+import threading
+import time
 
 import keras
 import numpy as np
@@ -235,24 +238,28 @@ from elastic_worker import (  # noqa: E402
     SPARSE_DIE_AT,
     SPARSE_STEPS,
     STEPS_PER_EPOCH,
+    VANISH_AT,
 )
 from scenarios import GLOBAL_BATCH, WIRE_SHAPES, global_data, make_model, sgd, wire_grads  # noqa: E402
 from test_distributed import simulate_sparse  # noqa: E402
 
 
-def elastic_run(out, env, scenario: str, first_hosts: list[str], host: str):
+def elastic_run(out, env, scenario: str, first_hosts: list[str], host: str, *options: str):
     """tests/workers/elastic_worker.py SCENARIO HOST under elastic horovodrun, one slot per host,
-    the hosts read from ``out/hosts`` by the discovery script; each rank's steps and weights."""
+    the hosts read from ``out/hosts`` by the discovery script (and horovodrun's ``options``);
+    each rank's steps and weights."""
     (out / "hosts").write_text("".join(f"{h}:1\n" for h in first_hosts))
     discover = out / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {out / 'hosts'}\n")
     discover.chmod(0o755)
-    options = ["--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover)]
-    options += ["--network-interfaces", cluster.INTERFACE]
+    elastic = ["--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover)]
     result = run_workers(
         "elastic_worker.py",
         out,
         env,
+        *elastic,
+        "--network-interfaces",
+        cluster.INTERFACE,
         *options,
         workers=len(first_hosts),
         args=(scenario, host),
@@ -278,6 +285,30 @@ def grown_worker(cluster_hosts, tmp_path_factory, subprocess_env):
     """One host; the second is added to the discovery output mid-epoch."""
     out = tmp_path_factory.mktemp("grow")
     return elastic_run(out, subprocess_env, "grow", cluster_hosts[:1], cluster_hosts[1])
+
+
+@pytest.fixture(scope="module")
+def vanished_host(cluster_hosts, tmp_path_factory, subprocess_env):
+    """Two hosts; the second one's link is cut mid-epoch (no TCP reset reaches anyone), and
+    mended once the run is over."""
+    out = tmp_path_factory.mktemp("vanish")
+    survivor_host, vanishing = cluster_hosts[:2]
+
+    def cut_when_ready():
+        deadline = time.monotonic() + 240
+        while not (out / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        subprocess.run(["ip", "link", "set", vanishing, "down"], check=True)
+
+    cutter = threading.Thread(target=cut_when_ready, daemon=True)
+    cutter.start()
+    try:
+        return elastic_run(
+            out, subprocess_env, "vanish", [survivor_host, vanishing], vanishing, GLOO_TIMEOUT
+        )
+    finally:
+        cutter.join(5)
+        subprocess.run(["ip", "link", "set", vanishing, "up"], check=True)
 
 
 @pytest.fixture(scope="module")
@@ -307,6 +338,7 @@ def assert_weights_equal_one_process(final: list[np.ndarray]) -> None:
 
 
 EVERY_STEP = [(e, b) for e in range(EPOCHS) for b in range(STEPS_PER_EPOCH)]
+GLOO_TIMEOUT = "--gloo-timeout-seconds=10"  # how long a collective waits on a silent peer
 
 
 def test_a_lost_worker_does_not_end_the_run(lost_worker):
@@ -386,3 +418,25 @@ def test_sparse_residuals_survive_a_lost_worker_as_their_mean(sparse_worker):
     got_flat = np.concatenate([r.ravel() for r in got_residuals])
     np.testing.assert_allclose(got_flat, alone[0], rtol=1e-5, atol=1e-5)
     assert np.abs(alone[0]).sum() > 0  # something was still owed
+
+
+def test_a_host_that_vanishes_is_lost_at_the_collectives_timeout_and_the_run_goes_on(
+    vanished_host,
+):
+    """Its link cut, the host's worker lives on but nothing reaches it, and no connection is
+    reset: the survivor's collective times out (Gloo's timeout) and the run goes on alone
+    from the last commit, ending with one process's weights. That needs the driver to see the
+    worker's ssh session end (the cluster's ssh keepalives), or the survivor's reset waits."""
+    ranks, _ = vanished_host
+    assert list(ranks) == [0]
+    survivor, final = ranks[0]
+    ran = [tuple(r) for r in survivor["ran"]]
+    worlds = [w for _, _, w in ran]
+    alone = worlds.index(1)
+    assert set(worlds[:alone]) == {2} and set(worlds[alone:]) == {1}
+    resumed_at, lost_after = ran[alone][:2], ran[alone - 1][:2]
+    assert resumed_at[1] % COMMIT_EVERY == 0  # the last commit before the link was cut
+    assert (VANISH_AT[0], VANISH_AT[1] - 1) <= lost_after
+    repeated = [s for s in EVERY_STEP if resumed_at <= s <= lost_after]
+    assert sorted((e, b) for e, b, _ in ran) == sorted(EVERY_STEP + repeated)
+    assert_weights_equal_one_process(final)

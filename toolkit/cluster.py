@@ -307,7 +307,13 @@ def _host(index: int) -> Host:
 
 
 def _write_names(made: list[Host]) -> None:
-    """Names in ``/etc/hosts``, ssh's config for them and their hosts' key as known."""
+    """Names in ``/etc/hosts``, ssh's config for them and their hosts' key as known.
+
+    The config sends a keepalive every 2 s and gives a session up after 3 unanswered, so a
+    host that vanishes (its link cut: no TCP reset reaches anyone) ends every ssh session to
+    it within about 6 s. horovodrun's elastic driver learns of a lost worker only when its
+    ssh session ends; without the keepalives it waited on it for minutes, and the survivors'
+    reset with it."""
     _rewrite_marked(ETC_HOSTS, [f"{h.address} {h.name}" for h in made])
     public = (STATE / "ssh_host_ed25519_key.pub").read_text().split()[:2]
     known = [f"{h.name},{h.address} {' '.join(public)}" for h in made]
@@ -320,6 +326,8 @@ def _write_names(made: list[Host]) -> None:
         f"  UserKnownHostsFile {STATE / 'known_hosts'}\n"
         "  BatchMode yes\n"
         "  ConnectTimeout 5\n"
+        "  ServerAliveInterval 2\n"
+        "  ServerAliveCountMax 3\n"
         "  LogLevel ERROR\n"
     )
 

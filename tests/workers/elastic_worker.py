@@ -6,6 +6,9 @@ discovery script: an elastic fit at a fixed global batch whose world changes mid
 - ``grow HOST``: one host at first; before batch ``GROW_AT`` rank 0 appends ``HOST:1`` to
   ``OUT/hosts`` (what the discovery script prints), and a worker started there joins at a
   commit. Steps are slowed to ``GROW_STEP_S`` so that training is still going when it does.
+- ``vanish HOST``: two hosts; steps are slowed to ``GROW_STEP_S``, and before batch
+  ``VANISH_AT`` the workers write ``OUT/ready``, for the test to cut ``HOST``'s link: its
+  worker lives on, unreachable, and the other learns of it by a collective's timeout.
 - ``sparse HOST``: two hosts, a top-k allreduce with error feedback applying known gradients
   with SGD (rate 1) to zeros, for ``SPARSE_STEPS`` steps; the worker on ``HOST`` dies before
   step ``SPARSE_DIE_AT``. A worker's gradient is its share of the two halves of
@@ -18,7 +21,7 @@ over the workers there are, so the run sees the same global batches as one proce
 them whole. At the end each worker writes ``OUT/rank<r>.json`` (every step it ran, with the
 world size, and where each ``fit`` call started) and ``OUT/rank<r>.npz`` (its final weights).
 
-    python elastic_worker.py OUT lose|grow|sparse HOST
+    python elastic_worker.py OUT lose|grow|vanish|sparse HOST
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from scenarios import GLOBAL_BATCH, WIRE_SHAPES, global_data, make_model, sgd, w
 
 EPOCHS, COMMIT_EVERY = 3, 5
 DIE_AT = (1, 8)  # (epoch, batch): three batches after the commit at batch 5
-GROW_AT, GROW_STEP_S = (0, 6), 0.1
+GROW_AT, GROW_STEP_S, VANISH_AT = (0, 6), 0.1, (1, 2)
 SPARSE, SPARSE_STEPS, SPARSE_COMMIT_EVERY, SPARSE_DIE_AT = (
     {"compression": "topk", "ratio": 0.1},
     12,
@@ -64,6 +67,10 @@ class Scenario(keras.callbacks.Callback):
         here, on_host = (self.state.epoch, self.state.batch), os.environ["HOROVOD_HOSTNAME"]
         if self.scenario == "lose" and here == DIE_AT and on_host == self.host:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.scenario == "vanish":
+            time.sleep(GROW_STEP_S)
+            if here == VANISH_AT and distributed.size() == 2:
+                (OUT / "ready").write_text(on_host)
         if self.scenario == "grow":
             time.sleep(GROW_STEP_S)
             if here == GROW_AT and distributed.rank() == 0 and not self.grown:
