@@ -5,8 +5,8 @@ discovery script: an elastic fit at a fixed global batch whose world changes mid
   machine would) before batch ``DIE_AT``, and the other goes on alone.
 - ``grow HOST``: one host at first; before batch ``GROW_AT`` rank 0 appends ``HOST:1`` to
   ``OUT/hosts`` (what the discovery script prints), and a worker started there joins at a
-  commit. Steps are slowed to ``GROW_STEP_S`` so that training is still going when it does.
-- ``vanish HOST``: two hosts; steps are slowed to ``GROW_STEP_S``, and before batch
+  commit. Steps are slowed to ``SLOW_STEP_S`` so that training is still going when it does.
+- ``vanish HOST``: two hosts; steps are slowed to ``SLOW_STEP_S``, and before batch
   ``VANISH_AT`` the workers write ``OUT/ready``, for the test to cut ``HOST``'s link: its
   worker lives on, unreachable, and the other learns of it by a collective's timeout.
 - ``sparse HOST``: two hosts, a top-k allreduce with error feedback applying known gradients
@@ -44,7 +44,7 @@ from scenarios import GLOBAL_BATCH, WIRE_SHAPES, global_data, make_model, sgd, w
 
 EPOCHS, COMMIT_EVERY = 3, 5
 DIE_AT = (1, 8)  # (epoch, batch): three batches after the commit at batch 5
-GROW_AT, GROW_STEP_S, VANISH_AT = (0, 6), 0.1, (1, 2)
+GROW_AT, SLOW_STEP_S, VANISH_AT = (0, 6), 0.1, (1, 2)
 SPARSE, SPARSE_STEPS, SPARSE_COMMIT_EVERY, SPARSE_DIE_AT = (
     {"compression": "topk", "ratio": 0.1},
     12,
@@ -68,11 +68,11 @@ class Scenario(keras.callbacks.Callback):
         if self.scenario == "lose" and here == DIE_AT and on_host == self.host:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.scenario == "vanish":
-            time.sleep(GROW_STEP_S)
+            time.sleep(SLOW_STEP_S)
             if here == VANISH_AT and distributed.size() == 2:
                 (OUT / "ready").write_text(on_host)
         if self.scenario == "grow":
-            time.sleep(GROW_STEP_S)
+            time.sleep(SLOW_STEP_S)
             if here == GROW_AT and distributed.rank() == 0 and not self.grown:
                 self.grown = True
                 with (OUT / "hosts").open("a") as hosts:
