@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data
+from app.columns import RUN_COLUMNS
 from app.data import md_escape
 from toolkit import files, rundir, slots
 from toolkit import launch as launcher
@@ -16,29 +17,6 @@ from toolkit.rundir import LIVE
 
 REFRESH_S = 2.0
 # The table's columns, in the order a researcher reads them: what, how far, how well, how fast.
-COLUMNS = {
-    "run_id": st.column_config.TextColumn("run", pinned=True),
-    "state": st.column_config.TextColumn("state"),
-    "progress": st.column_config.ProgressColumn("progress", format="percent", min_value=0),
-    "epochs_done": st.column_config.TextColumn("epoch"),
-    "best_eval_accuracy": st.column_config.NumberColumn("best eval acc", format="%.4f"),
-    "last_eval_accuracy": st.column_config.NumberColumn("last eval acc", format="%.4f"),
-    "samples_per_sec": st.column_config.NumberColumn("samples/s", format="%.0f"),
-    "optimizer": st.column_config.TextColumn("optimizer"),
-    "global_batch": st.column_config.NumberColumn("global batch", format="%d"),
-    "workers": st.column_config.NumberColumn("workers", format="%d"),
-    "tags": st.column_config.ListColumn("tags"),
-    "started": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-    "duration_s": st.column_config.NumberColumn("duration (s)", format="%.0f"),
-    "last_step": st.column_config.NumberColumn("last step", format="%d"),
-    "last_loss": st.column_config.NumberColumn("last loss", format="%.4f"),
-    "best_eval_loss": st.column_config.NumberColumn("best eval loss", format="%.4f"),
-    "queue": st.column_config.NumberColumn(
-        "queue", format="%d", help="place in the launch queue while it waits for slots (1: next)"
-    ),
-    "reason": st.column_config.TextColumn("reason"),
-    "notes": st.column_config.TextColumn("notes"),
-}
 GROUP_COLUMNS = {  # the grouped table: its columns, as (column, aggregation) of the runs table
     "runs": ("run_id", "size"),
     "mean best eval acc": ("best_eval_accuracy", "mean"),
@@ -137,7 +115,7 @@ def shown(frame: pd.DataFrame) -> pd.DataFrame:
         keep &= frame["optimizer"].isin(optimizers)
     labelled = [set(tags) <= set(row["tags"]) and rundir.matches(row, search) for row in rows]
     keep &= pd.Series(labelled, index=frame.index, dtype=bool)
-    table = frame[keep].reindex(columns=list(COLUMNS))
+    table = frame[keep].reindex(columns=list(RUN_COLUMNS))
     table = table.join(configs[fields], on="run_id") if fields else table
     return table[table[where].astype(str).isin(allowed)] if allowed else table
 
@@ -159,7 +137,7 @@ def table_view() -> None:
     if live and not frame["state"].isin(LIVE).any():
         st.rerun()  # the last live run just ended: once more, without the timer
     table = shown(frame)
-    st.dataframe(table, hide_index=True, column_config=COLUMNS, placeholder="")
+    st.dataframe(table, hide_index=True, column_config=RUN_COLUMNS, placeholder="")
     if group and not table.empty:
         st.caption(f"Grouped by {group}")
         st.dataframe(grouped(table), hide_index=True, placeholder="")

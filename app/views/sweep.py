@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, form
+from app.columns import RUN_COLUMNS
 from app.data import md_escape
 from toolkit import safe_yaml
 from toolkit import sweep as sweeps
@@ -18,12 +19,12 @@ REFRESH_S = 2.0
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 SOURCES = ("A sweep file", "Build a grid", "A sweep run here")
 EXAMPLE_GRID = "batch.global_size: [64, 256, 1024]\n"
-CELL_COLUMNS = {  # the cells table's own columns, labelled as the Runs table labels them
-    "run_id": st.column_config.TextColumn("run"),
-    "global_batch": st.column_config.NumberColumn("global batch", format="%d"),
+CELL_COLUMNS = {  # the cells table: the Runs table's labels, and its own columns
+    "run_id": RUN_COLUMNS["run_id"],
+    "global_batch": RUN_COLUMNS["global_batch"],
     "scaled_lr": st.column_config.NumberColumn("scaled lr", format="%.4g"),
     "total_steps": st.column_config.NumberColumn("steps per worker", format="%d"),
-    "queue_position": st.column_config.NumberColumn("queue", format="%d"),
+    "queue_position": RUN_COLUMNS["queue"],
     "estimated_s": st.column_config.NumberColumn("estimated (s)", format="%.0f"),
 }
 CONFIRM_CELLS = 20  # a sweep of more cells launches only once asked to twice
