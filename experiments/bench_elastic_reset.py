@@ -66,15 +66,12 @@ WORKLOADS = {
 
 
 def workload_config(name: str):
-    import yaml
-
-    from toolkit.config import from_mapping, set_path
+    """The workload's preset with :data:`COMMON` and its own overrides applied."""
+    from toolkit import config
 
     path, overrides = WORKLOADS[name]
-    raw = yaml.safe_load((ROOT / path).read_text())
-    for key, value in {**COMMON, **overrides}.items():
-        set_path(raw, key, value)
-    return from_mapping(raw)
+    sets = [f"{key}={json.dumps(value)}" for key, value in {**COMMON, **overrides}.items()]
+    return config.load(ROOT / path, sets)
 
 
 def worker(name: str, out: Path, doomed_host: str, vanish: bool) -> None:
