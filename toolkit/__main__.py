@@ -1,6 +1,7 @@
 """``python -m toolkit``: launch, list, stop and resume runs.
 
 python -m toolkit launch CONFIG [--np N] [--hosts h1:2,h2:2 | auto | --hostfile F]
+                          [--min-np M --max-np X --discovery HOSTS_FILE_OR_SCRIPT]
                           [--set k=v ...] [--tag T ...] [--note TEXT] [--wait]
 python -m toolkit runs [--all] [--tag T ...] [--search TEXT]
 python -m toolkit tag RUN [TAG ...] [--remove TAG ...]
@@ -75,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     start.add_argument("--hosts", help="name:slots,... or auto (Slurm); default localhost:NP")
     start.add_argument("--hostfile", help="horovodrun's hostfile: 'name slots=N' per line")
+    start.add_argument(
+        "--min-np", type=integer(1, MAX_WORKERS), help="elastic: fewest workers (min_workers)"
+    )
+    start.add_argument(
+        "--max-np", type=integer(1, MAX_WORKERS), help="elastic: most workers (max_workers)"
+    )
+    start.add_argument(
+        "--discovery", help="elastic: hosts file (host:slots lines) or discovery script"
+    )
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     start.add_argument("--name", help="run id (default <name>-b<batch>-<optimizer>-<hex>)")
     start.add_argument("--tag", action="append", default=[], help="tag the run (repeatable)")
@@ -135,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                 run_id=args.name,
                 tags=args.tag,
                 notes=args.note,
+                min_np=args.min_np,
+                max_np=args.max_np,
+                discovery=args.discovery,
             )
             print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
             if place := slots.positions(args.runs).get(run.run_id):

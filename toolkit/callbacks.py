@@ -51,9 +51,10 @@ class EventLogger(keras.callbacks.Callback):
     and a ``train`` event at any other step whose loss is not finite (the step
     :class:`StopOnNonFiniteLoss` then stops at, so the divergence is in the log).
 
-    A train event holds the step (batches done), epoch (fractional), lr and momentum used at
-    that step, Keras's running loss/accuracy of the epoch, and global ``samples_per_sec`` over
-    the interval (the first interval starts after the first step, so tracing is not counted).
+    A train event holds the step (batches done), epoch (fractional), the number of workers
+    (``world_size``: an elastic run's changes), lr and momentum used at that step, Keras's
+    running loss/accuracy of the epoch, and global ``samples_per_sec`` over the interval (the
+    first interval starts after the first step, so tracing is not counted).
     With a ``traffic`` counter (:class:`toolkit.compression.Traffic`) it also holds
     ``comm/bytes_sent``, the bytes a worker sent per update over the interval, and
     ``comm/compression_ratio``, a dense float32 allreduce's bytes over those (when any were
@@ -68,11 +69,12 @@ class EventLogger(keras.callbacks.Callback):
         every_steps: int,
         steps_per_epoch: int,
         samples_per_step: int,
+        world_size: int = 1,
         traffic=None,
         steps_per_update: int = 1,
     ):
         super().__init__()
-        self.writer, self.counter = writer, counter
+        self.writer, self.counter, self.world_size = writer, counter, world_size
         self.every_steps = every_steps
         self.steps_per_epoch = steps_per_epoch
         self.samples_per_step = samples_per_step
@@ -86,9 +88,9 @@ class EventLogger(keras.callbacks.Callback):
         if self._clock is not None and step % self.every_steps and not diverged:
             return
         now, sent = time.perf_counter(), self._sent()  # a host read: only when an event needs it
-        if self._clock is None:
+        if self._clock is None:  # the first call: a multiple (after a reset) is still logged
             self._clock = (step, now, sent)
-            if not diverged:
+            if not diverged and step % self.every_steps:
                 return
         last_step, last_time, last_sent = self._clock
         self._clock = (step, now, sent)
@@ -98,6 +100,7 @@ class EventLogger(keras.callbacks.Callback):
             "step": step,
             "epoch": step / self.steps_per_epoch,
             "phase": "train",
+            "world_size": self.world_size,
             "lr": lr,
             "momentum": momentum,
         }
@@ -237,6 +240,7 @@ class NoiseScaleLogger(keras.callbacks.Callback):
         smoothing: float,
         meter=None,
         halves: HalfBatchNorms | None = None,
+        smoother: Smoother | None = None,
     ):
         super().__init__()
         if (meter is None) == (halves is None):
@@ -247,7 +251,7 @@ class NoiseScaleLogger(keras.callbacks.Callback):
         self.steps_per_update = steps_per_update
         self.steps_per_epoch = steps_per_epoch
         self.b_small, self.b_big = b_small, b_big
-        self.smoother = Smoother(decay=smoothing)
+        self.smoother = smoother or Smoother(decay=smoothing)  # given: it goes on from there
         self.meter, self.halves = meter, halves
         self.records: list[dict] = []
         self._last_update = self._seen = 0

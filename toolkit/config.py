@@ -269,6 +269,44 @@ class SyncConfig(_Section):
     period: int = Field(1, ge=1, description="partial/local_sgd: updates between averagings")
 
 
+class ElasticConfig(_Section):
+    """Elastic training (Horovod's ``--min-np/--max-np/--host-discovery-script``): workers may
+    leave and join while the run trains, between ``min_workers`` and ``max_workers``.
+
+    ``discovery`` is the path of a hosts file of ``host:slots`` lines, which the run re-reads
+    every second (edit it to add or remove hosts), or of an executable script that prints such
+    lines, as Horovod's discovery script does. The global batch stays ``batch.global_size``
+    whatever the number of workers (their per-worker batch changes), so it must divide evenly
+    for every world size in the range: nothing is rounded. The state (weights, optimizer, noise
+    smoother, residuals, the position in the epoch) is committed in memory every
+    ``commit_every_steps`` steps and at each epoch's end; a lost worker costs the steps since
+    the last commit. With fewer than ``min_workers`` for ``timeout_s`` seconds the run fails,
+    and can be resumed from its last checkpoint. A host whose worker failed may come back
+    after ``cooldown_s`` seconds (Horovod doubles it, with jitter, at each failure; 0: never)."""
+
+    min_workers: int = Field(1, ge=1, le=MAX_WORKERS, description="fewest workers to train with")
+    max_workers: int = Field(2, ge=1, le=MAX_WORKERS, description="most workers to train with")
+    discovery: str = Field(
+        min_length=1,
+        max_length=4096,
+        pattern=r"^[^\x00-\x1f]+$",
+        description="hosts file (host:slots lines) or executable discovery script",
+    )
+    commit_every_steps: int = Field(50, ge=1, description="steps between in-memory commits")
+    timeout_s: int = Field(600, ge=1, description="wait this long for min_workers, then fail")
+    cooldown_s: int = Field(
+        10, ge=0, le=3600, description="a failed host may rejoin after this (0: never)"
+    )
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.min_workers > self.max_workers:
+            raise ValueError(
+                f"min_workers={self.min_workers} is above max_workers={self.max_workers}"
+            )
+        return self
+
+
 class CheckpointConfig(_Section):
     every_epochs: int = Field(1, ge=1)
 
@@ -295,6 +333,7 @@ class ExperimentConfig(_Section):
     sync: SyncConfig = Field(default_factory=SyncConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    elastic: ElasticConfig | None = None
     workers: int = Field(1, ge=1, le=MAX_WORKERS)
     hosts: str | None = None
     ssh_port: int | None = Field(None, ge=1, le=65535, description="the hosts' ssh port")
@@ -396,6 +435,54 @@ class ExperimentConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _elastic_fits(self):
+        """An elastic run starts with ``workers`` in its range, keeps ``batch.global_size``
+        for every world size in it, and averages full-precision gradients every update."""
+        elastic = self.elastic
+        if elastic is None:
+            return self
+        if not elastic.min_workers <= self.workers <= elastic.max_workers:
+            raise ValueError(
+                f"workers={self.workers} must lie in elastic.min_workers={elastic.min_workers} "
+                f".. elastic.max_workers={elastic.max_workers}"
+            )
+        if self.batch.global_size is None:
+            raise ValueError(
+                "elastic: batch.global_size must be set, so that the global batch (and the "
+                "learning rate) stay the same whatever the number of workers"
+            )
+        worlds = range(elastic.min_workers, elastic.max_workers + 1)
+        splits = {w: self._batches_per_update(w) for w in worlds}
+        if misfits := [w for w, n in splits.items() if self.batch.global_size % n]:
+            fits = math.lcm(*splits.values())
+            raise ValueError(
+                f"elastic: batch.global_size={self.batch.global_size} does not divide evenly "
+                f"among {', '.join(map(str, misfits))} workers (x accumulation, x batch_scale "
+                f"for lbsgd); a multiple of {fits} fits every world size from "
+                f"{elastic.min_workers} to {elastic.max_workers}"
+            )
+        fixed = {"precision": "float32", "sync.mode": "full"}
+        got = {"precision": self.precision, "sync.mode": self.sync.mode}
+        if got != fixed or self.allreduce.compression == "fp16":
+            raise ValueError(
+                "elastic: needs precision='float32', sync.mode='full' and an "
+                "allreduce.compression other than 'fp16' (got "
+                f"precision={self.precision!r}, sync.mode={self.sync.mode!r}, "
+                f"allreduce.compression={self.allreduce.compression!r}): "
+                "loss scaling, fp16 clipping per world size and local updates are not carried "
+                "across a reset yet"
+            )
+        if self.hosts:
+            raise ValueError("elastic: give the hosts in elastic.discovery, not hosts")
+        return self
+
+    def world_sizes(self) -> range:
+        """The numbers of workers the run may train with: ``workers``, or the elastic range."""
+        if self.elastic is None:
+            return range(self.workers, self.workers + 1)
+        return range(self.elastic.min_workers, self.elastic.max_workers + 1)
+
+    @model_validator(mode="after")
     def _enough_slots(self):
         if self.hosts and sum(int(h.split(":")[1]) for h in self.hosts.split(",")) < self.workers:
             raise ValueError(
@@ -467,11 +554,14 @@ def set_dotted(raw: dict[str, Any], assignment: str) -> None:
 
 def set_path(raw: dict[str, Any], path: str, value: Any, what: str | None = None) -> None:
     """Set the dotted ``path`` (``optimizer.params.momentum``) of ``raw`` to ``value`` in place,
-    making the sections on the way; ``what`` names the change in errors."""
+    making the sections on the way (a null section is made too); ``what`` names the change in
+    errors."""
     *parents, leaf = path.split(".")
     node = raw
     for part in parents:
-        node = node.setdefault(part, {})
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
         if not isinstance(node, dict):
             raise ConfigError(f"{what or path}: {safe_yaml.short(part)} is not a section")
     node[leaf] = value
@@ -499,16 +589,20 @@ def from_mapping(
 def load(path: str | Path, overrides: list[str] = (), *, stored: bool = False) -> ExperimentConfig:
     """Read a YAML experiment file and validate it with ``overrides`` applied (``stored``: as
     for :func:`from_mapping`)."""
+    return from_raw(read_file(path), overrides, source=str(path), stored=stored)
+
+
+def read_file(path: str | Path) -> Any:
+    """The YAML document of an experiment file, not yet validated."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {safe_yaml.short(str(path))} does not exist")
     try:
-        raw = safe_yaml.load_file(path)
+        return safe_yaml.load_file(path)
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: cannot be read as text: {error}") from None
     except safe_yaml.YamlError as error:
         raise ConfigError(str(error)) from None
-    return from_raw(raw, overrides, source=str(path), stored=stored)
 
 
 def from_yaml(

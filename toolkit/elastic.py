@@ -35,13 +35,15 @@ from typing import TypeVar
 import keras
 import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
-from horovod.common.exceptions import HorovodInternalError
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from toolkit import distributed
 from toolkit.compression import Residuals, reshard_residuals
 from toolkit.noise_scale import Smoother
 
 T = TypeVar("T")
+LOST, HOSTS_REMOVED, HOSTS_ADDED = "a worker was lost", "hosts were removed", "hosts were added"
+"""The reasons :func:`run` gives for a reset."""
 
 
 def run(fit: Callable[..., T]) -> Callable[..., T]:
@@ -54,7 +56,10 @@ def run(fit: Callable[..., T]) -> Callable[..., T]:
     A Horovod collective that failed inside TensorFlow is a lost worker, whatever its op: the
     grouped allreduce and allgather of :func:`toolkit.distributed.DistributedOptimizer`
     included, which ``hvd.elastic.run`` does not recognise (it looks for
-    ``HorovodAllreduce``, ``HorovodAllgather`` or ``HorovodBroadcast`` in the message)."""
+    ``HorovodAllreduce``, ``HorovodAllgather`` or ``HorovodBroadcast`` in the message).
+
+    Why a call ended early is kept in ``state.interrupted`` for the next call to read (see
+    :class:`TrainingState`)."""
 
     @functools.wraps(fit)
     def horovod_errors_as_lost_workers(state, *args, **kwargs):
@@ -63,7 +68,14 @@ def run(fit: Callable[..., T]) -> Callable[..., T]:
         except tf.errors.OpError as error:
             if "Horovod" not in error.message:
                 raise
+            state.interrupted = LOST
             raise HorovodInternalError(error) from error
+        except HorovodInternalError:
+            state.interrupted = LOST
+            raise
+        except HostsUpdatedInterrupt as interrupt:  # skip_sync: hosts only went, none came
+            state.interrupted = HOSTS_REMOVED if interrupt.skip_sync else HOSTS_ADDED
+            raise
 
     return run_fn(horovod_errors_as_lost_workers, distributed.restart)
 
@@ -71,7 +83,11 @@ def run(fit: Callable[..., T]) -> Callable[..., T]:
 class TrainingState(ObjectState):
     """The committed state of ``model`` (compiled: its optimizer too) for
     ``horovod.common.elastic.run_fn``; see the module's docstring for what it holds.
-    ``fields`` become attributes (``state.epoch``) that ``commit``/``restore``/``sync`` cover."""
+    ``residuals``: every worker's, to start from (a checkpoint's, given on rank 0).
+    ``fields`` become attributes (``state.epoch``) that ``commit``/``restore``/``sync`` cover.
+    ``interrupted`` is not committed: why this worker's last ``fit`` call ended early
+    (:data:`LOST`, :data:`HOSTS_REMOVED`, :data:`HOSTS_ADDED`), ``None`` before any reset (and on
+    a worker that has just joined)."""
 
     def __init__(
         self,
@@ -79,6 +95,7 @@ class TrainingState(ObjectState):
         *,
         variables: Sequence[keras.Variable] = (),
         smoother: Smoother | None = None,
+        residuals: Residuals = (),
         **fields,
     ):
         if not model.optimizer.built:
@@ -88,7 +105,9 @@ class TrainingState(ObjectState):
         self._reducer = distributed.sparse_allreduce(model.optimizer)
         if self._reducer is not None and not self._reducer.residual:
             self._reducer = None
-        self._residuals: Residuals = []  # none committed yet: a new worker gets rank 0's
+        self.interrupted: str | None = None
+        # a resumed run's checkpoint (rank 0's, sync deals it out); else none committed yet
+        self._residuals: Residuals = list(residuals)
         self._save_tensors(gather=False)  # no collective: a joining worker builds it alone
         super().__init__(
             bcast_object=distributed.broadcast_object, get_rank=distributed.rank, **fields

@@ -11,9 +11,10 @@ spelled exactly like one of those three is read back as a float.
 Only complete lines (ending in a newline) are read. The writer sends each record to the
 operating system in a single ``write``, so a crash leaves at most one torn line, which readers
 skip (as they skip any line that is not a JSON object, or is an empty one). A value of the
-wrong type is dropped from its record, not the record from the file: ``phase`` must be a
-string and every other value a number (or null); a string, list, object or boolean elsewhere
-is read as missing.
+wrong type is dropped from its record, not the record from the file: the values of
+:data:`TEXT_KEYS` (``phase``, and an elastic reset's ``reason`` and ``hosts``) must be strings
+and every other value a number (or null); a string, list, object or boolean elsewhere is read as
+missing.
 The file is opened as :mod:`toolkit.files` says: never through a symlink.
 
 **The columnar copy.** Parsing JSON costs 4 to 8 µs an event, so a run of 50,000 events would
@@ -46,6 +47,8 @@ import pyarrow.parquet as pq
 from toolkit import files
 
 _NONFINITE = ("NaN", "Infinity", "-Infinity")
+TEXT_KEYS = ("phase", "reason", "hosts")
+"""The keys whose values are text; every other key's are numbers."""
 COPY_AFTER = 256 * 1024
 """Bytes of a log past its columnar copy at which a read rewrites the copy."""
 _COPY_KEY = b"toolkit.events"  # the Parquet metadata entry that ties a copy to its log
@@ -98,10 +101,12 @@ def _frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame.from_records(records)
     for name in frame.columns:
         column = frame[name]
-        if name == "phase":  # always pandas' string dtype, whatever the file holds
+        if name in TEXT_KEYS:
             if pd.api.types.infer_dtype(column, skipna=True) not in ("string", "empty"):
                 column = column.where(column.map(lambda v: isinstance(v, str)))
-            frame[name] = column.astype("str")
+            if name == "phase":  # always pandas' string dtype, whatever the file holds
+                column = column.astype("str")
+            frame[name] = column
         elif pd.api.types.is_bool_dtype(column) or not pd.api.types.is_numeric_dtype(column):
             frame[name] = pd.to_numeric(column.where(column.map(_is_number)), errors="coerce")
     return frame

@@ -5,6 +5,8 @@ Three ways to give one, all turned into that string before anything starts:
 - written out: ``--hosts lbl-h1:2,lbl-h2:2`` (or the config's ``hosts``);
 - a hostfile in horovodrun's format (``--hostfile FILE``): one host a line, ``name slots=N``
   (``slots`` defaults to 1), ``#`` starts a comment;
+- an elastic run's ``discovery`` (:func:`discover`): a hosts file of ``name:slots`` lines, or an
+  executable script that prints them, read again while the run trains;
 - ``--hosts auto`` inside a Slurm allocation: the nodes of ``SLURM_JOB_NODELIST`` (Slurm's
   hostlist syntax, ``node[1-3,5]``, expanded by python-hostlist) with the tasks of
   ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) as their slots.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -70,6 +73,38 @@ def read_hostfile(path: str | Path) -> str:
     if not slots:
         raise ConfigError(f"hostfile {path} lists no host")
     return join(slots)
+
+
+def is_script(discovery: str | Path) -> bool:
+    """Whether an elastic run's ``discovery`` is a script to run (an executable file), rather
+    than a hosts file to read."""
+    path = Path(discovery)
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def discover(discovery: str | Path, timeout: float = 30) -> str:
+    """The host list an elastic run's ``discovery`` gives now: the lines of its hosts file, or
+    of its script's output, each ``name:slots`` or ``name`` (one slot), as Horovod's
+    ``--host-discovery-script`` reads them."""
+    path = Path(discovery)
+    try:
+        if is_script(path):
+            done = subprocess.run([str(path.resolve())], capture_output=True, timeout=timeout)
+            if done.returncode:
+                raise OSError(f"exited with code {done.returncode}: {done.stderr[-500:]!r}")
+            text = done.stdout.decode()
+        else:
+            text = files.read_bytes(path, MAX_HOSTFILE_BYTES, follow=True).decode()
+    except (OSError, UnicodeDecodeError, subprocess.TimeoutExpired) as error:
+        raise ConfigError(f"elastic.discovery: {path}: cannot be read ({error})") from None
+    listed = [line.strip() for line in text.splitlines() if line.strip()]
+    items = [line if ":" in line else f"{line}:1" for line in listed]
+    if not items:
+        raise ConfigError(f"elastic.discovery: {path} lists no host")
+    try:
+        return join(parse(",".join(items)))
+    except ConfigError as error:
+        raise ConfigError(f"elastic.discovery: {path}: {error}") from None
 
 
 def from_slurm(environ: Mapping[str, str] = os.environ) -> str:

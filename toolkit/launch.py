@@ -26,6 +26,7 @@ import getpass
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -55,22 +56,41 @@ def launch(
     meta: dict | None = None,
     tags: Sequence[str] = (),
     notes: str | None = None,
+    min_np: int | None = None,
+    max_np: int | None = None,
+    discovery: str | Path | None = None,
 ) -> RunDir:
     """Validate ``config`` (a path or an object), check its hosts (:mod:`toolkit.preflight`),
     create its run directory and start it with ``np`` workers on ``hosts`` (``name:slots,...``,
     or ``auto`` in a Slurm allocation; default ``localhost:np``) or the hosts of a horovodrun
-    ``hostfile`` (:mod:`toolkit.hosts`). ``meta``: extra fields for ``meta.json`` (e.g.
-    ``{"probe": True}``); ``tags`` and ``notes``: the run's (see
+    ``hostfile`` (:mod:`toolkit.hosts`). ``min_np``, ``max_np`` and ``discovery`` set the
+    config's ``elastic`` section (horovodrun's ``--min-np``, ``--max-np`` and its hosts file or
+    discovery script); the discovery path is stored absolute. ``meta``: extra fields for
+    ``meta.json`` (e.g. ``{"probe": True}``); ``tags`` and ``notes``: the run's (see
     :meth:`~toolkit.rundir.RunDir.set_tags`), checked before anything is created."""
     labels = {"tags": sorted({rundir.check_tag(t) for t in tags})} if tags else {}
     if notes:
         labels["notes"] = rundir.check_notes(notes)
-    if isinstance(config, (str, Path)):
-        config = config_lib.load(config, overrides)
-        overrides = ()
-    hosts = hosts_lib.resolve(hosts, hostfile)
-    changes = {k: v for k, v in (("workers", np), ("hosts", hosts)) if v is not None}
-    config = config_lib.from_mapping({**config.model_dump(mode="json"), **changes}, overrides)
+    from_file = isinstance(config, (str, Path))
+    raw = config_lib.read_file(config) if from_file else config.model_dump(mode="json")
+    flags = {
+        "workers": np,
+        "hosts": hosts_lib.resolve(hosts, hostfile),
+        "elastic.min_workers": min_np,
+        "elastic.max_workers": max_np,
+        "elastic.discovery": None if discovery is None else str(discovery),
+    }
+    for path, value in flags.items():
+        if value is not None and isinstance(raw, dict | None):
+            raw = raw or {}
+            config_lib.set_path(raw, path, value)
+    source = str(config) if from_file else "config"
+    config = config_lib.from_raw(raw, overrides, source=source)
+    if config.elastic is not None:  # stored absolute: a resume may start elsewhere
+        discovery = str(Path(config.elastic.discovery).resolve())
+        config = config.model_copy(
+            update={"elastic": config.elastic.model_copy(update={"discovery": discovery})}
+        )
     check_fits_dataset(config)
     slots.check_fits(slots.slots_of(config), runs_root_dir)
     preflight.check(config, runs_root(runs_root_dir))
@@ -133,13 +153,13 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
         *(["-i", config.ssh_identity_file] if config.ssh_identity_file else []),
         *(["--network-interfaces", interface] if interface else []),
     ]
+    where = ["-H", hosts] if config.elastic is None else _elastic_options(config, run)
     argv = [
         horovodrun,
         "--gloo",
         "-np",
         str(config.workers),
-        "-H",
-        hosts,
+        *where,
         *ssh,
         sys.executable,
         "-m",
@@ -149,6 +169,30 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
         str(run.path.resolve()),
     ]
     return argv + ["--resume"] if resume else argv
+
+
+def _elastic_options(config: config_lib.ExperimentConfig, run: RunDir) -> list[str]:
+    """horovodrun's elastic options for ``config.elastic``. A hosts file is read through
+    ``<run>/discover.sh``, written here, which prints it: horovodrun runs it every second."""
+    elastic = config.elastic
+    script = Path(elastic.discovery).resolve()
+    if not hosts_lib.is_script(script):
+        with writing(run.discovery_path):
+            run.discovery_path.write_text(f"#!/bin/sh\nexec cat -- {shlex.quote(str(script))}\n")
+            run.discovery_path.chmod(0o755)
+        script = run.discovery_path.resolve()
+    cooldown = ["--blacklist-cooldown-range", str(elastic.cooldown_s), "3600"]
+    return [
+        "--min-np",
+        str(elastic.min_workers),
+        "--max-np",
+        str(elastic.max_workers),
+        "--host-discovery-script",
+        str(script),
+        "--elastic-timeout",
+        str(elastic.timeout_s),
+        *(cooldown if elastic.cooldown_s else []),
+    ]
 
 
 def _start(
@@ -268,6 +312,14 @@ def _failure(run: RunDir, status: dict, code: int) -> tuple[int | None, str]:
     if code == 0:
         return None, "training exited without finishing"
     tail = files.tail(run.stdout_path, 65536)
+    if re.search(r"Timed out waiting for .* Horovod processes", tail):  # elastic, too few left
+        elastic = run.config().elastic
+        if elastic is not None:
+            return None, (
+                f"fewer than elastic.min_workers={elastic.min_workers} workers for "
+                f"elastic.timeout_s={elastic.timeout_s} s: horovodrun gave up waiting for "
+                f"hosts; resume the run once they are back. {said}"
+            )
     first = re.findall(r"Process name: (\d+)\s+Exit code: (-?\d+)", tail)
     if not first:
         return None, said

@@ -71,6 +71,7 @@ RUN_FILES = (
     "events.jsonl",
     "events.parquet",
     "stdout.log",
+    "discover.sh",
     "checkpoints",
 )
 
@@ -230,6 +231,7 @@ class RunDir:
     events_path = property(lambda self: self.path / "events.jsonl")
     stdout_path = property(lambda self: self.path / "stdout.log")
     checkpoints_path = property(lambda self: self.path / "checkpoints")
+    discovery_path = property(lambda self: self.path / "discover.sh")  # an elastic run's
 
     @contextmanager
     def lock(self, timeout: float | None = None) -> Iterator[None]:
@@ -402,13 +404,20 @@ class RunDir:
                 state, fields = previous["state"], {**fields, "reason": previous.get("reason")}
             self.set_status(state, **fields)
 
-    def record_processes(self, *entries: dict[str, Any], **fields) -> None:
+    def record_processes(
+        self, *entries: dict[str, Any], replacing: str | None = None, **fields
+    ) -> None:
         """Add process records (:func:`toolkit.processes.record`) and ``fields`` to the
-        status."""
+        status; ``replacing``: a role whose earlier records go (an elastic run's new world
+        replaces its workers, so the departed are not looked for)."""
         with self.lock(timeout=120):
             status = self.recorded_status()
             new = {(e["host"], e["pid"]) for e in entries}
-            kept = [e for e in status.get("processes", []) if (e["host"], e["pid"]) not in new]
+            kept = [
+                e
+                for e in status.get("processes", [])
+                if (e["host"], e["pid"]) not in new and e.get("role") != replacing
+            ]
             state = status.get("state")
             state = state if state in STATES else "queued"
             self.set_status(state, processes=kept + [*entries], **fields)

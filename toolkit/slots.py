@@ -55,7 +55,10 @@ POLL_S = 0.5
 
 
 def slots_of(config: ExperimentConfig) -> dict[str, int]:
-    """The slots a run takes on each host: its ``hosts``, or ``localhost: workers``."""
+    """The slots a run takes on each host: its ``hosts``, an elastic run's discovered hosts
+    now (where it starts), or ``localhost: workers``."""
+    if config.elastic is not None:
+        return hosts_lib.parse(hosts_lib.discover(config.elastic.discovery))
     return hosts_lib.parse(config.hosts or f"localhost:{config.workers}")
 
 

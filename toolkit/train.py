@@ -22,7 +22,7 @@ from pathlib import Path
 
 import keras
 
-from toolkit import callbacks, checkpoints, distributed, monitor, processes
+from toolkit import callbacks, checkpoints, distributed, elastic, monitor, processes
 from toolkit import config as config_lib
 from toolkit.events import EventWriter, read_events, truncate_after
 from toolkit.experiment import (
@@ -34,6 +34,7 @@ from toolkit.experiment import (
     train_batches,
 )
 from toolkit.files import WriteError
+from toolkit.noise_scale import Smoother
 from toolkit.rundir import RunDir, RunError
 
 
@@ -57,17 +58,29 @@ def train(
     learning-rate position and data order. Failures (including a non-finite loss, or a full
     disk) are recorded in ``status.json`` with a reason, then re-raised. Every worker's process
     is recorded there too, so the run's state and ``stop`` can find them.
+
+    Under elastic horovodrun (``--min-np/--max-np``) the run goes on when workers leave or
+    join (:func:`_fit_elastic`); it needs the config's ``elastic`` section and ``run_dir``,
+    where every worker, a late one included, writes once it is rank 0.
     """
     fusion_bytes = int(config.allreduce.fusion_threshold_mb * 2**20)
     os.environ["HOROVOD_FUSION_THRESHOLD"] = str(fusion_bytes)  # read when Horovod starts
     distributed.init()
+    elastic_run = distributed.elastic()
+    if elastic_run and (config.elastic is None or run_dir is None):
+        raise config_lib.ConfigError(
+            "an elastic horovodrun (--min-np/--max-np) needs the config's elastic section and "
+            "--run-dir, which workers that join later write to"
+        )
     rank0, world = distributed.is_rank0(), distributed.size()
     role = "worker" if "HOROVOD_RANK" in os.environ else processes.IN_PROCESS  # see processes
     me = {**processes.record(role), "rank": distributed.rank()}
     heartbeat = processes.Heartbeat(Path(run_dir), me) if run_dir else None
     if heartbeat:  # a launched run: its readers may be on another host
         heartbeat.start()
-    workers = distributed.allgather_object(me)
+    # an elastic run gathers its workers at each start of its world, and no sooner: a worker
+    # that joins later must meet the others in the state's sync, not here
+    workers = [me] if elastic_run else distributed.allgather_object(me)
     run = _prepare_run_dir(config, run_dir, runs_root) if rank0 else None
     view = monitor.LiveView(run) if run and live and monitor.in_notebook() else None
     if view is not None:
@@ -98,6 +111,7 @@ def train(
         finally:
             keras.config.set_dtype_policy(previous_policy)
     except BaseException as error:
+        run = _recorder(run, run_dir)
         if run:
             stopped = isinstance(error, KeyboardInterrupt)
             reason = (
@@ -111,6 +125,7 @@ def train(
                 pass
         raise
     else:
+        run = _recorder(run, run_dir)
         if run:
             run.finish("completed", exit_code=0, finished=time.time())
     finally:
@@ -121,24 +136,39 @@ def train(
     return run
 
 
+def _recorder(run: RunDir | None, run_dir) -> RunDir | None:
+    """The run this process records into now: rank 0's at the start; in an elastic run,
+    whoever is rank 0 at the end (the first may be gone). ``None`` elsewhere, and where
+    Horovod is down (the supervisor records the end)."""
+    if not distributed.elastic():
+        return run
+    try:
+        return RunDir(Path(run_dir)) if distributed.is_rank0() else None
+    except ValueError:  # Horovod not running
+        return None
+
+
 def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     keras.utils.set_random_seed(config.seed)
     dataset = load_dataset(config)
     spe = steps_per_epoch(config, len(dataset.x_train), world)
-    per_execution = steps_per_execution(config, spe, world)
+    elastic_run = distributed.elastic()
+    # an elastic run measures the noise scale in the allreduce hook whatever its world, as
+    # several workers do: the step's intervals are those of its largest world
+    per_execution = steps_per_execution(config, spe, max(config.world_sizes(), default=world))
     if run:  # what a progress bar outside the run counts to, and the NaN guard's granularity
         run.update_meta(
             steps_per_epoch=spe,
             total_steps=config.epochs * spe,
             steps_per_execution=per_execution,
         )
-    per_worker = config.per_worker_batch(world)
     model = build_model(config, dataset)
     optimizer = build_optimizer(config, spe, world)
     if config.precision == "mixed_float16":  # loss scaling outside, so its check is global
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     noise_every = config.logging.noise_scale_every_steps
-    meter = distributed.GradientNoiseMeter(noise_every) if noise_every and world > 1 else None
+    measured = noise_every and (world > 1 or elastic_run)
+    meter = distributed.GradientNoiseMeter(noise_every) if measured else None
     optimizer = distributed.DistributedOptimizer(
         optimizer,
         **config.allreduce.model_dump(),
@@ -155,7 +185,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         steps_per_execution=per_execution,
     )
 
-    position = checkpoints.Position(0, 0)
+    position, residuals = checkpoints.Position(0, 0), None
+    smoother = Smoother(decay=config.logging.noise_scale_smoothing)
     checkpoint_dir = (run.path if run else run_dir or Path(".")) / "checkpoints"
     if resume:
         latest = checkpoints.latest(checkpoint_dir) if rank0 else None
@@ -163,46 +194,187 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
             raise FileNotFoundError(f"--resume: no checkpoint in {checkpoint_dir}")
         if latest is not None:
             position = checkpoints.restore(latest, model)
-        position = checkpoints.Position(
-            *distributed.broadcast_object((position.epoch, position.step))
-        )
-        _restore_residuals(optimizer, latest, world)
+        if elastic_run:  # no collective: its state's first sync gives rank 0's to everyone
+            residuals = checkpoints.residuals(latest) if latest is not None else None
+        else:
+            position = checkpoints.Position(
+                *distributed.broadcast_object((position.epoch, position.step))
+            )
+            _restore_residuals(optimizer, latest, world)
         if meter is not None:  # measurements stay at the multiples of the interval
             meter.continue_from(position.step // config.steps_per_update(world))
         if run:
             truncate_after(run.events_path, position.step)
+            _smooth_on(smoother, run.events_path)
     if position.epoch >= config.epochs:
         return
+    if elastic_run:
+        _fit_elastic(
+            config, run_dir, model, dataset, spe, position, residuals, meter, smoother, verbose
+        )
+        return
 
-    train_data = functools.reduce(
-        lambda a, b: a.concatenate(b),
-        [
-            train_batches(config, dataset, epoch, world, distributed.rank())
-            for epoch in range(position.epoch, config.epochs)
-        ],
+    counter = callbacks.StepCounter(position.step)
+    hooks, writer = _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother)
+    if run and world == 1:
+        every = config.logging.every_steps
+        hooks.insert(-1, callbacks.StopWhenRequested(run, counter, every_steps=every))
+    if view is not None:  # after the logger: it draws what was just written
+        hooks.append(
+            keras.callbacks.LambdaCallback(
+                on_train_batch_end=lambda batch, logs: view.refresh(at_most_every_s=1.0),
+                on_epoch_end=lambda epoch, logs: view.refresh(),
+            )
+        )
+        verbose = 0  # the view's progress line takes the bar's place
+    try:
+        model.fit(
+            _epochs(config, dataset, position.epoch, world),
+            epochs=config.epochs,
+            initial_epoch=position.epoch,
+            steps_per_epoch=spe,
+            validation_data=test_batches(dataset),
+            shuffle=False,  # the order is epoch_dataset's
+            callbacks=[distributed.BroadcastInitialState(), *hooks],
+            verbose=_verbosity(verbose),
+        )
+    finally:
+        if writer:  # ended or failed: the events' columnar copy is brought up to date
+            writer.close()
+
+
+def _fit_elastic(
+    config, run_dir, model, dataset, spe, position, residuals, meter, smoother, verbose
+):
+    """Train from ``position`` under elastic horovodrun (:mod:`toolkit.elastic`).
+
+    The state (model, optimizer, the noise meter and ``smoother``, residuals, epoch and batch)
+    is committed every ``elastic.commit_every_steps`` steps and at each epoch's end. When the
+    world changes, training goes on from the last commit with the workers there are: every
+    worker takes its new share (:func:`~toolkit.experiment.train_batches`) of the same global
+    batches (the per-worker batch is ``batch.global_size`` over the workers), skipping the
+    committed part of the epoch, so each example of the epoch is still seen once, apart from the
+    steps since the commit, which are trained again. The callbacks are rebuilt for each world
+    (rank 0, who writes, may have moved), the events after the commit are dropped, and rank 0
+    writes an ``elastic`` event: the step, the new and previous world size, the hosts, the
+    reason and ``steps_lost`` (repeated). The workers' process records are replaced by the new
+    world's, so ``status`` and ``stop`` find the living ones.
+
+    A resumed run starts from rank 0's checkpoint (``position``, and every worker's
+    ``residuals`` there, dealt out to the world there is now, whatever its size, by
+    :func:`~toolkit.compression.reshard_residuals`)."""
+    state = elastic.TrainingState(
+        model,
+        variables=meter.variables if meter is not None else (),
+        smoother=smoother,
+        residuals=residuals or (),
+        epoch=position.epoch,
+        batch=0,
     )
+    reached = {"step": position.step, "world": None}  # where the last fit call got to
     test_data = test_batches(dataset)
-    counter, logging = callbacks.StepCounter(position.step), config.logging
-    hooks = [
-        distributed.BroadcastInitialState(),
-        counter,
-        distributed.MetricAverageCallback(),
-    ]
-    if run:
-        writer = EventWriter(run.events_path)
+
+    @elastic.run
+    def fit(state: elastic.TrainingState) -> None:
+        world, rank = distributed.size(), distributed.rank()
+        step = state.epoch * spe + state.batch
+        run = RunDir(run_dir) if distributed.is_rank0() else None
+        workers = distributed.allgather_object({**processes.record("worker"), "rank": rank})
+        if run:
+            run.record_processes(*workers, replacing="worker", world_size=world)
+        if run and state.interrupted:
+            truncate_after(run.events_path, step)
+            with EventWriter(run.events_path) as writer:
+                writer.write(
+                    {
+                        "step": step,
+                        "epoch": step / spe,
+                        "phase": "elastic",
+                        "world_size": world,
+                        "previous_world_size": reached["world"],
+                        "hosts": ",".join(sorted({w["host"] for w in workers})),
+                        "reason": state.interrupted,
+                        "steps_lost": reached["step"] - step,
+                    }
+                )
+            print(
+                f"elastic: {state.interrupted}; {reached['world']} -> {world} workers at step "
+                f"{step} ({reached['step'] - step} steps to train again)",
+                flush=True,
+            )
+        reached.update(step=step, world=world)
+        counter = callbacks.StepCounter(step)
+        hooks, writer = _callbacks(
+            config, run, model, dataset, spe, counter, world, meter, smoother
+        )
+        hooks.append(elastic.Committer(state, config.elastic.commit_every_steps))  # last
+        fit_epochs = functools.partial(
+            model.fit,
+            validation_data=test_data,
+            shuffle=False,
+            callbacks=hooks,
+            verbose=_verbosity(verbose),
+        )
+        try:
+            if state.batch:  # the rest of the epoch the reset broke into
+                fit_epochs(
+                    _epochs(config, dataset, state.epoch, world, skip=state.batch, last=1),
+                    initial_epoch=state.epoch,
+                    epochs=state.epoch + 1,
+                    steps_per_epoch=spe - state.batch,
+                )
+            if state.epoch < config.epochs:
+                fit_epochs(
+                    _epochs(config, dataset, state.epoch, world),
+                    initial_epoch=state.epoch,
+                    epochs=config.epochs,
+                    steps_per_epoch=spe,
+                )
+        finally:
+            reached["step"] = counter.step
+            if writer:
+                writer.close()
+
+    fit(state)
+
+
+def _epochs(config, dataset, first: int, world: int, skip: int = 0, last: int | None = None):
+    """This worker's batches of epochs ``first`` to the last (or ``last`` of them), in
+    order, without the first ``skip`` batches (a resumed epoch's done part)."""
+    last = config.epochs if last is None else first + last
+    rank = distributed.rank()
+    parts = [train_batches(config, dataset, e, world, rank) for e in range(first, last)]
+    return functools.reduce(lambda a, b: a.concatenate(b), parts).skip(skip)
+
+
+def _verbosity(verbose: int | str) -> int:
+    """Keras's ``verbose`` for this worker: rank 0's bar (a line per epoch off a terminal)."""
+    if not distributed.is_rank0():
+        return 0
+    return (1 if sys.stdout.isatty() else 2) if verbose == "auto" else verbose
+
+
+def _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother):
+    """The callbacks of a fit with ``world`` workers (``run``: rank 0's, else ``None``), in
+    their order, the NaN guard last; and the event writer, if this worker has one."""
+    logging, optimizer = config.logging, model.optimizer
+    hooks = [counter, distributed.MetricAverageCallback()]
+    writer = EventWriter(run.events_path) if run else None
+    if writer:
         hooks.append(
             callbacks.EventLogger(
                 writer,
                 counter,
-                every_steps=config.logging.every_steps,
+                every_steps=logging.every_steps,
                 steps_per_epoch=spe,
-                samples_per_step=per_worker * world,
+                samples_per_step=config.per_worker_batch(world) * world,
+                world_size=world,
                 traffic=distributed.traffic(optimizer),
                 steps_per_update=config.steps_per_update(world),
             )
         )
         if _has_trust_ratios(config):
-            every = config.logging.trust_ratio_every_steps
+            every = logging.trust_ratio_every_steps
             hooks.append(callbacks.TrustRatioLogger(writer, counter, every_steps=every))
     reducer = distributed.sparse_allreduce(optimizer)
     hooks.append(  # on every worker: the residuals are gathered from all of them
@@ -218,52 +390,25 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
             ),
         )
     )
-    if run and noise_every and (meter or per_worker >= 2):
-        noise_scale = _noise_scale_logger(config, writer, counter, meter, dataset, spe, world)
-        events = read_events(run.events_path) if resume else {}
-        if "grad_sq_step" in events:  # smoothing goes on from the measurements logged before
-            logged = events[events.phase == "gns"]
-            pairs = zip(logged.grad_sq_step, logged.trace_sigma_step, strict=True)
-            noise_scale.continue_from(pairs)
-        hooks.append(noise_scale)
+    # the noise scale: from the allreduce hook's norms with several workers (so none with one
+    # worker of an elastic run: its hook has one gradient), else from two half batches
+    measurable = world > 1 if meter is not None else config.per_worker_batch(world) >= 2
+    if writer and logging.noise_scale_every_steps and measurable:
+        hooks.append(
+            _noise_scale_logger(config, writer, counter, meter, dataset, spe, world, smoother)
+        )
     if logging.system_every_events:  # every worker: each sends its own sample
         hooks.append(
             callbacks.SystemLogger(
-                writer if run else None,
+                writer,
                 counter,
                 first_step=logging.every_steps,  # the first train event's step
                 every_steps=logging.every_steps * logging.system_every_events,
                 steps_per_epoch=spe,
             )
         )
-    if run and world == 1:
-        every = config.logging.every_steps
-        hooks.append(callbacks.StopWhenRequested(run, counter, every_steps=every))
     hooks.append(callbacks.StopOnNonFiniteLoss(counter))  # after the logger: the NaN is logged
-    if view is not None:  # after the logger: it draws what was just written
-        hooks.append(
-            keras.callbacks.LambdaCallback(
-                on_train_batch_end=lambda batch, logs: view.refresh(at_most_every_s=1.0),
-                on_epoch_end=lambda epoch, logs: view.refresh(),
-            )
-        )
-        verbose = 0  # the view's progress line takes the bar's place
-    if verbose == "auto":
-        verbose = (1 if sys.stdout.isatty() else 2) if rank0 else 0
-    try:
-        model.fit(
-            train_data,
-            epochs=config.epochs,
-            initial_epoch=position.epoch,
-            steps_per_epoch=spe,
-            validation_data=test_data,
-            shuffle=False,  # the order is epoch_dataset's
-            callbacks=hooks,
-            verbose=verbose if rank0 else 0,
-        )
-    finally:
-        if run:  # ended or failed: the events' columnar copy is brought up to date
-            writer.close()
+    return hooks, writer
 
 
 def steps_per_execution(config: config_lib.ExperimentConfig, spe: int, world: int) -> int:
@@ -313,9 +458,10 @@ def _restore_residuals(optimizer, checkpoint: Path | None, world: int) -> None:
         print(f"warning: residuals restart at zero (the checkpoint holds {found}, not {world})")
 
 
-def _noise_scale_logger(config, writer, counter, meter, dataset, spe, world):
+def _noise_scale_logger(config, writer, counter, meter, dataset, spe, world, smoother):
     """The ``gns`` event logger: the allreduce hook's norms with several workers, two halves of
-    an extra batch with one (see :class:`~toolkit.callbacks.HalfBatchNorms`)."""
+    an extra batch with one (see :class:`~toolkit.callbacks.HalfBatchNorms`); it smooths on
+    with ``smoother``."""
     global_batch, per_worker = config.global_batch(world), config.per_worker_batch(world)
     if meter is not None:
         halves, b_small, b_big = None, global_batch // world, global_batch
@@ -334,7 +480,18 @@ def _noise_scale_logger(config, writer, counter, meter, dataset, spe, world):
         smoothing=config.logging.noise_scale_smoothing,
         meter=meter,
         halves=halves,
+        smoother=smoother,
     )
+
+
+def _smooth_on(smoother: Smoother, events_path: Path) -> None:
+    """Feed ``smoother`` the measurements a resumed run logged before (its ``gns`` events), so
+    smoothing goes on as if it had not stopped."""
+    events = read_events(events_path)
+    if "grad_sq_step" in events:
+        logged = events[events.phase == "gns"]
+        for pair in zip(logged.grad_sq_step, logged.trace_sigma_step, strict=True):
+            smoother.update(*pair)
 
 
 def _has_trust_ratios(config) -> bool:
