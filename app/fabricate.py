@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from toolkit.config import from_mapping
@@ -31,12 +32,14 @@ def fake_run(
     bytes_per_update: float | None = None,
     seed: int = 0,
     pid: int | None = None,
+    resets: Sequence[tuple[int, int]] = (),
 ) -> RunDir:
     """A run with ``events`` event lines (train rows, an eval row every ``eval_every`` steps,
     a trust-ratio row every ``trust_every``, a gradient-noise-scale row every ``gns_every`` and
     a system-metrics row of two workers every ``system_every`` if given) spread evenly over
     ``epochs``; with ``bytes_per_update``, train rows carry that traffic (``comm/bytes_sent``,
-    against 40 kB dense)."""
+    against 40 kB dense). ``resets``: ``(step, workers)`` where an elastic run's world changed
+    (an ``elastic`` row, and ``world_size`` on the train rows; 2 workers before the first)."""
     rng = random.Random(seed)
     run = RunDir.create(root, run_id)
     config = from_mapping(
@@ -57,10 +60,20 @@ def fake_run(
     run.update_meta(run_id=run_id, created=start, world_size=2, seed=seed)
     steps = max(1, events - events // eval_every - events // trust_every)
     per_epoch = steps / epochs
+    world, changes = 2, dict(resets)
     with EventWriter(run.events_path) as writer:
         for step in range(steps):
             wall, epoch = start + step * 0.05, step / per_epoch
             decay = math.exp(-step / (steps / 3))
+            if step in changes:
+                reason = "a worker was lost" if changes[step] < world else "hosts were added"
+                hosts = ",".join(f"h{i}" for i in range(1, changes[step] + 1))
+                writer.write(
+                    {"step": step, "epoch": epoch, "wall": wall, "phase": "elastic"}
+                    | {"world_size": changes[step], "previous_world_size": world, "hosts": hosts}
+                    | {"reason": reason, "steps_lost": 3 if changes[step] < world else 0}
+                )
+                world = changes[step]
             writer.write(
                 {
                     "step": step,
@@ -72,6 +85,7 @@ def fake_run(
                     "loss": 2.3 * decay + 0.1 + 0.05 * rng.random(),
                     "accuracy": 0.95 - 0.85 * decay + 0.02 * rng.random(),
                     "samples_per_sec": 3000 + 200 * rng.random(),
+                    "world_size": world,
                 }
                 | (
                     {}

@@ -225,6 +225,27 @@ def test_launch_synchronisation_and_compression_fields(root, launches):
     assert config.allreduce.residual is False and config.sync.mode == "full"
 
 
+def test_launch_elastic_fields_need_a_global_batch_for_every_world(root, launches, tmp_path):
+    at = page("launch")
+    by_label(at.checkbox, "Elastic").check()
+    by_label(at.number_input, "Workers").set_value(2)
+    by_label(at.number_input, "Fewest workers").set_value(2)
+    by_label(at.number_input, "Most workers").set_value(3)
+    by_label(at.text_input, "Hosts file or discovery script").input(str(tmp_path / "hosts"))
+    by_label(at.number_input, "Global batch (optional)").set_value(64).run()
+    (first, *_) = at.error  # 64 does not divide among 3
+    assert "does not divide evenly among 3 workers" in first.value.replace("\\", "")
+    by_label(at.button, "Launch").click().run()
+    assert launches == []
+    by_label(at.number_input, "Global batch (optional)").set_value(96).run()
+    assert not at.error
+    by_label(at.button, "Launch").click().run()
+    ((config, _),) = launches
+    elastic = config.elastic
+    assert (elastic.min_workers, elastic.max_workers) == (2, 3)
+    assert elastic.discovery == str(tmp_path / "hosts") and config.global_batch(3) == 96
+
+
 def test_launch_labels_are_plain_words_with_the_field_name_as_help(root, launches):
     at = page("launch")
     by_label(at.selectbox, "Optimizer").set_value("lars").run()
@@ -624,6 +645,24 @@ def test_detail_draws_each_workers_system_metrics(root):
     np.testing.assert_allclose(decode(cpu["data"][1]["y"]), system["cpu_percent/rank1"])
     np.testing.assert_array_equal(decode(cpu["data"][1]["x"]), system["step"])
     assert "memory per worker (GB)" in drawn
+
+
+def test_detail_marks_an_elastic_runs_resets_and_draws_its_workers(root):
+    run = fake_run(root, "elastic", events=300, epochs=3, resets=[(60, 1), (150, 3)])
+    at = page("detail")
+    drawn = {f["layout"]["title"]["text"]: f for f in figures(at)}
+    workers = drawn["workers (elastic)"]
+    events = read_events(run.events_path)
+    train = events[events["phase"] == "train"]
+    np.testing.assert_array_equal(decode(workers["data"][0]["y"]), train["world_size"])
+    for title in ("loss", "accuracy", "learning rate", "workers (elastic)"):
+        marks = [shape["x0"] for shape in drawn[title]["layout"]["shapes"]]
+        assert marks == [60, 150], title
+    said = [c.value.replace("\\", "") for c in at.caption if "workers on" in c.value]
+    assert said == [
+        "step 60: a worker was lost, 2 → 1 workers on h1; 3 steps trained again",
+        "step 150: hosts were added, 1 → 3 workers on h1,h2,h3; 0 steps trained again",
+    ]
 
 
 def test_a_run_that_sends_dense_gradients_gets_a_line_not_flat_charts(root):

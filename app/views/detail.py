@@ -114,9 +114,36 @@ def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
             series.append(Series(name, x, rows[metric], color=color, dash=dash))
     if series:
         figure = charts.lines(series, title, X_AXES[x_axis], smoothing=smoothing, height=300)
+        mark_resets(figure, frame)
         st.plotly_chart(figure, theme=None)
     else:
         st.text(f"{title}: no data yet")
+
+
+def mark_resets(figure, frame) -> None:
+    """A dotted vertical line at each reset of an elastic run (its ``elastic`` events)."""
+    rows = data.phase(frame, "elastic")
+    x = x_values(frame, rows, x_axis, config) if not rows.empty else None
+    for at in [] if x is None else x:
+        figure.add_vline(x=at, line={"dash": "dot", "color": "#888888", "width": 1})
+
+
+def elastic_resets(frame) -> None:
+    """An elastic run's workers over training, and a line per reset: where, why, from how many
+    workers to how many, on which hosts, and how many steps were trained again."""
+    rows = data.phase(frame, "elastic")
+    if rows.empty and not (config and config.elastic):
+        return
+    curves(frame, "world_size", "workers (elastic)", phases=("train",))
+    for reset in rows.to_dict("records"):
+        st.caption(
+            md_escape(
+                f"step {reset['step']:.0f}: {reset.get('reason')}, "
+                f"{reset.get('previous_world_size', float('nan')):.0f} → "
+                f"{reset.get('world_size', float('nan')):.0f} workers on {reset.get('hosts')}; "
+                f"{reset.get('steps_lost', 0):.0f} steps trained again"
+            )
+        )
 
 
 def traffic(frame) -> None:
@@ -207,6 +234,7 @@ def panel() -> None:
     with right:
         curves(frame, "accuracy", "accuracy")
         curves(frame, "samples_per_sec", "samples/sec", phases=("train",))
+    elastic_resets(frame)
     traffic(frame)
     noise_scale(frame)
     system_metrics(frame)

@@ -112,6 +112,35 @@ with st.expander("Hosts over ssh: port, key and network interface (multi-host ru
             text("Network interface", "network_interface", help="empty: all hosts' common").strip()
             or None
         )
+with st.expander("Elastic: train on while workers leave and join (hosts from discovery)"):
+    elastic_on = st.checkbox(
+        "Elastic",
+        value=form.get(given, "elastic") is not None,
+        key=key("elastic.on"),
+        help="horovodrun --min-np/--max-np --host-discovery-script; needs a fixed global batch",
+    )
+    cells = st.columns(3)
+    elastic = {}
+    with cells[0]:
+        elastic["min_workers"] = number("Fewest workers", "elastic.min_workers", "ElasticConfig")
+        elastic["commit_every_steps"] = number(
+            "Commit every (steps)", "elastic.commit_every_steps", "ElasticConfig"
+        )
+    with cells[1]:
+        elastic["max_workers"] = number("Most workers", "elastic.max_workers", "ElasticConfig")
+        elastic["timeout_s"] = number("Wait for fewest (s)", "elastic.timeout_s", "ElasticConfig")
+    with cells[2]:
+        elastic["discovery"] = text(
+            "Hosts file or discovery script",
+            "elastic.discovery",
+            "ElasticConfig",
+            help="host:slots lines; an executable file is run and its output read",
+        ).strip()
+        elastic["cooldown_s"] = number(
+            "A failed host may rejoin after (s)", "elastic.cooldown_s", "ElasticConfig"
+        )
+    slots.add("elastic")
+    raw["elastic"] = elastic if elastic_on else None
 
 left, right = st.columns(2)
 with left, st.container(border=True):
