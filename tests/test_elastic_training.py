@@ -28,7 +28,7 @@ from toolkit import launch as launcher
 from toolkit.config import from_mapping
 from toolkit.events import read_events
 from toolkit.experiment import load_dataset, steps_per_epoch, train_batches
-from toolkit.rundir import TERMINAL, RunDir
+from toolkit.rundir import TERMINAL, RunDir, summary
 from toolkit.train import train
 
 pytestmark = pytest.mark.timeout(420)
@@ -274,3 +274,32 @@ def test_a_run_below_min_workers_fails_with_that_reason_and_resumes(cluster_host
     frame = events(run)
     train_events = frame[frame.phase == "train"]
     assert train_events.step.tolist() == list(range(5, 6 * read_meta_spe(run) + 1, 5))
+
+
+def test_stop_after_a_reset_ends_the_new_worlds_processes_and_not_the_departed(
+    cluster_hosts, runs, tmp_path
+):
+    """Three hosts; the worker on lbl-h3 is killed and its host dropped. Once the run trains on
+    two, its status lists the two living workers only, and stop ends every one of them."""
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, cluster_hosts)
+    config = from_mapping({**ELASTIC, "epochs": 100})
+    run = launcher.launch(
+        config, min_np=2, max_np=3, discovery=hosts, overrides=["elastic.cooldown_s=0"]
+    )
+    try:
+        wait_for("training", lambda: train_steps(run) >= 10, run)
+        (lost,) = [p for p in run.status()["processes"] if p.get("host") == LOST_HOST]
+        write_hosts(hosts, cluster_hosts[:2])
+        os.kill(lost["pid"], signal.SIGKILL)
+        wait_for("training on 2", lambda: train_steps(run, world=2) > 0, run)
+        workers = [p for p in run.status()["processes"] if p["role"] == "worker"]
+        assert sorted(p["rank"] for p in workers) == [0, 1]
+        assert {p["host"] for p in workers} == {"lbl-h1", "lbl-h2"}
+        assert run.status()["world_size"] == 2
+        assert summary(run)["workers"] == 2  # the runs table's, from 3 at launch
+    finally:
+        launcher.stop(run)
+    status = run.status()
+    assert status["state"] == "stopped"
+    assert not [p for p in workers if psutil.pid_exists(p["pid"])]  # one pid space here

@@ -531,7 +531,8 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         config = run.config()
         row.update(
             optimizer=config.optimizer.name,
-            workers=config.workers,
+            # an elastic run's: as many as it has now (or had last)
+            workers=(config.elastic and status.get("world_size")) or config.workers,
             global_batch=config.global_batch(),
             epochs=config.epochs,
         )
