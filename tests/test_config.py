@@ -334,3 +334,56 @@ def test_lbsgd_batch_scale_auto_needs_a_global_size_that_divides(batch):
     raw = {"optimizer": {"name": "lbsgd", "params": {"batch_scale": "auto"}}, "batch": batch}
     with pytest.raises(ConfigError, match=r"optimizer.params.batch_scale: 'auto' needs"):
         from_mapping(raw)
+
+
+ELASTIC = {"min_workers": 2, "max_workers": 4, "discovery": "hosts"}
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({}, "elastic: batch.global_size must be set"),
+        (
+            {"batch": {"global_size": 100}},
+            "global_size=100 does not divide evenly among 3 workers (x accumulation, x "
+            "batch_scale for lbsgd); a multiple of 12 fits every world size from 2 to 4",
+        ),
+        (
+            {"batch": {"global_size": 140, "accumulation": 7}},
+            "among 3 workers (x accumulation, x batch_scale for lbsgd); a multiple of 84 fits",
+        ),
+        ({"workers": 5, "batch": {"global_size": 120}}, "workers=5 must lie in"),
+        (
+            {"batch": {"global_size": 120}, "precision": "mixed_float16"},
+            "elastic: needs precision='float32'",
+        ),
+        ({"batch": {"global_size": 120}, "sync": {"mode": "local_sgd"}}, "sync.mode='local_sgd'"),
+        (
+            {"batch": {"global_size": 120}, "allreduce": {"compression": "fp16"}},
+            "allreduce.compression='fp16'",
+        ),
+        ({"batch": {"global_size": 120}, "hosts": "a:2"}, "give the hosts in elastic.discovery"),
+        (
+            {"batch": {"global_size": 120}, "elastic": {**ELASTIC, "min_workers": 5}},
+            "elastic: min_workers=5 is above max_workers=4",
+        ),
+        ({"batch": {"global_size": 120}, "elastic": {"max_workers": 4}}, "elastic.discovery"),
+    ],
+)
+def test_an_elastic_config_keeps_its_global_batch_in_every_world_or_is_refused(changes, expected):
+    raw = {"workers": 2, "elastic": ELASTIC, **changes}
+    with pytest.raises(ConfigError) as refused:
+        from_mapping(raw)
+    assert expected in str(refused.value)
+
+
+def test_an_elastic_epoch_is_the_same_steps_in_every_world_of_its_range():
+    config = from_mapping({"workers": 2, "batch": {"global_size": 120}, "elastic": ELASTIC})
+    assert list(config.world_sizes()) == [2, 3, 4]
+    for world in (2, 3, 4):
+        assert config.per_worker_batch(world) * world == config.global_batch(world) == 120
+    for examples in (1003, 1079, 1199, 120 * 9 - 1, 120 * 9):
+        steps = [steps_per_epoch(config, examples, w) for w in (2, 3, 4)]
+        assert steps == [examples // 120] * 3, examples
+    plain = from_mapping({"workers": 2, "batch": {"global_size": 120}})
+    assert list(plain.world_sizes()) == [2]

@@ -3,6 +3,8 @@ ssh fields of the config as horovodrun receives them."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from conftest import run_cli
 
@@ -107,3 +109,67 @@ def test_ssh_fields_are_validated_and_reach_horovodrun(tmp_path):
         from_mapping(bad)
     for field in bad:
         assert f"\n  {field}: " in str(refused.value)
+
+
+def test_elastic_discovery_reads_a_hosts_file_or_runs_a_script(tmp_path):
+    listed = tmp_path / "hosts"
+    listed.write_text("lbl-h1:2\n\nlbl-h2\n")  # a bare name is one slot, as Horovod reads it
+    assert hosts.discover(listed) == "lbl-h1:2,lbl-h2:1"
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listed}\necho lbl-h3:4\n")
+    script.chmod(0o755)
+    assert hosts.is_script(script) and not hosts.is_script(listed)
+    assert hosts.discover(script) == "lbl-h1:2,lbl-h2:1,lbl-h3:4"
+    for text, message in [
+        ("", "lists no host"),
+        ("lbl-h1:two\n", "hosts must be name:slots"),
+        ("#!/bin/sh\nexit 3\n", "exited with code 3"),
+    ]:
+        bad = tmp_path / "bad"
+        bad.write_text(text)
+        bad.chmod(0o755 if text.startswith("#!") else 0o644)
+        with pytest.raises(ConfigError, match=f"elastic.discovery: {bad}") as refused:
+            hosts.discover(bad)
+        assert message in str(refused.value)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        hosts.discover(tmp_path / "missing")
+    endless = tmp_path / "endless"
+    for body, message in [("exec yes lbl-h1:1", "printed more than"), ("sleep 60", "killed")]:
+        endless.write_text(f"#!/bin/sh\n{body}\n")
+        endless.chmod(0o755)
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=message):
+            hosts.discover(endless, timeout=1)
+        assert time.monotonic() - started < 10
+
+
+def test_an_elastic_run_reaches_horovodrun_through_its_discovery_script(tmp_path):
+    from toolkit.launch import horovodrun_argv
+    from toolkit.rundir import RunDir
+
+    listed = tmp_path / "hosts"
+    listed.write_text("lbl-h1:1\nlbl-h2:1\n")
+    elastic = {"min_workers": 1, "max_workers": 2, "discovery": str(listed), "cooldown_s": 3}
+    config = from_mapping({"workers": 2, "batch": {"global_size": 64}, "elastic": elastic})
+    run = RunDir.create(tmp_path, "r", config)
+    argv = horovodrun_argv(config, run, resume=False)
+    assert "-H" not in argv
+    at = argv.index("--min-np")
+    assert argv[at : at + 11] == [
+        "--min-np",
+        "1",
+        "--max-np",
+        "2",
+        "--host-discovery-script",
+        str(run.discovery_path.resolve()),
+        "--elastic-timeout",
+        "600",
+        "--blacklist-cooldown-range",
+        "3",
+        "3600",
+    ]
+    assert hosts.discover(run.discovery_path) == "lbl-h1:1,lbl-h2:1"  # it prints the file
+    listed.write_text("lbl-h3:2\n")  # ... as it is now, every time horovodrun runs it
+    assert hosts.discover(run.discovery_path) == "lbl-h3:2"
+    never = from_mapping({**config.model_dump(), "elastic": {**elastic, "cooldown_s": 0}})
+    assert "--blacklist-cooldown-range" not in horovodrun_argv(never, run, resume=False)

@@ -21,14 +21,9 @@ from toolkit.schedules import MultiFactor, Poly, Warmup
 
 
 def steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -> int:
-    """Batches per worker and epoch (capped by ``config.steps_per_epoch``). An elastic run
-    takes the fewest of any world size it may train with, so that an epoch is the same global
-    batches whoever is left (``world_size`` is then only the one checked first)."""
-    worlds = [world_size, *(w for w in config.world_sizes() if w != world_size)]
-    return min(_steps_per_epoch(config, num_train, w) for w in worlds)
-
-
-def _steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -> int:
+    """Batches per worker and epoch (capped by ``config.steps_per_epoch``). At a fixed
+    ``batch.global_size`` G it is the same on any number of workers W that divides G, as an
+    elastic run needs: ``⌊⌊n / W⌋ / (G / W)⌋ = ⌊n / G⌋``."""
     per_worker = config.per_worker_batch(world_size)
     steps = data.shard_size(num_train, world_size) // per_worker
     if steps < 1:

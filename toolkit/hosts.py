@@ -16,9 +16,12 @@ A malformed list raises :class:`~toolkit.config.ConfigError` naming where it cam
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -89,13 +92,10 @@ def discover(discovery: str | Path, timeout: float = 30) -> str:
     path = Path(discovery)
     try:
         if is_script(path):
-            done = subprocess.run([str(path.resolve())], capture_output=True, timeout=timeout)
-            if done.returncode:
-                raise OSError(f"exited with code {done.returncode}: {done.stderr[-500:]!r}")
-            text = done.stdout.decode()
+            text = _output(path, timeout).decode()
         else:
             text = files.read_bytes(path, MAX_HOSTFILE_BYTES, follow=True).decode()
-    except (OSError, UnicodeDecodeError, subprocess.TimeoutExpired) as error:
+    except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"elastic.discovery: {path}: cannot be read ({error})") from None
     listed = [line.strip() for line in text.splitlines() if line.strip()]
     items = [line if ":" in line else f"{line}:1" for line in listed]
@@ -105,6 +105,37 @@ def discover(discovery: str | Path, timeout: float = 30) -> str:
         return join(parse(",".join(items)))
     except ConfigError as error:
         raise ConfigError(f"elastic.discovery: {path}: {error}") from None
+
+
+def _output(script: Path, timeout: float) -> bytes:
+    """What ``script`` prints, if it exits with 0 within ``timeout`` s having printed at most
+    :data:`MAX_HOSTFILE_BYTES` (else ``OSError``: a script that never ends, or never stops
+    printing, is cut off)."""
+    with subprocess.Popen(
+        [str(script.resolve())],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its children hold the pipe too: they are ended with it
+    ) as child:
+
+        def end() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, end)
+        timer.start()
+        try:
+            out = child.stdout.read(MAX_HOSTFILE_BYTES + 1)
+            if len(out) > MAX_HOSTFILE_BYTES:
+                end()
+            code = child.wait()
+        finally:
+            timer.cancel()
+    if len(out) > MAX_HOSTFILE_BYTES:
+        raise OSError(f"printed more than {MAX_HOSTFILE_BYTES:,} bytes")
+    if code:
+        raise OSError(f"exited with code {code}" + (" (killed)" if code < 0 else ""))
+    return out
 
 
 def from_slurm(environ: Mapping[str, str] = os.environ) -> str:
