@@ -155,7 +155,7 @@ def test_an_elastic_run_reaches_horovodrun_through_its_discovery_script(tmp_path
     argv = horovodrun_argv(config, run, resume=False)
     assert "-H" not in argv
     at = argv.index("--min-np")
-    assert argv[at : at + 11] == [
+    assert argv[at : at + 13] == [
         "--min-np",
         "1",
         "--max-np",
@@ -164,6 +164,8 @@ def test_an_elastic_run_reaches_horovodrun_through_its_discovery_script(tmp_path
         str(run.discovery_path.resolve()),
         "--elastic-timeout",
         "600",
+        "--gloo-timeout-seconds",
+        "30",
         "--blacklist-cooldown-range",
         "3",
         "3600",

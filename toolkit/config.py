@@ -282,7 +282,10 @@ class ElasticConfig(_Section):
     ``commit_every_steps`` steps and at each epoch's end; a lost worker costs the steps since
     the last commit. With fewer than ``min_workers`` for ``timeout_s`` seconds the run fails,
     and can be resumed from its last checkpoint. A host whose worker failed may come back
-    after ``cooldown_s`` seconds (Horovod doubles it, with jitter, at each failure; 0: never)."""
+    after ``cooldown_s`` seconds (Horovod doubles it, with jitter, at each failure; 0: never).
+    A host that vanishes (a cut link, no power) resets no connection: the others learn of it
+    when a collective has waited ``lost_after_s`` seconds (horovodrun's
+    ``--gloo-timeout-seconds``), which must stay above the slowest step."""
 
     min_workers: int = Field(1, ge=1, le=MAX_WORKERS, description="fewest workers to train with")
     max_workers: int = Field(2, ge=1, le=MAX_WORKERS, description="most workers to train with")
@@ -294,6 +297,9 @@ class ElasticConfig(_Section):
     )
     commit_every_steps: int = Field(50, ge=1, description="steps between in-memory commits")
     timeout_s: int = Field(600, ge=1, description="wait this long for min_workers, then fail")
+    lost_after_s: int = Field(
+        30, ge=1, le=86_400, description="a collective waiting this long: a host is lost"
+    )
     cooldown_s: int = Field(
         10, ge=0, le=3600, description="a failed host may rejoin after this (0: never)"
     )

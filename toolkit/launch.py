@@ -191,6 +191,8 @@ def _elastic_options(config: config_lib.ExperimentConfig, run: RunDir) -> list[s
         str(script),
         "--elastic-timeout",
         str(elastic.timeout_s),
+        "--gloo-timeout-seconds",
+        str(elastic.lost_after_s),
         *(cooldown if elastic.cooldown_s else []),
     ]
 

@@ -129,6 +129,9 @@ with st.expander("Elastic: train on while workers leave and join (hosts from dis
     with cells[1]:
         elastic["max_workers"] = number("Most workers", "elastic.max_workers", "ElasticConfig")
         elastic["timeout_s"] = number("Wait for fewest (s)", "elastic.timeout_s", "ElasticConfig")
+        elastic["lost_after_s"] = number(
+            "A silent host is lost after (s)", "elastic.lost_after_s", "ElasticConfig"
+        )
     with cells[2]:
         elastic["discovery"] = text(
             "Hosts file or discovery script",
