@@ -1,31 +1,31 @@
 """What losing a worker costs an elastic run: seconds from the loss to training again.
 
-    .venv/bin/python experiments/bench_elastic_reset.py [--repeat 3] [--only NAME]
+    .venv/bin/python experiments/bench_elastic_reset.py [--repeat 3] [--only NAME] [--vanish S]
 
-Each repeat starts ``horovodrun --min-np 1 --max-np 2`` with one slot on each of two hosts,
-``localhost`` and ``127.0.0.1`` (this machine under two names: Horovod blacklists a host whose
-worker died, so the survivor must be on another). The workers train a workload with
-:mod:`toolkit.elastic` at a fixed global batch of 64, committing every 10 steps; the worker on
-the second host kills itself (SIGKILL, as a preempted machine) before step 25, so 5 steps are
-lost and trained again. The survivor records when each step ended and when its fit function was
-re-entered; the table gives, per workload, the median over the repeats (min-max):
+Each repeat launches a workload as a user would (``toolkit.launch.launch``, so
+``horovodrun --min-np 2 --max-np 3`` and ``toolkit.train``) on the three hosts of the namespace
+cluster (``toolkit cluster``, made if none is up, as root), one slot each, at a fixed global
+batch of 96, committing every 10 steps and logging every step. Once step 25 is logged the
+worker on lbl-h3 is SIGKILLed (as a preempted machine) and its host dropped from the hosts
+file, so about 5 steps are lost and trained again by the other two. The run's events give,
+per workload, the median over the repeats (min-max):
 
-* reset: from the kill to the survivor's first step alone, split into *back in fit* (the
-  failed collective noticed, the last commit restored, Horovod restarted with one worker, the
-  state synced) and *first step* (Keras retracing the step for the new per-worker batch);
-* cold start: from launching ``horovodrun`` to the first step with two workers (processes,
-  imports, data, model, tracing), what restarting the job from a checkpoint would cost at
-  least, measured in the same run as the peer, and the ratio of the two;
+* reset: from the kill to the first step on two workers, split into *back in fit* (the failed
+  collective noticed, the last commit restored, Horovod restarted with two workers, the state
+  synced, the run's records and ``elastic`` event written: that event's time) and *first step*
+  (the callbacks built again, Keras retracing the step for the new per-worker batch);
+* cold start: from the launch to the first step with three workers (the supervisor,
+  horovodrun, processes, imports, data, model, tracing), what restarting the job from a
+  checkpoint would cost at least, measured in the same run, and the ratio of the two;
 * one step: the median step time before the loss, for scale.
 
 Workloads: the quickstart (MNIST-1D, the 1-D CNN, LARS) and ResNet-20 with LARS on synthetic
 32x32x3 images, 40 steps each.
 
-``--vanish S`` loses a host instead: on two hosts of the namespace cluster (``toolkit
-cluster``, made if none is up, as root), the link of the second is cut before step 25, so its
-worker lives on, unreachable, and no connection is reset. The survivor learns of it when a
-collective times out after ``S`` s (``horovodrun --gloo-timeout-seconds S``); the reset is
-timed from the cut. The quickstart only: the timeout dominates.
+``--vanish S`` loses the host instead: the link of lbl-h3 is cut at step 25, so its worker
+lives on, unreachable, and no connection is reset. The others learn of it when a collective
+times out after ``S`` s (``elastic.lost_after_s``); the reset is timed from the cut. The
+quickstart only: the timeout dominates.
 """
 
 from __future__ import annotations
@@ -49,12 +49,17 @@ sys.path.insert(0, str(ROOT))
 
 from toolkit import cluster  # noqa: E402
 
-GLOBAL_BATCH, STEPS, COMMIT_EVERY, DIE_AT = 64, 40, 10, 25
+GLOBAL_BATCH, STEPS, COMMIT_EVERY, LOSE_AT, LOST = 96, 40, 10, 25, "lbl-h3"
 COMMON = {
-    "workers": 2,
+    "workers": 3,
     "epochs": 1,
     "batch.global_size": GLOBAL_BATCH,
     "steps_per_epoch": STEPS,
+    "logging.every_steps": 1,
+    "network_interface": cluster.INTERFACE,
+    "elastic": {"min_workers": 2, "max_workers": 3, "discovery": "hosts"},
+    "elastic.commit_every_steps": COMMIT_EVERY,
+    "elastic.cooldown_s": 0,
 }
 WORKLOADS = {
     "quickstart": ("experiments/quickstart.yaml", {}),
@@ -65,118 +70,63 @@ WORKLOADS = {
 }
 
 
-def workload_config(name: str):
-    """The workload's preset with :data:`COMMON` and its own overrides applied."""
+def workload_config(name: str, hosts: Path, vanish_s: int | None):
+    """The workload's preset with :data:`COMMON`, its own overrides and the hosts file."""
     from toolkit import config
 
     path, overrides = WORKLOADS[name]
-    sets = [f"{key}={json.dumps(value)}" for key, value in {**COMMON, **overrides}.items()]
+    changes = {**COMMON, **overrides, "elastic.discovery": str(hosts)}
+    if vanish_s is not None:
+        changes["elastic.lost_after_s"] = vanish_s
+    sets = [f"{key}={json.dumps(value)}" for key, value in changes.items()]
     return config.load(ROOT / path, sets)
-
-
-def worker(name: str, out: Path, doomed_host: str, vanish: bool) -> None:
-    """Under horovodrun: the elastic fit. Before ``DIE_AT`` the worker on ``doomed_host`` dies
-    or (``vanish``) says it is time to cut its host's link."""
-    import keras
-
-    from toolkit import distributed, elastic
-    from toolkit.experiment import (
-        build_model,
-        build_optimizer,
-        load_dataset,
-        steps_per_epoch,
-        train_batches,
-    )
-
-    distributed.init()
-    config = workload_config(name)
-    keras.utils.set_random_seed(config.seed)
-    dataset = load_dataset(config)
-    spe = steps_per_epoch(config, len(dataset.x_train), 2)
-    model = build_model(config, dataset)
-    model.compile(
-        optimizer=distributed.DistributedOptimizer(build_optimizer(config, spe, 2)),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=False,
-    )
-    state = elastic.TrainingState(model, epoch=0, batch=0)
-    doomed = os.environ["HOROVOD_HOSTNAME"] == doomed_host
-    marks: list[tuple[str, float, int]] = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            if doomed and state.batch == DIE_AT and not (out / "lost").exists():
-                (out / "lost").write_text(repr(time.time()))
-                if vanish:
-                    time.sleep(1.0)  # the link is cut meanwhile; the step waits in vain
-                else:
-                    os.kill(os.getpid(), signal.SIGKILL)
-
-        def on_train_batch_end(self, batch, logs=None):
-            marks.append(("step", time.time(), distributed.size()))
-
-    @elastic.run
-    def fit(state: elastic.TrainingState) -> None:
-        marks.append(("fit", time.time(), distributed.size()))
-        world, rank = distributed.size(), distributed.rank()
-        while state.epoch < config.epochs:
-            batches = train_batches(config, dataset, state.epoch, world, rank).skip(state.batch)
-            model.fit(
-                batches,
-                initial_epoch=state.epoch,
-                epochs=state.epoch + 1,
-                steps_per_epoch=spe - state.batch,
-                verbose=0,
-                callbacks=[elastic.Committer(state, COMMIT_EVERY), Clock()],
-            )
-
-    fit(state)
-    (out / "marks.json").write_text(json.dumps(marks))
 
 
 def one_reset(name: str, vanish_s: int | None = None) -> dict[str, float]:
     """One elastic run that loses a worker (or, ``vanish_s``, a host): its timings (see the
     module docstring)."""
-    hosts = ["localhost", "127.0.0.1"] if vanish_s is None else [h.name for h in cluster.hosts()]
-    survivor, doomed = hosts[:2]
+    from toolkit import launch
+    from toolkit.events import read_events
+    from toolkit.rundir import TERMINAL
+
+    names = [h.name for h in cluster.hosts()]
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        discover = out / "discover.sh"
-        discover.write_text(f"#!/bin/sh\necho {survivor}:1\necho {doomed}:1\n")
-        discover.chmod(0o755)
-        horovodrun = Path(sys.executable).with_name("horovodrun")
-        command = [str(horovodrun), "--gloo", "-np", "2", "--min-np", "1", "--max-np", "2"]
-        command += ["--host-discovery-script", str(discover)]
-        if vanish_s is not None:
-            command += ["--network-interfaces", cluster.INTERFACE]
-            command += ["--gloo-timeout-seconds", str(vanish_s)]
-        command += [sys.executable, __file__, "--worker", name, str(out), doomed]
-        command += ["vanish" if vanish_s is not None else "kill"]
+        hosts = Path(tmp) / "hosts"
+        hosts.write_text("".join(f"{h}:1\n" for h in names))
+        config = workload_config(name, hosts, vanish_s)
         launched = time.time()
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        if vanish_s is not None:
-            while not (out / "lost").exists() and child.poll() is None:
-                time.sleep(0.02)
-            subprocess.run(["ip", "link", "set", doomed, "down"], check=True)
-            lost = time.time()
+        run = launch.launch(config, runs_root_dir=Path(tmp) / "runs")
+
+        def logged() -> int:
+            events = read_events(run.events_path) if run.events_path.exists() else None
+            return 0 if events is None or "step" not in events else int(events.step.max())
+
+        while logged() < LOSE_AT and run.status()["state"] not in TERMINAL:
+            time.sleep(0.01)
+        (worker,) = [p for p in run.status()["processes"] if p.get("host") == LOST]
+        hosts.write_text("".join(f"{h}:1\n" for h in names if h != LOST))
+        lost = time.time()
+        if vanish_s is None:
+            os.kill(worker["pid"], signal.SIGKILL)
+        else:
+            subprocess.run(["ip", "link", "set", LOST, "down"], check=True)
         try:
-            output = child.communicate(timeout=600)[0].decode(errors="replace")
+            while run.status()["state"] not in TERMINAL:
+                time.sleep(0.2)
         finally:
             if vanish_s is not None:
-                subprocess.run(["ip", "link", "set", doomed, "up"], check=True)
-        if child.returncode:
-            sys.exit(f"{name}: horovodrun failed\n{output[-4000:]}")
-        if vanish_s is None:
-            lost = float((out / "lost").read_text())
-        marks = json.loads((out / "marks.json").read_text())
-    steps = [(t, world) for kind, t, world in marks if kind == "step"]
-    together = [t for t, world in steps if world == 2]
-    back_in_fit = next(t for kind, t, world in marks if kind == "fit" and world == 1)
-    first_alone = next(t for t, world in steps if world == 1)
+                subprocess.run(["ip", "link", "set", LOST, "up"], check=True)
+        status, events = run.status(), read_events(run.events_path)
+        if status["state"] != "completed":
+            sys.exit(f"{name}: {status}\n{run.stdout_path.read_text()[-4000:]}")
+    train = events[events.phase == "train"]
+    together = train[train.world_size == 3].wall.to_numpy()
+    back_in_fit = float(events[events.phase == "elastic"].wall.iloc[0])
+    first_on_two = float(train[train.world_size == 2].wall.iloc[0])
     return {
-        "reset": first_alone - lost,
+        "reset": first_on_two - lost,
         "back in fit": back_in_fit - lost,
-        "first step": first_alone - back_in_fit,
+        "first step": first_on_two - back_in_fit,
         "cold start": together[0] - launched,
         "one step": statistics.median(np.diff(together)),
     }
@@ -189,15 +139,9 @@ def main() -> int:
     parser.add_argument(
         "--vanish", type=int, metavar="S", help="cut a cluster host's link; Gloo's timeout S s"
     )
-    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        name, out, doomed, mode = args.worker
-        worker(name, Path(out), doomed, mode == "vanish")
-        return 0
-    made = args.vanish is not None and cluster.describe() is None
-    if args.vanish is not None:
-        cluster.up(2)
+    made = cluster.describe() is None
+    cluster.up(3)
     names = ["quickstart"] if args.vanish is not None else [args.only] if args.only else WORKLOADS
     rows = []
     try:
@@ -214,8 +158,8 @@ def main() -> int:
 
     lost = f"a host's link cut ({args.vanish} s timeout)" if args.vanish else "a worker killed"
     print(
-        f"\n{lost} at step {DIE_AT} of {STEPS}, commits every {COMMIT_EVERY} steps, "
-        f"global batch {GLOBAL_BATCH}, 2 workers to 1; median of {args.repeat} (min-max)\n"
+        f"\n{lost} at step {LOSE_AT} of {STEPS}, commits every {COMMIT_EVERY} steps, "
+        f"global batch {GLOBAL_BATCH}, 3 workers to 2; median of {args.repeat} (min-max)\n"
     )
     columns = ["reset", "back in fit", "first step", "cold start", "one step"]
     print(f"| workload | {' | '.join(c + ' (s)' for c in columns)} | reset / cold start |")
