@@ -1,6 +1,7 @@
 """What losing a worker costs an elastic run: seconds from the loss to training again.
 
-    .venv/bin/python experiments/bench_elastic_reset.py [--repeat 3] [--only NAME] [--vanish S]
+    .venv/bin/python experiments/bench_elastic_reset.py [--repeat 3] [--only NAME]
+        [--lost-after S] [--vanish] [--keep-listed]
 
 Each repeat launches a workload as a user would (``toolkit.launch.launch``, so
 ``horovodrun --min-np 2 --max-np 3`` and ``toolkit.train``) on the three hosts of the namespace
@@ -14,18 +15,20 @@ per workload, the median over the repeats (min-max):
   collective noticed, the last commit restored, Horovod restarted with two workers, the state
   synced, the run's records and ``elastic`` event written: that event's time) and *first step*
   (the callbacks built again, Keras retracing the step for the new per-worker batch);
-* cold start: from the launch to the first step with three workers (the supervisor,
-  horovodrun, processes, imports, data, model, tracing), what restarting the job from a
+* cold start: from horovodrun's start (once the run has its slots) to the first step with
+  three workers (processes, imports, data, model, tracing), what restarting the job from a
   checkpoint would cost at least, measured in the same run, and the ratio of the two;
 * one step: the median step time before the loss, for scale.
 
 Workloads: the quickstart (MNIST-1D, the 1-D CNN, LARS) and ResNet-20 with LARS on synthetic
 32x32x3 images, 40 steps each.
 
-``--vanish S`` loses the host instead: the link of lbl-h3 is cut at step 25, so its worker
-lives on, unreachable, and no connection is reset. The others learn of it when a collective
-times out after ``S`` s (``elastic.lost_after_s``); the reset is timed from the cut. The
-quickstart only: the timeout dominates.
+``--lost-after S`` sets ``elastic.lost_after_s`` (Gloo's collective timeout, 30 s by default):
+a survivor that waits on the dead worker through Horovod's coordinator learns of the loss only
+then. ``--vanish`` loses the host instead: the link of lbl-h3 is cut at step 25, so its worker
+lives on, unreachable, and no connection is reset; the reset is timed from the cut. The
+quickstart only: the timeout dominates. ``--keep-listed`` leaves the lost host in the hosts
+file (Horovod blacklists it anyway), rather than dropping it as it is lost.
 """
 
 from __future__ import annotations
@@ -70,20 +73,19 @@ WORKLOADS = {
 }
 
 
-def workload_config(name: str, hosts: Path, vanish_s: int | None):
+def workload_config(name: str, hosts: Path, lost_after_s: int):
     """The workload's preset with :data:`COMMON`, its own overrides and the hosts file."""
     from toolkit import config
 
     path, overrides = WORKLOADS[name]
     changes = {**COMMON, **overrides, "elastic.discovery": str(hosts)}
-    if vanish_s is not None:
-        changes["elastic.lost_after_s"] = vanish_s
+    changes["elastic.lost_after_s"] = lost_after_s
     sets = [f"{key}={json.dumps(value)}" for key, value in changes.items()]
     return config.load(ROOT / path, sets)
 
 
-def one_reset(name: str, vanish_s: int | None = None) -> dict[str, float]:
-    """One elastic run that loses a worker (or, ``vanish_s``, a host): its timings (see the
+def one_reset(name: str, lost_after_s: int, vanish: bool, drop: bool) -> dict[str, float]:
+    """One elastic run that loses a worker (or, ``vanish``, a host): its timings (see the
     module docstring)."""
     from toolkit import launch
     from toolkit.events import read_events
@@ -93,8 +95,7 @@ def one_reset(name: str, vanish_s: int | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         hosts = Path(tmp) / "hosts"
         hosts.write_text("".join(f"{h}:1\n" for h in names))
-        config = workload_config(name, hosts, vanish_s)
-        launched = time.time()
+        config = workload_config(name, hosts, lost_after_s)
         run = launch.launch(config, runs_root_dir=Path(tmp) / "runs")
 
         def logged() -> int:
@@ -104,9 +105,10 @@ def one_reset(name: str, vanish_s: int | None = None) -> dict[str, float]:
         while logged() < LOSE_AT and run.status()["state"] not in TERMINAL:
             time.sleep(0.01)
         (worker,) = [p for p in run.status()["processes"] if p.get("host") == LOST]
-        hosts.write_text("".join(f"{h}:1\n" for h in names if h != LOST))
+        if drop:
+            hosts.write_text("".join(f"{h}:1\n" for h in names if h != LOST))
         lost = time.time()
-        if vanish_s is None:
+        if not vanish:
             os.kill(worker["pid"], signal.SIGKILL)
         else:
             subprocess.run(["ip", "link", "set", LOST, "down"], check=True)
@@ -114,7 +116,7 @@ def one_reset(name: str, vanish_s: int | None = None) -> dict[str, float]:
             while run.status()["state"] not in TERMINAL:
                 time.sleep(0.2)
         finally:
-            if vanish_s is not None:
+            if vanish:
                 subprocess.run(["ip", "link", "set", LOST, "up"], check=True)
         status, events = run.status(), read_events(run.events_path)
         if status["state"] != "completed":
@@ -127,7 +129,7 @@ def one_reset(name: str, vanish_s: int | None = None) -> dict[str, float]:
         "reset": first_on_two - lost,
         "back in fit": back_in_fit - lost,
         "first step": first_on_two - back_in_fit,
-        "cold start": together[0] - launched,
+        "cold start": together[0] - status["launched"],  # horovodrun started (slots taken)
         "one step": statistics.median(np.diff(together)),
     }
 
@@ -136,19 +138,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=sorted(WORKLOADS), help="one workload")
-    parser.add_argument(
-        "--vanish", type=int, metavar="S", help="cut a cluster host's link; Gloo's timeout S s"
-    )
+    parser.add_argument("--lost-after", type=int, default=30, metavar="S", help="Gloo's timeout")
+    parser.add_argument("--vanish", action="store_true", help="cut lbl-h3's link, not its worker")
+    parser.add_argument("--keep-listed", action="store_true", help="lbl-h3 stays in the hosts file")
     args = parser.parse_args()
     made = cluster.describe() is None
     cluster.up(3)
-    names = ["quickstart"] if args.vanish is not None else [args.only] if args.only else WORKLOADS
+    names = ["quickstart"] if args.vanish else [args.only] if args.only else WORKLOADS
     rows = []
     try:
         for name in names:
             runs = []
             for i in range(args.repeat):
-                runs.append(one_reset(name, args.vanish))
+                runs.append(one_reset(name, args.lost_after, args.vanish, not args.keep_listed))
                 timings = ", ".join(f"{k} {v:.3f} s" for k, v in runs[-1].items())
                 print(f"{name} {i + 1}: {timings}", flush=True)
             rows.append((name, runs))
@@ -156,9 +158,11 @@ def main() -> int:
         if made:
             cluster.down()
 
-    lost = f"a host's link cut ({args.vanish} s timeout)" if args.vanish else "a worker killed"
+    lost = "a host's link cut" if args.vanish else "a worker killed"
+    lost += ", its host kept in the hosts file" if args.keep_listed else ", its host dropped"
     print(
-        f"\n{lost} at step {LOSE_AT} of {STEPS}, commits every {COMMIT_EVERY} steps, "
+        f"\n{lost} (step {LOSE_AT} of {STEPS}), lost after {args.lost_after} s, commits every "
+        f"{COMMIT_EVERY} steps, "
         f"global batch {GLOBAL_BATCH}, 3 workers to 2; median of {args.repeat} (min-max)\n"
     )
     columns = ["reset", "back in fit", "first step", "cold start", "one step"]

@@ -44,6 +44,9 @@ ELASTIC = {
     "network_interface": cluster.INTERFACE,
     "logging": {"every_steps": 5, "trust_ratio_every_steps": 20, "noise_scale_every_steps": 5},
 }
+# a survivor waiting on the dead worker through Horovod's coordinator learns of the loss only
+# at Gloo's timeout (see the README): 10 s, not 30, keeps the tests short
+LOST_AFTER = "elastic.lost_after_s=10"
 LOSE_AT = 70  # the step after which the worker on lbl-h3 is killed: in epoch 2 of 41 steps
 LOST_HOST = "lbl-h3"
 
@@ -104,7 +107,7 @@ def lost_and_regained(cluster_hosts, tmp_path_factory, subprocess_env):
     config.write_text(yaml.safe_dump({k: v for k, v in ELASTIC.items() if k != "workers"}))
     cli = ["launch", str(config), "--np", "3", "--min-np", "2", "--max-np", "3"]
     cli += ["--discovery", str(hosts), "--name", "elastic", "--set", "elastic.cooldown_s=1"]
-    cli += ["--set", f"elastic.commit_every_steps={COMMIT_EVERY}"]
+    cli += ["--set", f"elastic.commit_every_steps={COMMIT_EVERY}", "--set", LOST_AFTER]
     launched = run_cli(cli, root / "runs", subprocess_env)
     assert launched.returncode == 0, launched.stderr
     run = RunDir(root / "runs" / "elastic")
@@ -247,7 +250,7 @@ def test_a_run_below_min_workers_fails_with_that_reason_and_resumes(cluster_host
     hosts = tmp_path / "hosts"
     write_hosts(hosts, cluster_hosts[:2])
     config = from_mapping({**ELASTIC, "workers": 2, "epochs": 6})
-    overrides = ["elastic.timeout_s=5", "elastic.cooldown_s=0"]
+    overrides = ["elastic.timeout_s=5", "elastic.cooldown_s=0", LOST_AFTER]
     launched = time.monotonic()
     run = launcher.launch(
         config, min_np=2, max_np=2, discovery=hosts, overrides=overrides, run_id="below-min"
@@ -285,7 +288,7 @@ def test_stop_after_a_reset_ends_the_new_worlds_processes_and_not_the_departed(
     write_hosts(hosts, cluster_hosts)
     config = from_mapping({**ELASTIC, "epochs": 100})
     run = launcher.launch(
-        config, min_np=2, max_np=3, discovery=hosts, overrides=["elastic.cooldown_s=0"]
+        config, min_np=2, max_np=3, discovery=hosts, overrides=["elastic.cooldown_s=0", LOST_AFTER]
     )
     try:
         wait_for("training", lambda: train_steps(run) >= 10, run)
