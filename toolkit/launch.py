@@ -7,6 +7,7 @@ supervisor waits, ``queued``, until the run's workers fit the free slots, then r
 
     horovodrun --gloo -np N -H HOSTS python -m toolkit.train runs/<id>/config.yaml --run-dir ...
 
+(for an elastic run ``--min-np M --max-np X --host-discovery-script ...`` in place of ``-H``)
 as an argv list (never a shell string) with output to ``stdout.log``, waits for it, and records
 the final state when training could not (a killed worker, a crash during start-up): so no run
 stays ``running`` after its processes are gone. The supervisor, horovodrun and every worker

@@ -4,7 +4,8 @@ A record is ``{"role": ..., "pid": ..., "started": ..., "host": ...}`` (a worker
 ``rank``): ``started`` is the process's creation time, so a pid reused by an unrelated process
 after the run's died is not mistaken for it. A run records its supervisor, its ``horovodrun``
 and every training worker (the workers run in sessions of their own, outside the supervisor's
-process group, so killing that group would miss them).
+process group, so killing that group would miss them). An elastic run replaces its worker
+records with the new world's at each reset, so a departed worker is no longer looked for.
 
 A worker that horovodrun did not start (training in a notebook's kernel, or any process that
 called ``train`` itself) is recorded in the role ``in-process``: ``stop`` never signals it, or

@@ -318,7 +318,7 @@ def _fit_elastic(
         try:
             if state.batch:  # the rest of the epoch the reset broke into
                 fit_epochs(
-                    _epochs(config, dataset, state.epoch, world, skip=state.batch, last=1),
+                    _epochs(config, dataset, state.epoch, world, skip=state.batch, count=1),
                     initial_epoch=state.epoch,
                     epochs=state.epoch + 1,
                     steps_per_epoch=spe - state.batch,
@@ -338,10 +338,10 @@ def _fit_elastic(
     fit(state)
 
 
-def _epochs(config, dataset, first: int, world: int, skip: int = 0, last: int | None = None):
-    """This worker's batches of epochs ``first`` to the last (or ``last`` of them), in
+def _epochs(config, dataset, first: int, world: int, skip: int = 0, count: int | None = None):
+    """This worker's batches of ``count`` epochs from ``first`` (default: to the last), in
     order, without the first ``skip`` batches (a resumed epoch's done part)."""
-    last = config.epochs if last is None else first + last
+    last = config.epochs if count is None else first + count
     rank = distributed.rank()
     parts = [train_batches(config, dataset, e, world, rank) for e in range(first, last)]
     return functools.reduce(lambda a, b: a.concatenate(b), parts).skip(skip)
