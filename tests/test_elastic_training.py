@@ -306,3 +306,21 @@ def test_stop_after_a_reset_ends_the_new_worlds_processes_and_not_the_departed(
     status = run.status()
     assert status["state"] == "stopped"
     assert not [p for p in workers if psutil.pid_exists(p["pid"])]  # one pid space here
+
+
+def test_run_detail_marks_the_real_runs_resets_and_draws_its_workers(
+    lost_and_regained, monkeypatch
+):
+    from test_app import decode, figures, page
+
+    run = lost_and_regained[0]
+    monkeypatch.setenv("LBL_RUNS", str(run.path.parent))
+    at = page("detail")
+    drawn = {f["layout"]["title"]["text"]: f for f in figures(at)}
+    steps = resets(run).step.tolist()
+    for title in ("loss", "accuracy", "workers (elastic)"):
+        assert [shape["x0"] for shape in drawn[title]["layout"]["shapes"]] == steps, title
+    workers = decode(drawn["workers (elastic)"]["data"][0]["y"])
+    assert set(workers) == {2, 3} and workers[0] == workers[-1] == 3
+    said = [c.value for c in at.caption if "workers on" in c.value]
+    assert len(said) == 2 and "a worker was lost" in said[0] and "hosts were added" in said[1]
