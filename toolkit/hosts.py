@@ -113,6 +113,7 @@ def _output(script: Path, timeout: float) -> bytes:
     printing, is cut off)."""
     with subprocess.Popen(
         [str(script.resolve())],
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its children hold the pipe too: they are ended with it
