@@ -256,12 +256,6 @@ class NoiseScaleLogger(keras.callbacks.Callback):
         self.records: list[dict] = []
         self._last_update = self._seen = 0
 
-    def continue_from(self, measured) -> None:
-        """Smooth on from the ``(grad_sq_step, trace_sigma_step)`` pairs of the measurements
-        before this one (a resumed run's logged ``gns`` events, in order)."""
-        for grad_sq, trace_sigma in measured:
-            self.smoother.update(grad_sq, trace_sigma)
-
     def on_train_begin(self, logs=None):
         self._seen = self.counter.step
 

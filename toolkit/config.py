@@ -457,8 +457,7 @@ class ExperimentConfig(_Section):
                 "elastic: batch.global_size must be set, so that the global batch (and the "
                 "learning rate) stay the same whatever the number of workers"
             )
-        worlds = range(elastic.min_workers, elastic.max_workers + 1)
-        splits = {w: self._batches_per_update(w) for w in worlds}
+        splits = {w: self._batches_per_update(w) for w in self.world_sizes()}
         if misfits := [w for w, n in splits.items() if self.batch.global_size % n]:
             fits = math.lcm(*splits.values())
             raise ValueError(

@@ -114,7 +114,7 @@ def elastic() -> bool:
     return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
-def _collective() -> bool:
+def collective_gradients() -> bool:
     """Whether gradients need collectives: more than one worker now, or an elastic run, which
     may grow while it trains."""
     return size() > 1 or elastic()
@@ -331,10 +331,10 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
             backward_passes_per_step=backward_passes_per_step,
             noise_meter=noise_meter,
         )
-        if _collective():
+        if collective_gradients():
             _make_finite_check_global(optimizer)
         return optimizer
-    many = _collective()
+    many = collective_gradients()
     traffic = compression_lib.Traffic()
     reduce = _reducer(**wire, traffic=traffic)  # checks the values, with any number of workers
     averaging = None
@@ -402,7 +402,7 @@ def _reducer(
     counts what it sends in ``traffic``."""
     if compression in compression_lib.SPARSE:
         return compression_lib.SparseAllreduce(  # an elastic run's world: the step's
-            hvd.grouped_allgather if _collective() else lambda tensors: tensors,
+            hvd.grouped_allgather if collective_gradients() else lambda tensors: tensors,
             hvd.size_op if elastic() else size(),
             compression,
             ratio=ratio,

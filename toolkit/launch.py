@@ -74,6 +74,7 @@ def launch(
         labels["notes"] = rundir.check_notes(notes)
     from_file = isinstance(config, (str, Path))
     raw = config_lib.read_file(config) if from_file else config.model_dump(mode="json")
+    raw = {} if raw is None else raw  # an empty file: the defaults
     flags = {
         "workers": np,
         "hosts": hosts_lib.resolve(hosts, hostfile),
@@ -82,8 +83,7 @@ def launch(
         "elastic.discovery": None if discovery is None else str(discovery),
     }
     for path, value in flags.items():
-        if value is not None and isinstance(raw, dict | None):
-            raw = raw or {}
+        if value is not None and isinstance(raw, dict):  # else from_raw says what it is
             config_lib.set_path(raw, path, value)
     source = str(config) if from_file else "config"
     config = config_lib.from_raw(raw, overrides, source=source)

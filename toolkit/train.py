@@ -155,7 +155,9 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     elastic_run = distributed.elastic()
     # an elastic run measures the noise scale in the allreduce hook whatever its world, as
     # several workers do: the step's intervals are those of its largest world
-    per_execution = steps_per_execution(config, spe, max(config.world_sizes(), default=world))
+    per_execution = steps_per_execution(
+        config, spe, max(config.world_sizes()) if elastic_run else world
+    )
     if run:  # what a progress bar outside the run counts to, and the NaN guard's granularity
         run.update_meta(
             steps_per_epoch=spe,
@@ -167,8 +169,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     if config.precision == "mixed_float16":  # loss scaling outside, so its check is global
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     noise_every = config.logging.noise_scale_every_steps
-    measured = noise_every and (world > 1 or elastic_run)
-    meter = distributed.GradientNoiseMeter(noise_every) if measured else None
+    in_hook = noise_every and distributed.collective_gradients()  # measured in the allreduce
+    meter = distributed.GradientNoiseMeter(noise_every) if in_hook else None
     optimizer = distributed.DistributedOptimizer(
         optimizer,
         **config.allreduce.model_dump(),
