@@ -58,22 +58,39 @@ RESNET20_SYNTHETIC = {
     "schedule.warmup.epochs": 1,
 }
 NOISE_SCALE_OFF = {"logging.noise_scale_every_steps": 0}
+ADASCALE_AT_ONE = {"lr_scaling.rule": "adascale", "schedule.warmup.epochs": 0}
 WORKLOADS = {
     "quickstart": (QUICKSTART, {"workers": 1}),
     "quickstart, noise scale off": (QUICKSTART, {"workers": 1, **NOISE_SCALE_OFF}),
+    "quickstart, AdaScale at S=1": (
+        QUICKSTART,
+        {"workers": 1, **ADASCALE_AT_ONE, "lr_scaling.base_batch": 32},
+    ),
     "resnet20": (RESNET20, RESNET20_SYNTHETIC),
     "resnet20, noise scale off": (RESNET20, {**RESNET20_SYNTHETIC, **NOISE_SCALE_OFF}),
+    "resnet20, AdaScale at S=1": (
+        RESNET20,
+        {**RESNET20_SYNTHETIC, **ADASCALE_AT_ONE, "lr_scaling.base_batch": 64},
+    ),
 }
 """name -> (config, overrides). The quickstart keeps its own 20 epochs; with one worker the
-noise scale is measured from an extra batch every 25 updates, a measurement rather than an
-overhead, so a second row of each shows the run without it."""
+noise scale is measured from an extra batch every 100 updates (``auto``), a measurement rather
+than an overhead, so a second row of each shows the run without it. A third runs AdaScale with
+its base batch equal to the batch (a gain of 1: the same updates as the peer's), which measures
+the noise before every update: what a one-worker AdaScale costs per update."""
 
 
 def bare_fit(config, matched: bool = False) -> None:
     """The peer: the same model, optimizer, data and epochs through ``model.fit``, nothing
     else; at Keras's default of one step per execution, or (``matched``) at as many as
-    ``toolkit.train`` runs, which leaves only the cost of its callbacks between the two."""
+    ``toolkit.train`` runs, which leaves only the cost of its callbacks between the two. An
+    AdaScale config at ``S = 1`` is fitted with its base rule: the same updates at the same
+    rates."""
     import keras
+
+    if config.lr_scaling.rule == "adascale":
+        scaling = config.lr_scaling.model_copy(update={"rule": "none"})
+        config = config.model_copy(update={"lr_scaling": scaling})
 
     from toolkit.experiment import (
         build_model,

@@ -56,7 +56,7 @@ def test_presets_are_valid(path):
         (["dataset.params.seed=1"], "'seed' is set by the experiment, not in params"),
         (
             ["lr_scaling.rule=cubic"],
-            "lr_scaling.rule: Input should be 'none', 'linear' or 'sqrt'",
+            "lr_scaling.rule: Input should be 'none', 'linear', 'sqrt' or 'adascale'",
         ),
         (["epochs=zero"], "epochs: Input should be a valid integer"),
         (["surprise=1"], "surprise: Extra inputs are not permitted"),

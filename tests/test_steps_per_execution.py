@@ -41,8 +41,8 @@ def acting_steps(config, spe: int, epochs: int, world: int) -> set[int]:
     intervals = [spe, logging.every_steps]
     if config.optimizer.name == "lars":
         intervals.append(logging.trust_ratio_every_steps)
-    if logging.noise_scale_every_steps and world == 1:
-        intervals.append(logging.noise_scale_every_steps * config.steps_per_update(1))
+    if config.noise_scale_interval(1) and world == 1:
+        intervals.append(config.noise_scale_interval(1) * config.steps_per_update(1))
     total = epochs * spe
     return {s for every in intervals for s in range(every, total + 1, every)}
 
@@ -50,7 +50,7 @@ def acting_steps(config, spe: int, epochs: int, world: int) -> set[int]:
 def every_measurement_read(k: int, config, spe: int, epochs: int, world: int) -> bool:
     """Whether, with several workers, a callback reads each noise-scale measurement before the
     compiled step overwrites it with the next: no two measured steps between execution ends."""
-    every = config.logging.noise_scale_every_steps * config.steps_per_update(world)
+    every = config.noise_scale_interval(world) * config.steps_per_update(world)
     if world == 1 or not every:
         return True
     ends = sorted(execution_ends(k, spe, epochs))
@@ -79,7 +79,7 @@ def serves(k: int, config, spe: int, world: int) -> bool:
     spe=st.integers(1, 300),
     every=st.integers(1, 60),
     trust=st.integers(1, 120),
-    noise=st.integers(0, 60),
+    noise=st.integers(0, 60) | st.just("auto"),
     accumulation=st.integers(1, 3),
     optimizer=st.sampled_from(["lars", "sgd"]),
     world=st.sampled_from([1, 2]),
@@ -109,8 +109,10 @@ def test_every_callback_acts_at_an_execution_end_and_k_is_the_largest_that_does(
 
 
 def one_worker(**logging) -> dict:
-    """SMALL on one worker for ``EPOCHS`` epochs: 125 steps an epoch, noise scale on."""
-    return {**SMALL, "workers": 1, "epochs": EPOCHS, "logging": {**SMALL["logging"], **logging}}
+    """SMALL on one worker for ``EPOCHS`` epochs: 125 steps an epoch, noise scale on, every 25
+    updates."""
+    logging = {**SMALL["logging"], "noise_scale_every_steps": 25, **logging}
+    return {**SMALL, "workers": 1, "epochs": EPOCHS, "logging": logging}
 
 
 def checkpoint_arrays(run: RunDir) -> dict[str, np.ndarray]:

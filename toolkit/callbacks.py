@@ -58,7 +58,9 @@ class EventLogger(keras.callbacks.Callback):
     With a ``traffic`` counter (:class:`toolkit.compression.Traffic`) it also holds
     ``comm/bytes_sent``, the bytes a worker sent per update over the interval, and
     ``comm/compression_ratio``, a dense float32 allreduce's bytes over those (when any were
-    sent).
+    sent). With ``adascale`` (:class:`~toolkit.adascale.AdaScale`), ``lr`` is the rate the
+    latest update applied, and the event holds that update's ``gain`` and the clock ``tau``
+    after it.
     """
 
     def __init__(
@@ -72,9 +74,11 @@ class EventLogger(keras.callbacks.Callback):
         world_size: int = 1,
         traffic=None,
         steps_per_update: int = 1,
+        adascale=None,
     ):
         super().__init__()
         self.writer, self.counter, self.world_size = writer, counter, world_size
+        self.adascale = adascale
         self.every_steps = every_steps
         self.steps_per_epoch = steps_per_epoch
         self.samples_per_step = samples_per_step
@@ -108,6 +112,9 @@ class EventLogger(keras.callbacks.Callback):
             record["samples_per_sec"] = (
                 self.samples_per_step * (step - last_step) / (now - last_time)
             )
+        if self.adascale is not None:
+            record["gain"] = float(self.adascale.gain.numpy())
+            record["tau"] = float(self.adascale.tau.numpy())
         record.update({k: float(v) for k, v in logs.items()})
         if self.traffic is not None and step > last_step:
             per_update = (sent - last_sent) * self.steps_per_update / (step - last_step)
@@ -184,16 +191,19 @@ class HalfBatchNorms:
     halves' gradient norms², ``big_sq`` the norm² of their mean, which is the whole batch's
     gradient; so ``b_small = half`` and ``b_big = 2·half``. Each call costs one extra forward
     and backward pass of the batch. The model runs with ``training=False`` (no dropout, batch
-    norm's moving statistics untouched)."""
+    norm's moving statistics untouched). Called ``at`` an update, the batch is drawn from a
+    generator seeded with ``(seed, at)``, so a resumed run draws what an uninterrupted one
+    would; otherwise from one generator seeded with ``seed``."""
 
     def __init__(self, x, y, half: int, seed: int = 0):
         if half < 1:
             raise ValueError(f"half must be >= 1, got {half}")
-        self.x, self.y, self.half = x, y, half
+        self.x, self.y, self.half, self.seed = x, y, half, seed
         self.rng = np.random.default_rng(seed)
 
-    def __call__(self, model: keras.Model) -> tuple[float, float]:
-        rows = self.rng.choice(len(self.x), size=2 * self.half, replace=False)
+    def __call__(self, model: keras.Model, at: int | None = None) -> tuple[float, float]:
+        rng = self.rng if at is None else np.random.default_rng([self.seed, at])
+        rows = rng.choice(len(self.x), size=2 * self.half, replace=False)
         x, y = self.x[rows], self.y[rows]
         first = probe_gradients(model, x[: self.half], y[: self.half])
         second = probe_gradients(model, x[self.half :], y[self.half :])
@@ -276,7 +286,7 @@ class NoiseScaleLogger(keras.callbacks.Callback):
                 return
             self._last_update, step = update, update * self.steps_per_update
         else:
-            small_sq, big_sq = self.halves(self.model)
+            small_sq, big_sq = self.halves(self.model, step)
         grad_sq, trace_sigma = estimate(small_sq, big_sq, self.b_small, self.b_big)
         self.smoother.update(grad_sq, trace_sigma)
         self.records.append(
@@ -325,11 +335,80 @@ def noise_scale_callback(
     )
 
 
+class HalfBatchMeter(keras.callbacks.Callback):
+    """One worker's noise meter for AdaScale, which needs a measurement at every update: before
+    each update (its first batch), ``halves`` measured at the weights the update starts from,
+    handed to ``adascale`` before the update reads its rate. Read like a
+    :class:`~toolkit.distributed.GradientNoiseMeter` (:meth:`read`), so the ``gns`` events
+    come from the same measurements. Costs one extra forward and backward pass of a batch per
+    update, and needs Keras's ``steps_per_execution`` of 1."""
+
+    def __init__(self, halves: HalfBatchNorms, adascale, counter: StepCounter, steps_per_update=1):
+        super().__init__()
+        self.halves, self.adascale, self.counter = halves, adascale, counter
+        self.steps_per_update = steps_per_update
+        self._latest = (0, 0.0, 0.0)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = self.counter.step
+        if step % self.steps_per_update:
+            return
+        update = step // self.steps_per_update
+        small_sq, big_sq = self.halves(self.model, update)
+        self.adascale.observe(small_sq, big_sq)
+        self._latest = (update + 1, small_sq, big_sq)
+
+    def read(self) -> tuple[int, float, float]:
+        """``(update, small_sq, big_sq)`` of the latest measurement, ``update`` counted from 1
+        (0: none yet)."""
+        return self._latest
+
+
+class AdaScaleProgress(keras.callbacks.Callback):
+    """Ends an AdaScale run once its clock ``τ`` has reached ``total`` (the base run's updates),
+    at the update that reaches it, and shows progress on that clock (in place of Keras's bar,
+    whose epochs are only an upper bound): a ``keras.utils.Progbar`` with ``verbose=1``, a line
+    per epoch with ``verbose=2``, nothing with 0. Needs ``steps_per_execution`` of 1."""
+
+    def __init__(self, adascale, total: int, verbose: int):
+        super().__init__()
+        self.adascale, self.total, self.verbose = adascale, total, verbose
+        self.bar = None
+
+    def done(self) -> bool:
+        return float(self.adascale.tau.numpy()) >= self.total
+
+    def on_train_begin(self, logs=None):
+        if self.verbose == 1:
+            self.bar = keras.utils.Progbar(self.total, stateful_metrics=["gain"], unit_name="τ")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.done():
+            self.model.stop_training = True
+        if self.bar is not None:
+            values = [("gain", float(self.adascale.gain.numpy()))]
+            values += [(k, float(v)) for k, v in (logs or {}).items()]
+            self.bar.update(min(self.total, float(self.adascale.tau.numpy())), values=values)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.verbose != 2:
+            return
+        tau, gain = float(self.adascale.tau.numpy()), float(self.adascale.gain.numpy())
+        metrics = " - ".join(f"{k}: {float(v):.4g}" for k, v in (logs or {}).items())
+        print(
+            f"epoch {epoch + 1}: τ {tau:,.0f}/{self.total:,} ({min(1.0, tau / self.total):.0%}) "
+            f"- gain {gain:.3g} - {metrics}",
+            flush=True,
+        )
+
+
 class Checkpointer(keras.callbacks.Callback):
     """Saves a checkpoint every ``every_epochs`` epochs and after the last one, into
     ``directory`` (rank 0; ``None`` on the other workers). ``gather``, if given, is called on
     every worker at those epochs (a collective: it returns every worker's residuals, which
-    rank 0 saves with the checkpoint)."""
+    rank 0 saves with the checkpoint). ``state``: variables outside the optimizer saved with it
+    (AdaScale's); ``finished``, if given, says the run ends at this epoch's end before
+    ``last_epoch`` (AdaScale's clock ran out), which is checkpointed too."""
 
     def __init__(
         self,
@@ -339,14 +418,18 @@ class Checkpointer(keras.callbacks.Callback):
         every_epochs: int,
         last_epoch: int,
         gather=None,
+        state: list = (),
+        finished=None,
     ):
         super().__init__()
         self.directory, self.counter, self.gather = directory, counter, gather
         self.every_epochs, self.last_epoch = every_epochs, last_epoch
+        self.state, self.finished = state, finished
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1
-        if done % self.every_epochs and done != self.last_epoch:
+        last = done == self.last_epoch or (self.finished is not None and self.finished())
+        if done % self.every_epochs and not last:
             return
         residuals = self.gather() if self.gather is not None else None
         if self.directory is not None:
@@ -355,6 +438,7 @@ class Checkpointer(keras.callbacks.Callback):
                 self.model,
                 checkpoints.Position(done, self.counter.step),
                 residuals=residuals,
+                state=self.state,
             )
 
 

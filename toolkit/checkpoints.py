@@ -4,7 +4,8 @@ A checkpoint is a directory ``checkpoints/epoch-NNNN/`` holding ``model.weights.
 ``optimizer.npz`` (every optimizer variable, in ``optimizer.variables`` order: step counter,
 momentum buffers, gradient accumulators), ``position.json`` (epoch and step) and, for a
 sparsified allreduce with error feedback, ``residuals.npz`` (every worker's residuals, as
-``rank<r>_<i>``: they differ per worker). It is written
+``rank<r>_<i>``: they differ per worker) and ``state.npz``, training state kept outside the
+optimizer (AdaScale's clock and averages), in the order it was given. It is written
 to a temporary directory and renamed into place, so a crash mid-write leaves the previous
 checkpoint as the latest; a failed write (a full disk) removes the temporary directory and
 raises :class:`~toolkit.files.WriteError` naming the checkpoint.
@@ -38,9 +39,11 @@ def save(
     position: Position,
     keep: int = 2,
     residuals: list[list[np.ndarray]] | None = None,
+    state: list = (),
 ) -> Path:
     """Write a checkpoint of ``model`` and its optimizer at ``position`` (and each worker's
-    ``residuals``, in rank order, if given); keep the last ``keep``.
+    ``residuals``, in rank order, and the variables of ``state``, if given); keep the last
+    ``keep``.
     A ``directory`` that is a symlink is refused: checkpoints are written, and old ones deleted,
     only inside the run."""
     final = directory / f"epoch-{position.epoch:04d}"
@@ -56,6 +59,8 @@ def save(
             variables = model.optimizer.variables
             np.savez(tmp / "optimizer.npz", *[keras.ops.convert_to_numpy(v) for v in variables])
             (tmp / "position.json").write_text(json.dumps(position.__dict__))
+            if state:
+                np.savez(tmp / "state.npz", *[keras.ops.convert_to_numpy(v) for v in state])
             if residuals is not None:
                 arrays = {
                     f"rank{r}_{i}": a for r, rs in enumerate(residuals) for i, a in enumerate(rs)
@@ -75,21 +80,30 @@ def latest(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def restore(checkpoint: Path, model: keras.Model) -> Position:
-    """Load weights and optimizer state into a compiled ``model``; return the position."""
+def restore(checkpoint: Path, model: keras.Model, state: list = ()) -> Position:
+    """Load weights and optimizer state into a compiled ``model`` (and the variables of
+    ``state``, as :func:`save` was given them); return the position."""
     model.load_weights(checkpoint / "model.weights.h5")
     optimizer = model.optimizer
     optimizer.build(model.trainable_variables)
-    with np.load(checkpoint / "optimizer.npz") as saved:
-        values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    if len(values) != len(optimizer.variables):
-        raise ValueError(
-            f"{checkpoint} holds {len(values)} optimizer variables, the optimizer has "
-            f"{len(optimizer.variables)}: was the optimizer config changed?"
-        )
-    for variable, value in zip(optimizer.variables, values, strict=True):
-        variable.assign(value)
+    _assign(optimizer.variables, checkpoint / "optimizer.npz", "optimizer variables")
+    if state:
+        _assign(state, checkpoint / "state.npz", "state variables (AdaScale's)")
     return Position(**json.loads((checkpoint / "position.json").read_text()))
+
+
+def _assign(variables: list, path: Path, what: str) -> None:
+    if not path.is_file():
+        raise ValueError(f"{path.parent} holds no {what}: was the config changed?")
+    with np.load(path) as saved:
+        values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    if len(values) != len(variables):
+        raise ValueError(
+            f"{path.parent} holds {len(values)} {what}, the run has {len(variables)}: "
+            "was the config changed?"
+        )
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(value)
 
 
 def residuals(checkpoint: Path) -> list[list[np.ndarray]] | None:

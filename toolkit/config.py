@@ -211,23 +211,34 @@ class BatchConfig(_Section):
 
 
 class ScalingConfig(_Section):
-    """``linear``: Goyal et al.'s rule, ``lr * global_batch / base_batch``; ``sqrt``:
-    ``lr * sqrt(global_batch / base_batch)`` (Krizhevsky 2014; often better for LARS)."""
+    """How the learning rate, tuned at ``base_batch``, follows the global batch. ``linear``:
+    Goyal et al.'s rule, ``lr * global_batch / base_batch``; ``sqrt``:
+    ``lr * sqrt(global_batch / base_batch)`` (Krizhevsky 2014; often better for LARS);
+    ``adascale`` (:mod:`toolkit.adascale`): ``lr`` times a gain in ``[1, global_batch /
+    base_batch]`` measured every update from the gradient noise, the schedule read on AdaScale's
+    clock ``τ``; ``epochs`` are then the base run's (at ``base_batch``), and the run ends when
+    ``τ`` has done them, after as many epochs of its own as the gain makes it."""
 
-    rule: Literal["none", "linear", "sqrt"] = "none"
+    rule: Literal["none", "linear", "sqrt", "adascale"] = "none"
     base_batch: int = Field(256, ge=1)
+
+
+NOISE_SCALE_AUTO = {"allreduce": 25, "one worker": 100}
 
 
 class LoggingConfig(_Section):
     """Event intervals. The gradient noise scale (``gns`` events) is measured every
     ``noise_scale_every_steps`` optimizer updates (0: off): in the allreduce hook with more than
     one worker (nearly free), from two halves of an extra batch with one worker (one extra
-    forward and backward pass per measurement)."""
+    forward and backward pass per measurement). ``auto``: every 25 updates in the allreduce
+    hook, every 100 with one worker (:data:`NOISE_SCALE_AUTO`)."""
 
     every_steps: int = Field(10, ge=1, description="train event interval")
     trust_ratio_every_steps: int = Field(50, ge=1, description="LARS/LBSGD-lars ratio interval")
-    noise_scale_every_steps: int = Field(
-        25, ge=0, description="gradient noise scale interval in updates (0: off)"
+    noise_scale_every_steps: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto",
+        description="gradient noise scale interval in updates (0: off; auto: 25 with several "
+        "workers, 100 with one)",
     )
     noise_scale_smoothing: float = Field(
         0.95, ge=0, lt=1, description="EMA decay of the noise scale's |G|² and tr(Σ)"
@@ -235,6 +246,15 @@ class LoggingConfig(_Section):
     system_every_events: int = Field(
         5, ge=0, description="workers' CPU, memory and GPU: the first and every n-th train event"
     )
+
+    @field_validator("noise_scale_every_steps", mode="before")
+    @classmethod
+    def _auto_or_count(cls, value: Any) -> Any:
+        """One message for both kinds of value, not one per branch of the union."""
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if value == "auto" or (whole and value >= 0):
+            return value
+        raise ValueError("Input should be 'auto' or an integer >= 0 (0: off)")
 
 
 class AllreduceConfig(_Section):
@@ -481,6 +501,61 @@ class ExperimentConfig(_Section):
             raise ValueError("elastic: give the hosts in elastic.discovery, not hosts")
         return self
 
+    @model_validator(mode="after")
+    def _adascale_fits(self):
+        """AdaScale measures the noise scale every update from the averaged gradient: it
+        needs a global batch of at least its base batch, full synchronisation of dense
+        gradients, a fixed number of workers and base-run epochs it can count."""
+        if self.lr_scaling.rule != "adascale":
+            return self
+        refusals = (
+            (
+                self.sync.mode != "full",
+                f"sync.mode='full' (got {self.sync.mode!r}): the gain is measured on the "
+                "averaged gradient of every update",
+            ),
+            (
+                self.allreduce.compression not in ("none", "fp16"),
+                f"allreduce.compression 'none' or 'fp16' (got {self.allreduce.compression!r}): "
+                "measuring the noise every update would send the dense gradient anyway",
+            ),
+            (
+                self.elastic is not None,
+                "no elastic section: one worker of an elastic run has no second gradient to "
+                "measure the noise with",
+            ),
+            (
+                self.steps_per_epoch is not None,
+                f"no steps_per_epoch cap (got {self.steps_per_epoch}): epochs count the base "
+                "run's, at lr_scaling.base_batch",
+            ),
+        )
+        for refused, why in refusals:
+            if refused:
+                raise ValueError(f"lr_scaling.rule='adascale' needs {why}")
+        batch = self.global_batch()
+        if batch < self.lr_scaling.base_batch:
+            raise ValueError(
+                f"lr_scaling.rule='adascale' needs the global batch ({batch}) at least "
+                f"lr_scaling.base_batch={self.lr_scaling.base_batch}: its gain is at least 1"
+            )
+        if self.workers == 1 and self.per_worker_batch(1) < 2:
+            raise ValueError(
+                "lr_scaling.rule='adascale' with one worker measures the noise from two halves "
+                "of a batch: batch.per_worker must be at least 2"
+            )
+        return self
+
+    def noise_scale_interval(self, world_size: int | None = None) -> int:
+        """Updates between two noise-scale measurements (``gns`` events; 0: none), with
+        ``auto`` resolved: free in the allreduce hook (several workers, or an elastic run),
+        an extra gradient each with one worker."""
+        every = self.logging.noise_scale_every_steps
+        if every != "auto":
+            return every
+        hooked = (world_size or self.workers) > 1 or self.elastic is not None
+        return NOISE_SCALE_AUTO["allreduce" if hooked else "one worker"]
+
     def world_sizes(self) -> range:
         """The numbers of workers the run may train with: ``workers``, or the elastic range."""
         if self.elastic is None:
@@ -526,7 +601,8 @@ class ExperimentConfig(_Section):
     def scaled_learning_rate(self, world_size: int | None = None) -> float:
         """The base learning rate after the scaling rule."""
         ratio = self.global_batch(world_size) / self.lr_scaling.base_batch
-        factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[self.lr_scaling.rule]
+        rule = self.lr_scaling.rule
+        factor = {"none": 1.0, "adascale": 1.0, "linear": ratio, "sqrt": ratio**0.5}[rule]
         return self.optimizer.learning_rate * factor
 
     def warmup_multiplier(self, world_size: int | None = None) -> float:

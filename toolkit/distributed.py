@@ -193,12 +193,16 @@ class GradientNoiseMeter:
     ratios): ``small_sq``, each worker's own gradient norm² averaged over the workers (one
     scalar allreduce), and ``big_sq``, the norm² of the allreduced gradient. Their batch sizes
     are the per-worker examples per update and the global batch. Read after a step with
-    :meth:`read`; the variables live outside the optimizer, so checkpoints do not change."""
+    :meth:`read`; the variables live outside the optimizer, so checkpoints do not change.
+    ``on_measure(small_sq, big_sq)``, if given, is called in the graph with each measurement,
+    before the update reads its learning rate (AdaScale's gain: :mod:`toolkit.adascale`)."""
 
-    def __init__(self, every: int):
+    def __init__(
+        self, every: int, on_measure: Callable[[tf.Tensor, tf.Tensor], None] | None = None
+    ):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
-        self.every = every
+        self.every, self.on_measure = every, on_measure
         self._updates = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._measured = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._small_sq = tf.Variable(0.0, dtype=tf.float64, trainable=False)
@@ -215,8 +219,10 @@ class GradientNoiseMeter:
             small = hvd.allreduce(squared_norm(local), op=hvd.Average, name="noise_small_sq")
             self._small_sq.assign(small)
             mean = hvd.grouped_allreduce(local, op=hvd.Average) if reduced is None else reduced
-            self._big_sq.assign(squared_norm(mean))
+            big = self._big_sq.assign(squared_norm(mean))
             self._measured.assign(count)
+            if self.on_measure is not None:
+                self.on_measure(small, big)
             return tf.constant(True)
 
         tf.cond(count % self.every == 0, record, lambda: tf.constant(False))

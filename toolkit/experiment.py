@@ -16,6 +16,7 @@ import tensorflow as tf
 from keras.optimizers.schedules import CosineDecay, ExponentialDecay, PolynomialDecay
 
 from toolkit import data, models, optimizers
+from toolkit.adascale import AdaScale
 from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.schedules import MultiFactor, Poly, Warmup
 
@@ -107,19 +108,75 @@ def learning_rate_schedule(config: ExperimentConfig, steps_per_epoch: int, world
     )
 
 
+def noise_batches(config: ExperimentConfig, world_size: int) -> tuple[int, int]:
+    """The two batch sizes ``(b_small, b_big)`` the noise scale is measured at: each worker's
+    examples per update and the global batch with several workers (the allreduce hook);
+    two halves of a per-worker batch with one (:class:`~toolkit.callbacks.HalfBatchNorms`)."""
+    if world_size > 1:
+        global_batch = config.global_batch(world_size)
+        return global_batch // world_size, global_batch
+    half = config.per_worker_batch(world_size) // 2
+    return half, 2 * half
+
+
+def base_updates_per_epoch(config: ExperimentConfig, num_train: int) -> int:
+    """Updates per epoch of AdaScale's base run, at ``lr_scaling.base_batch``."""
+    updates = num_train // config.lr_scaling.base_batch
+    if updates < 1:
+        raise ConfigError(
+            f"lr_scaling.base_batch={config.lr_scaling.base_batch} is larger than the "
+            f"{num_train} training examples"
+        )
+    return updates
+
+
+def adascale_updates(config: ExperimentConfig, num_train: int) -> int:
+    """The base run's updates, which AdaScale's clock ``τ`` counts to: ``epochs`` of
+    :func:`base_updates_per_epoch`."""
+    return config.epochs * base_updates_per_epoch(config, num_train)
+
+
+def last_epoch(config: ExperimentConfig, num_train: int, world_size: int) -> int:
+    """The epoch a run trains to at most: ``epochs``; with AdaScale, as many as its base run's
+    updates take at a gain of 1 (it ends sooner, once ``τ`` has done them)."""
+    if config.lr_scaling.rule != "adascale":
+        return config.epochs
+    steps = adascale_updates(config, num_train) * config.steps_per_update(world_size)
+    return -(-steps // steps_per_epoch(config, num_train, world_size))
+
+
 def build_optimizer(
-    config: ExperimentConfig, steps_per_epoch: int, world_size: int
+    config: ExperimentConfig, steps_per_epoch: int, world_size: int, num_train: int | None = None
 ) -> keras.optimizers.Optimizer:
     """The configured optimizer with the scheduled learning rate. LBSGD's
-    ``updates_per_epoch`` defaults to the run's real ``steps_per_epoch``."""
+    ``updates_per_epoch`` defaults to the run's real ``steps_per_epoch``. AdaScale's rate
+    (``lr_scaling.rule: adascale``) is its base schedule, laid out over the base run's epochs
+    of ``num_train`` examples, times its gain (:class:`~toolkit.adascale.AdaScale`)."""
     params = dict(config.optimizer.params)
     if config.optimizer.name == "lbsgd":
         params.setdefault("updates_per_epoch", steps_per_epoch)
-    return optimizers.get(
-        config.optimizer.name,
-        learning_rate=learning_rate_schedule(config, steps_per_epoch, world_size),
-        **params,
-    )
+    if config.lr_scaling.rule == "adascale":
+        if num_train is None:
+            raise ValueError("AdaScale's base schedule needs num_train")
+        b_small, b_big = noise_batches(config, world_size)
+        learning_rate = AdaScale(
+            learning_rate_schedule(config, base_updates_per_epoch(config, num_train), world_size),
+            batch=config.global_batch(world_size),
+            base_batch=config.lr_scaling.base_batch,
+            b_small=b_small,
+            b_big=b_big,
+            smoothing=config.logging.noise_scale_smoothing,
+        )
+    else:
+        learning_rate = learning_rate_schedule(config, steps_per_epoch, world_size)
+    return optimizers.get(config.optimizer.name, learning_rate=learning_rate, **params)
+
+
+def adascale_of(optimizer: keras.optimizers.Optimizer) -> AdaScale | None:
+    """The :class:`~toolkit.adascale.AdaScale` rate of ``optimizer`` (or of the one a wrapper
+    holds), if it has one."""
+    rate = optimizers.unwrapped(optimizer)._learning_rate
+    return rate if isinstance(rate, AdaScale) else None
 
 
 def rates_at(optimizer: keras.optimizers.Optimizer) -> Callable[[int], tuple[float, float | None]]:
@@ -158,10 +215,15 @@ def schedule_preview(
     points: int = 400,
 ) -> pd.DataFrame:
     """Learning rate and momentum over the whole run, as training will see them: columns
-    ``step``, ``epoch``, ``lr``, ``momentum``; at most ``points`` rows."""
+    ``step``, ``epoch``, ``lr``, ``momentum``; at most ``points`` rows. With AdaScale, the
+    base schedule over the base run's updates: training reads it at its clock ``τ`` (``step``
+    here) and multiplies it by the gain."""
     world_size = world_size or config.workers
     spe = steps_per_epoch(config, num_train, world_size)
-    optimizer = build_optimizer(config, spe, world_size)
+    optimizer = build_optimizer(config, spe, world_size, num_train)
+    if adascale := adascale_of(optimizer):
+        optimizer.learning_rate = adascale.schedule
+        spe = base_updates_per_epoch(config, num_train)
     total = config.epochs * spe
     steps = np.unique(np.linspace(0, total - 1, min(points, total)).round().astype(int))
     rates = rates_at(optimizer)

@@ -114,9 +114,14 @@ def latest_values(events: pd.DataFrame) -> list[tuple[str, float]]:
     return values
 
 
-def _newest_step(events: pd.DataFrame) -> int | None:
-    steps = events["step"].dropna() if "step" in events else ()
-    return int(steps.max()) if len(steps) else None
+def _position(events: pd.DataFrame) -> tuple[str, int] | None:
+    """Where a run stands, in the units of its ``total_steps``: AdaScale's clock ``τ`` (the
+    base run's updates) where its events have it, else the newest step."""
+    for column, label in (("tau", "τ"), ("step", "step")):
+        found = events[column].dropna() if column in events else ()
+        if len(found):
+            return label, int(found.max())
+    return None
 
 
 class ProgressBar:
@@ -133,9 +138,9 @@ class ProgressBar:
 
             labels = [label for label, *_ in SHOWN]
             self.bar = keras.utils.Progbar(total, stateful_metrics=labels, unit_name="step")
-        step = _newest_step(new)
-        if self.bar is not None and step is not None:
-            self.step = min(step, self.bar.target)
+        position = _position(new)
+        if self.bar is not None and position is not None:
+            self.step = min(position[1], self.bar.target)
             self.bar.update(self.step, values=latest_values(new))
 
     def close(self, status: dict) -> None:
@@ -239,10 +244,11 @@ class LiveView:
     def _progress(self, status: dict) -> None:
         state = status.get("state") or "unknown"
         self.total = self.total or self.run.meta().get("total_steps")
-        total, step = self.total, _newest_step(self.events)
+        total, position = self.total, _position(self.events)
+        label, step = position or ("step", None)
         parts = [f"<b>{html.escape(self.run.run_id)}</b>", html.escape(state)]
         if step is not None:
-            parts.append(f"step {step:,}" + (f" / {total:,}" if total else ""))
+            parts.append(f"{label} {step:,}" + (f" / {total:,}" if total else ""))
         parts += [f"{label} {value:.4g}" for label, value in latest_values(self.events)]
         if state not in LIVE and status.get("reason"):
             parts.append(html.escape(str(status["reason"])))

@@ -117,7 +117,13 @@ class ProbeResult:
             f"around {b:,.0f} it saves about a quarter; beyond {4 * b:,.0f} it saves under "
             "10%: extra batch there buys little.",
         ]
-        if self.lr_rule == "none":
+        if self.lr_rule == "adascale":
+            lines.append(
+                "lr_scaling is adascale: at any batch the rate follows AdaScale's gain, "
+                f"measured as the run trains (from {self.learning_rate:.4g} up to "
+                "global batch / base batch times it)."
+            )
+        elif self.lr_rule == "none":
             lines.append(
                 f"At a batch of {self.suggested_batch:,} the learning rate stays "
                 f"{self.learning_rate:.4g} (lr_scaling.rule is none; linear or sqrt scale it)."
@@ -175,7 +181,8 @@ def probe(
     config, *, steps: int = 200, np: int = 1, runs_root=None, in_process: bool | None = None
 ) -> ProbeResult:
     """Train ``config`` for about ``steps`` updates from its start (the schedule squeezed into
-    the probe's epochs) measuring the noise scale at every update, and return what it says.
+    the probe's epochs; AdaScale's base rate, without its gain, which the probe measures)
+    measuring the noise scale at every update, and return what it says.
     With ``np == 1`` the probe trains in this process (unless ``in_process=False``);
     otherwise under horovodrun, as a launched run. Its run directory is marked ``probe: true`` in
     ``meta.json`` (the Runs page hides probes unless asked)."""
@@ -199,6 +206,7 @@ def probe(
             f"epochs={math.ceil(batches / per_epoch)}",
             f"steps_per_epoch={min(batches, per_epoch)}",
             "logging.noise_scale_every_steps=1",
+            *(["lr_scaling.rule=none"] if config.lr_scaling.rule == "adascale" else []),
         ],
     )
     if in_process if in_process is not None else np == 1:

@@ -503,9 +503,12 @@ def matches(row: dict[str, Any], text: str | None) -> bool:
 
 
 def progress_text(row: dict[str, Any]) -> str | None:
-    """A :func:`summary` row's progress as ``<epoch> of <epochs>`` (``None`` without a config)."""
+    """A :func:`summary` row's progress as ``<epoch> of <epochs>`` (``None`` without a config);
+    an AdaScale run's as its epochs so far and how far its clock ``τ`` is."""
     if not row["epochs"]:
         return None
+    if row.get("adascale"):  # its epochs are an outcome; its progress is its clock's
+        return f"{round(row['epoch'], 2):g} epochs, τ {row['progress'] or 0:.0%}"
     epoch = row["epochs"] if row["state"] == "completed" else row["epoch"]
     return f"{round(epoch, 2):g} of {row['epochs']}"
 
@@ -526,6 +529,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         "global_batch": meta.get("global_batch"),
         "workers": meta.get("world_size"),
         "epochs": None,
+        "adascale": False,
     }
     try:
         config = run.config()
@@ -535,6 +539,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
             workers=(config.elastic and status.get("world_size")) or config.workers,
             global_batch=config.global_batch(),
             epochs=config.epochs,
+            adascale=config.lr_scaling.rule == "adascale",
         )
     except FileNotFoundError:
         problems.append("no config.yaml")
@@ -559,8 +564,11 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         return float(getattr(values, how)() if how != "last" else values.iloc[-1])
 
     epoch = column(train, "epoch", "last") or 0.0
+    tau, total = column(train, "tau", "last"), meta.get("total_steps")
     if status.get("state") == "completed":
         progress = 1.0
+    elif row["adascale"]:  # on AdaScale's clock: base-run updates done
+        progress = min(1.0, tau / total) if tau is not None and total else 0.0
     else:
         progress = min(1.0, epoch / row["epochs"]) if row["epochs"] else None
     reasons = [status.get("reason")] if status.get("reason") else []

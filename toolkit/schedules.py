@@ -48,8 +48,25 @@ def value_at(hyperparameter: float | Callable, step, dtype="float32"):
     return ops.cast(value, dtype)
 
 
+class Wrapper(LearningRateSchedule):
+    """A schedule around another, ``self.schedule`` (a schedule or a constant), which its config
+    holds serialised; a subclass gives its other constructor arguments in :meth:`arguments`."""
+
+    def arguments(self) -> dict:
+        raise NotImplementedError
+
+    def get_config(self):
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule), **self.arguments()}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["schedule"] = keras.saving.deserialize_keras_object(config["schedule"])
+        return cls(**config)
+
+
 @keras.saving.register_keras_serializable(package="toolkit")
-class Warmup(LearningRateSchedule):
+class Warmup(Wrapper):
     """Gradual warmup (Goyal et al. 2017) in front of any schedule.
 
     For ``n < warmup_steps`` the wrapped schedule's value is multiplied by
@@ -91,19 +108,12 @@ class Warmup(LearningRateSchedule):
         ramp = warmup_ramp(self.strategy, progress)
         return target * (self.initial_multiplier + (1.0 - self.initial_multiplier) * ramp)
 
-    def get_config(self):
+    def arguments(self):
         return {
-            "schedule": keras.saving.serialize_keras_object(self.schedule),
             "warmup_steps": self.warmup_steps,
             "strategy": self.strategy,
             "initial_multiplier": self.initial_multiplier,
         }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["schedule"] = keras.saving.deserialize_keras_object(config["schedule"])
-        return cls(**config)
 
 
 @keras.saving.register_keras_serializable(package="toolkit")

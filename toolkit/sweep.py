@@ -299,10 +299,15 @@ def _cell(spec: SweepSpec, method: str | None, coordinates: dict, seed: int | No
 
 def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     """One row per cell: coordinates, run id, workers, global batch, scaled rate, total steps
-    (per worker) and updates. Raises :class:`SweepError` naming every cell that could not
+    (per worker) and updates (with AdaScale, the most it can take: as many updates as its
+    base run, at a gain of 1). Raises :class:`SweepError` naming every cell that could not
     launch: a batch larger than its workers' shards of the dataset, or more workers than the
     launch queue's slots (of the runs root ``root``)."""
-    from toolkit.experiment import load_dataset, steps_per_epoch  # Keras: for the plan only
+    from toolkit.experiment import (  # Keras: for the plan only
+        adascale_updates,
+        load_dataset,
+        steps_per_epoch,
+    )
 
     sizes: dict[str, int] = {}
     rows, problems = [], []
@@ -313,6 +318,8 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
             if dataset not in sizes:
                 sizes[dataset] = len(load_dataset(c).x_train)
             steps = c.epochs * steps_per_epoch(c, sizes[dataset], c.workers)
+            if c.lr_scaling.rule == "adascale":
+                steps = adascale_updates(c, sizes[dataset]) * c.steps_per_update()
             check_fits(slots_of(c), root)
         except (ValueError, RuntimeError) as error:  # ConfigError, RunError; offline data
             problems.append(_problem(cell.coordinates, error))
@@ -607,6 +614,8 @@ def _measure(cell: Cell, run_dir: RunDir | None, events) -> dict[str, Any]:
     evals = history[history["phase"] == "eval"] if "phase" in history else history.iloc[0:0]
     losses = evals["loss"].dropna() if "loss" in evals else evals.iloc[0:0]
     steps = run_dir.meta().get("total_steps")
+    if "tau" in history and completed:  # AdaScale: total_steps is its clock's; steps are outcomes
+        steps = int(history["step"].max())
     return {
         "state": row["state"],
         "diverged": DIVERGED in str(row.get("reason") or ""),

@@ -26,9 +26,13 @@ from toolkit import callbacks, checkpoints, distributed, elastic, monitor, proce
 from toolkit import config as config_lib
 from toolkit.events import EventWriter, read_events, truncate_after
 from toolkit.experiment import (
+    adascale_of,
+    adascale_updates,
     build_model,
     build_optimizer,
+    last_epoch,
     load_dataset,
+    noise_batches,
     steps_per_epoch,
     test_batches,
     train_batches,
@@ -158,19 +162,24 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     per_execution = steps_per_execution(
         config, spe, max(config.world_sizes()) if elastic_run else world
     )
+    num_train = len(dataset.x_train)
+    adascale_on = config.lr_scaling.rule == "adascale"
     if run:  # what a progress bar outside the run counts to, and the NaN guard's granularity
         run.update_meta(
             steps_per_epoch=spe,
-            total_steps=config.epochs * spe,
+            total_steps=adascale_updates(config, num_train) if adascale_on else config.epochs * spe,
             steps_per_execution=per_execution,
         )
     model = build_model(config, dataset)
-    optimizer = build_optimizer(config, spe, world)
+    optimizer = build_optimizer(config, spe, world, num_train)
+    adascale = adascale_of(optimizer)
     if config.precision == "mixed_float16":  # loss scaling outside, so its check is global
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    noise_every = config.logging.noise_scale_every_steps
-    in_hook = noise_every and distributed.collective_gradients()  # measured in the allreduce
-    meter = distributed.GradientNoiseMeter(noise_every) if in_hook else None
+    noise_every = config.noise_scale_interval(world)
+    meter = None
+    if distributed.collective_gradients() and (noise_every or adascale):  # in the allreduce
+        on_measure = adascale.observe if adascale else None
+        meter = distributed.GradientNoiseMeter(1 if adascale else noise_every, on_measure)
     optimizer = distributed.DistributedOptimizer(
         optimizer,
         **config.allreduce.model_dump(),
@@ -195,7 +204,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         if rank0 and latest is None:
             raise FileNotFoundError(f"--resume: no checkpoint in {checkpoint_dir}")
         if latest is not None:
-            position = checkpoints.restore(latest, model)
+            position = checkpoints.restore(latest, model, adascale.variables if adascale else ())
         if elastic_run:  # no collective: its state's first sync gives rank 0's to everyone
             residuals = checkpoints.residuals(latest) if latest is not None else None
         else:
@@ -203,12 +212,17 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
                 *distributed.broadcast_object((position.epoch, position.step))
             )
             _restore_residuals(optimizer, latest, world)
+            if adascale:
+                distributed.broadcast_values(adascale.variables)
         if meter is not None:  # measurements stay at the multiples of the interval
             meter.continue_from(position.step // config.steps_per_update(world))
         if run:
             truncate_after(run.events_path, position.step)
             _smooth_on(smoother, run.events_path)
-    if position.epoch >= config.epochs:
+    last = last_epoch(config, num_train, world)
+    if position.epoch >= last or (
+        adascale and float(adascale.tau.numpy()) >= adascale_updates(config, num_train)
+    ):
         return
     if elastic_run:
         _fit_elastic(
@@ -217,7 +231,9 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         return
 
     counter = callbacks.StepCounter(position.step)
-    hooks, writer = _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother)
+    hooks, writer = _callbacks(
+        config, run, model, dataset, spe, counter, world, meter, smoother, adascale
+    )
     if run and world == 1:
         every = config.logging.every_steps
         hooks.insert(-1, callbacks.StopWhenRequested(run, counter, every_steps=every))
@@ -229,10 +245,14 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
             )
         )
         verbose = 0  # the view's progress line takes the bar's place
+    if adascale:  # ends the run on AdaScale's clock, and shows progress on it
+        total = adascale_updates(config, num_train)
+        hooks.insert(-1, callbacks.AdaScaleProgress(adascale, total, _verbosity(verbose)))
+        verbose = 0
     try:
         model.fit(
-            _epochs(config, dataset, position.epoch, world),
-            epochs=config.epochs,
+            _epochs(config, dataset, position.epoch, world, last=last),
+            epochs=last,
             initial_epoch=position.epoch,
             steps_per_epoch=spe,
             validation_data=test_batches(dataset),
@@ -340,10 +360,19 @@ def _fit_elastic(
     fit(state)
 
 
-def _epochs(config, dataset, first: int, world: int, skip: int = 0, count: int | None = None):
-    """This worker's batches of ``count`` epochs from ``first`` (default: to the last), in
-    order, without the first ``skip`` batches (a resumed epoch's done part)."""
-    last = config.epochs if count is None else first + count
+def _epochs(
+    config,
+    dataset,
+    first: int,
+    world: int,
+    skip: int = 0,
+    count: int | None = None,
+    last: int | None = None,
+):
+    """This worker's batches of ``count`` epochs from ``first`` (default: to ``last``, itself
+    by default the config's last), in order, without the first ``skip`` batches (a resumed
+    epoch's done part)."""
+    last = (last or config.epochs) if count is None else first + count
     rank = distributed.rank()
     parts = [train_batches(config, dataset, e, world, rank) for e in range(first, last)]
     return functools.reduce(lambda a, b: a.concatenate(b), parts).skip(skip)
@@ -356,11 +385,19 @@ def _verbosity(verbose: int | str) -> int:
     return (1 if sys.stdout.isatty() else 2) if verbose == "auto" else verbose
 
 
-def _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother):
+def _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother, adascale=None):
     """The callbacks of a fit with ``world`` workers (``run``: rank 0's, else ``None``), in
-    their order, the NaN guard last; and the event writer, if this worker has one."""
+    their order, the NaN guard last; and the event writer, if this worker has one. With
+    ``adascale`` and no ``meter`` (one worker), a :class:`~toolkit.callbacks.HalfBatchMeter`
+    measures the noise before every update."""
     logging, optimizer = config.logging, model.optimizer
     hooks = [counter, distributed.MetricAverageCallback()]
+    if adascale and meter is None:
+        half = config.per_worker_batch(world) // 2
+        halves = callbacks.HalfBatchNorms(dataset.x_train, dataset.y_train, half, config.seed)
+        spu = config.steps_per_update(world)
+        meter = callbacks.HalfBatchMeter(halves, adascale, counter, spu)
+        hooks.append(meter)
     writer = EventWriter(run.events_path) if run else None
     if writer:
         hooks.append(
@@ -373,29 +410,41 @@ def _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother
                 world_size=world,
                 traffic=distributed.traffic(optimizer),
                 steps_per_update=config.steps_per_update(world),
+                adascale=adascale,
             )
         )
         if _has_trust_ratios(config):
             every = logging.trust_ratio_every_steps
             hooks.append(callbacks.TrustRatioLogger(writer, counter, every_steps=every))
     reducer = distributed.sparse_allreduce(optimizer)
+    num_train = len(dataset.x_train)
     hooks.append(  # on every worker: the residuals are gathered from all of them
         callbacks.Checkpointer(
             run.checkpoints_path if run else None,
             counter,
             every_epochs=config.checkpoint.every_epochs,
-            last_epoch=config.epochs,
+            last_epoch=last_epoch(config, num_train, world),
             gather=(
                 (lambda: distributed.allgather_object(reducer.state()))
                 if reducer is not None and reducer.residual
                 else None
             ),
+            state=adascale.variables if adascale else (),
+            finished=(
+                (lambda: float(adascale.tau.numpy()) >= adascale_updates(config, num_train))
+                if adascale
+                else None
+            ),
         )
     )
-    # the noise scale: from the allreduce hook's norms with several workers (so none with one
-    # worker of an elastic run: its hook has one gradient), else from two half batches
-    measurable = world > 1 if meter is not None else config.per_worker_batch(world) >= 2
-    if writer and logging.noise_scale_every_steps and measurable:
+    # the noise scale: from the meter's norms (the allreduce hook's with several workers, so
+    # none with one worker of an elastic run: its hook has one gradient; one worker's under
+    # AdaScale), else from two half batches
+    if meter is None:
+        measurable = config.per_worker_batch(world) >= 2
+    else:
+        measurable = world > 1 or isinstance(meter, callbacks.HalfBatchMeter)
+    if writer and config.noise_scale_interval(world) and measurable:
         hooks.append(
             _noise_scale_logger(config, writer, counter, meter, dataset, spe, world, smoother)
         )
@@ -425,15 +474,19 @@ def steps_per_execution(config: config_lib.ExperimentConfig, spe: int, world: in
     the noise scale is measured inside the compiled step at its own update
     (:class:`~toolkit.distributed.GradientNoiseMeter`) and only read by a callback, so its
     interval need not be a multiple of ``k``; ``k`` is only kept at most that interval, so every
-    measurement is read before the next. Training is unchanged: the same steps in the same
+    measurement is read before the next. AdaScale (``lr_scaling.rule: adascale``) takes ``k =
+    1``: it ends at the update its clock reaches the end, and with one worker measures before
+    every update. Training is unchanged: the same steps in the same
     order, to the bit. Only the NaN guard coarsens: a non-finite loss is caught at the end of
     its execution, at most ``k - 1`` steps late
     (:class:`~toolkit.callbacks.StopOnNonFiniteLoss`)."""
     logging = config.logging
+    if config.lr_scaling.rule == "adascale":
+        return 1
     intervals = [spe, logging.every_steps]
     if _has_trust_ratios(config):
         intervals.append(logging.trust_ratio_every_steps)
-    noise_steps = logging.noise_scale_every_steps * config.steps_per_update(world)
+    noise_steps = config.noise_scale_interval(world) * config.steps_per_update(world)
     if noise_steps and world == 1:
         intervals.append(noise_steps)
     common = math.gcd(*intervals)
@@ -461,20 +514,17 @@ def _restore_residuals(optimizer, checkpoint: Path | None, world: int) -> None:
 
 
 def _noise_scale_logger(config, writer, counter, meter, dataset, spe, world, smoother):
-    """The ``gns`` event logger: the allreduce hook's norms with several workers, two halves of
-    an extra batch with one (see :class:`~toolkit.callbacks.HalfBatchNorms`); it smooths on
-    with ``smoother``."""
-    global_batch, per_worker = config.global_batch(world), config.per_worker_batch(world)
-    if meter is not None:
-        halves, b_small, b_big = None, global_batch // world, global_batch
-    else:
-        half = per_worker // 2
-        halves = callbacks.HalfBatchNorms(dataset.x_train, dataset.y_train, half, config.seed)
-        b_small, b_big = half, 2 * half
+    """The ``gns`` event logger: the ``meter``'s norms (the allreduce hook's with several
+    workers), else two halves of an extra batch (see
+    :class:`~toolkit.callbacks.HalfBatchNorms`); it smooths on with ``smoother``."""
+    b_small, b_big = noise_batches(config, world)
+    halves = None
+    if meter is None:
+        halves = callbacks.HalfBatchNorms(dataset.x_train, dataset.y_train, b_small, config.seed)
     return callbacks.NoiseScaleLogger(
         writer,
         counter,
-        every_updates=config.logging.noise_scale_every_steps,
+        every_updates=config.noise_scale_interval(world),
         steps_per_update=config.steps_per_update(world),
         steps_per_epoch=spe,
         b_small=b_small,

@@ -62,11 +62,19 @@ def setup_line() -> str:
         return "config.yaml is missing or not valid"
     warmup = config.schedule.warmup.epochs
     schedule = config.schedule.name + (f" after {warmup:g} warmup epochs" if warmup else "")
+    rate, epochs = f"lr {config.scaled_learning_rate():.4g}", f"{config.epochs} epochs"
+    if adascale_run():
+        rate += f" × AdaScale's gain (base batch {config.lr_scaling.base_batch:,})"
+        epochs = f"the base run's {config.epochs} epochs on AdaScale's clock"
     return (
         f"{config.optimizer.name} · global batch {config.global_batch():,} on "
-        f"{config.workers} worker{'s' * (config.workers != 1)} · lr "
-        f"{config.scaled_learning_rate():.4g} · {schedule} · {config.epochs} epochs"
+        f"{config.workers} worker{'s' * (config.workers != 1)} · {rate} · {schedule} · "
+        f"{epochs}"
     )
+
+
+def adascale_run() -> bool:
+    return config is not None and config.lr_scaling.rule == "adascale"
 
 
 def outcome_line(row: dict) -> str:
@@ -146,6 +154,31 @@ def elastic_resets(frame) -> None:
         )
 
 
+def adascale(frame) -> None:
+    """An AdaScale run's gain against its scale ``S`` (the most it can be), and its clock ``τ``
+    (the base run's updates done) against the steps."""
+    rows = data.phase(frame, "train")
+    if "gain" not in rows:
+        if adascale_run():
+            st.text("AdaScale: no gain yet")
+        return
+    rows = rows.dropna(subset=["gain"])
+    x = x_values(frame, rows, x_axis, config)
+    if x is None or rows.empty:
+        return
+    left, right = st.columns(2)
+    with left:
+        series = [Series("gain", x, rows["gain"], color=color)]
+        if adascale_run():
+            scale = config.global_batch() / config.lr_scaling.base_batch
+            series.append(Series(f"S = {scale:g}", x.iloc[[0, -1]], [scale, scale], dash="dot"))
+        title = "AdaScale's gain against S"
+        figure = charts.lines(series, title, X_AXES[x_axis], smoothing=smoothing, height=300)
+        st.plotly_chart(figure, theme=None)
+    with right:
+        curves(frame, "tau", "AdaScale's clock τ (base-run updates)", phases=("train",))
+
+
 def traffic(frame) -> None:
     """Bytes and compression per update where the run compresses; one line where it sends
     dense gradients (a flat line says nothing a number does not)."""
@@ -217,7 +250,11 @@ def panel() -> None:
     st.markdown(f"**{md_escape(setup_line())}**  \n{md_escape(outcome_line(data.summary(run)))}")
     if reading := noise_reading(data.phase(frame, "gns")):
         st.caption(md_escape(reading))
-    if config is not None:
+    taus = data.phase(frame, "train").get("tau", frame.index[:0]).dropna()
+    if adascale_run() and (total := run.meta().get("total_steps")):
+        tau = total if state == "completed" else float(taus.iloc[-1] if len(taus) else 0)
+        st.progress(min(1.0, tau / total), text=f"τ {tau:,.0f} of {total:,} base-run updates")
+    elif config is not None:
         epochs = data.phase(frame, "train").get("epoch", frame.index[:0]).dropna()
         epoch = (
             config.epochs if state == "completed" else float(epochs.iloc[-1] if len(epochs) else 0)
@@ -234,6 +271,7 @@ def panel() -> None:
     with right:
         curves(frame, "accuracy", "accuracy")
         curves(frame, "samples_per_sec", "samples/sec", phases=("train",))
+    adascale(frame)
     elastic_resets(frame)
     traffic(frame)
     noise_scale(frame)

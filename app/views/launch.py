@@ -236,6 +236,13 @@ with st.container(border=True):
         "global_size": global_size,
     }
     raw["lr_scaling"] = {"rule": rule, "base_batch": base_batch}
+    if rule == "adascale":
+        st.caption(
+            "AdaScale: the learning rate and schedule are the base batch's; each update "
+            "multiplies the rate by a gain between 1 and global batch / base batch, measured "
+            "from the gradient noise, and the run ends when AdaScale's clock has done the base "
+            "run's epochs (its own epochs are an outcome)."
+        )
     cells = st.columns(3)
     with cells[0]:
         raw["epochs"] = number("Epochs", "epochs")
@@ -315,11 +322,17 @@ with st.expander("Logging and checkpoints"):
             "LoggingConfig",
         )
     with cells[2]:
-        noise_every = number(
+        start = default("logging.noise_scale_every_steps", "LoggingConfig")
+        noise_every = st.number_input(
             "Noise scale every (updates, 0: off)",
-            "logging.noise_scale_every_steps",
-            "LoggingConfig",
+            value=None if start == "auto" else int(start),
+            step=1,
+            placeholder="auto",
+            key=key("logging.noise_scale_every_steps"),
+            help="empty: auto, every 25 updates with several workers (free in the allreduce), "
+            "every 100 with one (an extra gradient each)",
         )
+        slots.add("logging.noise_scale_every_steps")
     with cells[3]:
         noise_smoothing = number(
             "Noise scale smoothing", "logging.noise_scale_smoothing", "LoggingConfig"
@@ -335,7 +348,7 @@ with st.expander("Logging and checkpoints"):
     raw["logging"] = {
         "every_steps": every,
         "trust_ratio_every_steps": ratio_every,
-        "noise_scale_every_steps": noise_every,
+        "noise_scale_every_steps": "auto" if noise_every is None else noise_every,
         "noise_scale_smoothing": noise_smoothing,
     }
 

@@ -1,0 +1,273 @@
+"""AdaScale (Johnson et al. 2020) against oracles written out here: the gain's formula on a
+quadratic whose ``Σ`` and ``G`` are known, and a numpy model of Algorithm 1 (the noise meter's
+estimates, bias-corrected averages, the gain clipped to ``[1, S]``, the clock ``τ`` and the
+base schedule read at it) that must reproduce, update by update, the rates, gains and clocks a
+real run logged, on one worker and on two under horovodrun. At ``S = 1`` it must train exactly
+like the base optimizer, and a stopped and resumed run exactly like an uninterrupted one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from toolkit import config as config_lib
+from toolkit.adascale import AdaScale, gain_of
+from toolkit.config import ConfigError, from_mapping
+from toolkit.events import read_events
+from toolkit.schedules import Warmup
+
+
+def formula(grad_sq, trace_sigma, base_batch, batch):
+    """The paper's gain, with ``σ²`` the base batch's gradient variance ``tr Σ / B0``."""
+    sigma_sq, scale = trace_sigma / base_batch, batch / base_batch
+    return (sigma_sq + grad_sq) / (sigma_sq / scale + grad_sq)
+
+
+@pytest.mark.parametrize("b_simple", [0.5, 16.0, 100.0, 5000.0])
+@pytest.mark.parametrize("base_batch, batch", [(32, 32), (16, 256), (8, 1024)])
+def test_the_gain_is_the_formula_of_the_true_gradient_and_noise(b_simple, base_batch, batch):
+    grad_sq = 0.7
+    trace = b_simple * grad_sq
+    got = float(gain_of(grad_sq, trace, base_batch, batch))
+    assert got == pytest.approx(formula(grad_sq, trace, base_batch, batch), rel=1e-12)
+    assert got == pytest.approx((1 + b_simple / base_batch) / (1 + b_simple / batch), rel=1e-12)
+    assert 1 <= got <= batch / base_batch
+
+
+def test_the_gain_stays_in_one_to_s_whatever_the_estimates():
+    scale = 256 / 16
+    assert float(gain_of(0.0, 5.0, 16, 256)) == scale  # all noise: worth S small steps
+    assert float(gain_of(-1e-3, 5.0, 16, 256)) == scale  # a noisy |G|² below zero
+    assert float(gain_of(2.0, 0.0, 16, 256)) == 1.0  # no noise: worth one
+    assert float(gain_of(2.0, -3.0, 16, 256)) == 1.0  # a noisy tr Σ below zero
+    assert float(gain_of(-5.0, 1.0, 16, 256)) == scale  # below zero altogether
+
+
+def test_on_a_quadratic_with_known_noise_the_measured_gain_converges_to_the_formula():
+    """``f_i(w) = ½|w − x_i|²`` with ``x_i ~ N(μ, diag(s²))``: each example's gradient is
+    ``w − x_i``, so ``G = w − μ`` and ``tr Σ = Σ s²``. Eight workers' batches of 32 are drawn
+    at fixed ``w`` and fed to AdaScale as the allreduce hook would (the mean of the workers'
+    own norms², the norm² of their mean)."""
+    rng = np.random.default_rng(0)
+    dim, workers, b_small, base_batch = 50, 8, 32, 16
+    mu, scales = rng.normal(size=dim), rng.uniform(0.5, 1.5, size=dim)
+    w = mu + 0.1 * rng.normal(size=dim)
+    grad_sq, trace = float((w - mu) @ (w - mu)), float((scales**2).sum())
+    batch = workers * b_small
+    adascale = AdaScale(
+        0.1, batch=batch, base_batch=base_batch, b_small=b_small, b_big=batch, smoothing=0.998
+    )
+    observe = tf.function(adascale.observe)
+    for _ in range(4000):
+        x = mu + scales * rng.normal(size=(workers, b_small, dim))
+        local = (w - x).mean(axis=1)
+        observe((local**2).sum(axis=1).mean(), (local.mean(axis=0) ** 2).sum())
+    assert 20 < trace / grad_sq < 2000  # a gain well inside (1, S)
+    expected = formula(grad_sq, trace, base_batch, batch)
+    assert float(adascale.gain.numpy()) == pytest.approx(expected, rel=0.05)
+
+
+def numpy_adascale(small, big, *, b_small, b_big, base_batch, batch, decay, base_rate):
+    """Algorithm 1 of Johnson et al. in numpy, with the lab's noise estimates: for each update's
+    two measured norms², the gain, the rate it applies and the clock after it."""
+    scale = batch / base_batch
+    grad_avg = trace_avg = tau = 0.0
+    gains, rates, taus = [], [], []
+    for n, (s, b) in enumerate(zip(small, big, strict=True), start=1):
+        grad_sq = (b_big * b - b_small * s) / (b_big - b_small)
+        trace = (s - b) / (1 / b_small - 1 / b_big)
+        grad_avg = decay * grad_avg + (1 - decay) * grad_sq
+        trace_avg = decay * trace_avg + (1 - decay) * trace
+        g, t = grad_avg / (1 - decay**n), max(trace_avg / (1 - decay**n), 0.0)
+        below = t / batch + g
+        gain = min(max((t / base_batch + g) / below, 1.0), scale) if below > 0 else scale
+        gains.append(gain)
+        rates.append(gain * base_rate(tau))
+        tau += gain
+        taus.append(tau)
+    return np.array(gains), np.array(rates), np.array(taus)
+
+
+def cosine_with_warmup(lr, total, warmup):
+    """Keras's ``CosineDecay`` to 0 over ``total`` behind a linear warmup from 0."""
+
+    def rate(tau):
+        decayed = 0.5 * (1 + math.cos(math.pi * min(tau, total) / total))
+        return lr * decayed * min(tau / warmup, 1.0)
+
+    return rate
+
+
+ADASCALE = {  # the quickstart's data and model; 8x the base batch
+    "name": "adascale",
+    "dataset": {"name": "mnist1d"},
+    "model": {"name": "cnn1d"},
+    "optimizer": {"name": "sgd", "learning_rate": 0.05, "params": {"momentum": 0.9}},
+    "schedule": {"name": "cosine", "warmup": {"epochs": 0.5}},
+    "batch": {"global_size": 256},
+    "lr_scaling": {"rule": "adascale", "base_batch": 32},
+    "epochs": 2,
+    "logging": {"every_steps": 1, "noise_scale_every_steps": 1, "noise_scale_smoothing": 0.9},
+}
+NUM_TRAIN = 4000  # MNIST-1D's training set
+
+
+def check_against_the_model(events, *, b_small, b_big):
+    """Every update's logged gain, rate and clock are the numpy model's, from the logged
+    norms; the run ends at the update whose clock reaches the base run's updates."""
+    config = from_mapping(ADASCALE)
+    base_updates = NUM_TRAIN // 32
+    total = config.epochs * base_updates
+    train, gns = events[events.phase == "train"], events[events.phase == "gns"]
+    assert train.step.tolist() == gns.step.tolist() == list(range(1, len(train) + 1))
+    gains, rates, taus = numpy_adascale(
+        gns.small_sq.to_numpy(),
+        gns.big_sq.to_numpy(),
+        b_small=b_small,
+        b_big=b_big,
+        base_batch=32,
+        batch=256,
+        decay=0.9,
+        base_rate=cosine_with_warmup(0.05, total, round(0.5 * base_updates)),
+    )
+    np.testing.assert_allclose(train.gain, gains, rtol=1e-9)
+    np.testing.assert_allclose(train.tau, taus, rtol=1e-9)
+    np.testing.assert_allclose(train.lr, rates, rtol=1e-5, atol=1e-6 * rates.max())  # float32
+    assert taus[-1] >= total > taus[-2]  # ends on AdaScale's clock, not on epochs
+    assert 1 < gains.mean() < 8 and gains.max() > 1.5  # the gain did something
+    return taus
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory):
+    from toolkit.train import train
+
+    run = train(from_mapping(ADASCALE), tmp_path_factory.mktemp("runs") / "one", verbose=0)
+    return run, read_events(run.events_path)
+
+
+def test_one_worker_logs_what_the_numpy_model_of_adascale_computes(one_worker):
+    run, events = one_worker
+    check_against_the_model(events, b_small=128, b_big=256)  # two halves of its batch
+    assert run.status()["state"] == "completed"
+    assert run.meta()["total_steps"] == 2 * NUM_TRAIN // 32  # progress counts τ
+
+
+def test_an_adascale_run_ends_with_a_checkpoint_at_its_last_update(one_worker):
+    run, events = one_worker
+    last_step = int(events[events.phase == "train"].step.max())
+    epochs = last_step / (NUM_TRAIN // 256)
+    assert 2 < epochs < 16  # more epochs of its own than the base run's 2, fewer than S x 2
+    checkpoint = sorted(run.checkpoints_path.glob("epoch-*"))[-1]
+    assert checkpoint.name == f"epoch-{math.ceil(epochs):04d}"
+    position = (checkpoint / "position.json").read_text()
+    assert f'"step": {last_step}' in position
+    with np.load(checkpoint / "state.npz") as state:
+        tau = float(events[events.phase == "train"].tau.iloc[-1])
+        assert tau in [float(state[k]) for k in state.files]
+    assert events[events.phase == "eval"].step.iloc[-1] == last_step
+
+
+def test_at_scale_one_it_trains_exactly_like_the_base_optimizer(tmp_path):
+    """``base_batch`` = the global batch: the gain is 1, the clock counts updates, and the
+    weights and losses are the base schedule's, bit for bit."""
+    from toolkit.train import train
+
+    at_one = {**ADASCALE, "batch": {"global_size": 64}, "epochs": 1}
+    ada = from_mapping({**at_one, "lr_scaling": {"rule": "adascale", "base_batch": 64}})
+    base = from_mapping({**at_one, "lr_scaling": {"rule": "none"}})
+    runs = [train(c, tmp_path / c.lr_scaling.rule, verbose=0) for c in (ada, base)]
+    a, b = (read_events(r.events_path) for r in runs)
+    ta, tb = a[a.phase == "train"], b[b.phase == "train"]
+    assert (ta.gain == 1.0).all() and ta.tau.tolist() == ta.step.astype(float).tolist()
+    np.testing.assert_array_equal(ta.lr, tb.lr)
+    np.testing.assert_array_equal(ta.loss, tb.loss)
+    np.testing.assert_array_equal(a[a.phase == "eval"].loss, b[b.phase == "eval"].loss)
+    weights = [np.load(r.checkpoints_path / "epoch-0001" / "optimizer.npz") for r in runs]
+    for key in weights[1].files:
+        np.testing.assert_array_equal(weights[0][key], weights[1][key])
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory, subprocess_env):
+    """A complete 2-worker AdaScale run, and the same run stopped after its first checkpoint
+    and resumed."""
+    import os
+
+    from test_train import stop_after_the_first_checkpoint_and_resume, wait
+
+    from toolkit import launch as launcher
+
+    os.environ["PATH"] = subprocess_env["PATH"]
+    root = tmp_path_factory.mktemp("runs")
+    config = from_mapping({**ADASCALE, "workers": 2})
+    complete = launcher.launch(config, runs_root_dir=root, run_id="complete")
+    assert wait(complete)["state"] == "completed", complete.stdout_path.read_text()[-3000:]
+    resumed = launcher.launch(config, runs_root_dir=root, run_id="resumed")
+    stop_after_the_first_checkpoint_and_resume(resumed)
+    return complete, resumed
+
+
+def test_two_workers_log_what_the_numpy_model_of_adascale_computes(two_workers):
+    complete, _ = two_workers
+    check_against_the_model(read_events(complete.events_path), b_small=128, b_big=256)
+    log = complete.stdout_path.read_text()
+    assert "τ" in log and "gain" in log  # its progress is on AdaScale's clock
+
+
+def test_a_stopped_and_resumed_adascale_run_continues_bit_for_bit(two_workers):
+    complete, resumed = two_workers
+    a, b = read_events(complete.events_path), read_events(resumed.events_path)
+    for phase, columns in (("train", ["loss", "lr", "gain", "tau"]), ("eval", ["loss"])):
+        x, y = a[a.phase == phase], b[b.phase == phase]
+        assert x.step.tolist() == y.step.tolist()
+        for column in columns:
+            np.testing.assert_array_equal(y[column], x[column], err_msg=column)
+    last = sorted(complete.checkpoints_path.glob("epoch-*"))[-1].name
+    for name in ("optimizer.npz", "state.npz"):
+        with (
+            np.load(complete.checkpoints_path / last / name) as want,
+            np.load(resumed.checkpoints_path / last / name) as got,
+        ):
+            for key in want.files:
+                np.testing.assert_array_equal(got[key], want[key], err_msg=f"{name} {key}")
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (["sync.mode=partial"], "sync.mode='full'"),
+        (["allreduce.compression=topk"], "allreduce.compression 'none' or 'fp16'"),
+        (["steps_per_epoch=10"], "no steps_per_epoch cap"),
+        (["lr_scaling.base_batch=512"], "at least lr_scaling.base_batch=512"),
+        (
+            ["batch.global_size=null", "batch.per_worker=1", "lr_scaling.base_batch=1"],
+            "batch.per_worker must be at least 2",
+        ),
+    ],
+)
+def test_what_adascale_cannot_do_is_refused_naming_the_field(change, field):
+    with pytest.raises(ConfigError, match="lr_scaling.rule='adascale'") as error:
+        from_mapping(ADASCALE, change)
+    assert field in str(error.value)
+
+
+def test_the_noise_scale_interval_is_auto_by_default():
+    config = from_mapping(ADASCALE, ["logging.noise_scale_every_steps=auto"])
+    assert config_lib.LoggingConfig().noise_scale_every_steps == "auto"
+    assert config.noise_scale_interval(1) == 100  # an extra gradient each
+    assert config.noise_scale_interval(2) == 25  # free in the allreduce
+    assert from_mapping(ADASCALE).noise_scale_interval(1) == 1  # a number means that number
+    with pytest.raises(ConfigError, match="noise_scale_every_steps"):
+        from_mapping(ADASCALE, ["logging.noise_scale_every_steps=sometimes"])
+
+
+def test_adascale_serialises_with_its_base_schedule():
+    import keras
+
+    rate = AdaScale(Warmup(0.1, 10), batch=256, base_batch=32, b_small=128, b_big=256)
+    again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(rate))
+    assert again.get_config() == rate.get_config() and again.scale == 8

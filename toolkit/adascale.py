@@ -1,0 +1,134 @@
+"""AdaScale SGD (Johnson, Agrawal, Gu, Guestrin, ICML 2020): a learning rate that scales itself
+with the batch, from the gradient noise scale.
+
+A run at global batch ``B`` whose learning rate and schedule were tuned at ``B0`` (scale
+``S = B / B0``) multiplies the base rate by the *gain*
+
+    r = (tr Σ / B0 + |G|²) / (tr Σ / B + |G|²) = (1 + B_simple / B0) / (1 + B_simple / B)
+
+(``Σ``: the per-example gradient covariance, ``G``: the true gradient, ``B_simple = tr Σ / |G|²``;
+the paper writes it with the base batch's variance ``σ² = tr Σ / B0``). ``r`` lies in
+``[1, S]``: ``S`` where the gradient is all noise (the large batch is worth ``S`` small steps),
+1 where it is all signal (it is worth one). A scale-invariant clock ``τ`` advances by ``r`` each
+update, the base schedule is read at ``τ``, and training ends when ``τ`` reaches the base run's
+number of updates. So the rate of update ``t`` is ``r_t · base(τ_t)`` with ``τ_{t+1} = τ_t + r_t``.
+
+``|G|²`` and ``tr Σ`` are the noise meter's estimates (:func:`toolkit.noise_scale.estimate`)
+from two squared gradient norms measured at batch sizes ``b_small < b_big``, averaged with the
+bias-corrected EMA of :class:`toolkit.noise_scale.Smoother`: here in the graph, every update,
+right before the update reads its rate. A negative average ``tr Σ`` counts as 0 (gain 1), a
+non-positive ``|G|²`` as pure noise (gain ``S``).
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from toolkit.schedules import Wrapper, value_at
+
+
+@keras.saving.register_keras_serializable(package="toolkit")
+class AdaScale(Wrapper):
+    """The AdaScale rate: ``schedule`` (the base run's, in its updates) read at ``τ`` and
+    multiplied by the gain. :meth:`observe` takes each update's two squared norms, in the graph,
+    before the optimizer reads its rate; calling the schedule gives that update's rate, the gain
+    times ``schedule`` at the clock the update started from (the step Keras passes is not used:
+    ``τ`` is the clock). It is evaluated where the optimizer asks for it, as any schedule is,
+    so at a gain of 1 the rate is the base schedule's to the bit. Its state (the averages,
+    ``τ``, the latest gain and the clock it read) is in :attr:`variables`, which checkpoints
+    keep."""
+
+    def __init__(
+        self,
+        schedule,
+        *,
+        batch: int,
+        base_batch: int,
+        b_small: float,
+        b_big: float,
+        smoothing: float = 0.95,
+    ):
+        if not 1 <= base_batch <= batch:
+            raise ValueError(f"AdaScale needs 1 <= base_batch <= batch, got {base_batch}, {batch}")
+        if not 0 < b_small < b_big:
+            raise ValueError(f"AdaScale needs 0 < b_small < b_big, got {b_small}, {b_big}")
+        if not 0 <= smoothing < 1:
+            raise ValueError(f"AdaScale smoothing must be in [0, 1), got {smoothing}")
+        self.schedule = schedule
+        self.batch, self.base_batch = int(batch), int(base_batch)
+        self.b_small, self.b_big, self.smoothing = float(b_small), float(b_big), float(smoothing)
+
+        def variable(name, dtype=tf.float64):
+            return tf.Variable(0, dtype=dtype, trainable=False, name=f"adascale_{name}")
+
+        self.count = variable("count", tf.int64)  # measurements averaged
+        self.grad_sq_sum = variable("grad_sq_sum")  # the EMAs, not yet bias-corrected
+        self.trace_sigma_sum = variable("trace_sigma_sum")
+        self.tau = variable("tau")  # base-run updates done
+        self.gain = variable("gain")  # the latest update's
+        self.read_at = variable("read_at")  # the clock the latest update read the schedule at
+
+    @property
+    def scale(self) -> float:
+        """``S = batch / base_batch``."""
+        return self.batch / self.base_batch
+
+    @property
+    def variables(self) -> list[tf.Variable]:
+        return [
+            self.count,
+            self.grad_sq_sum,
+            self.trace_sigma_sum,
+            self.tau,
+            self.gain,
+            self.read_at,
+        ]
+
+    def observe(self, small_sq, big_sq) -> None:
+        """One update's squared gradient norms at ``b_small`` and ``b_big``: average them in,
+        set the gain, keep the clock this update reads the schedule at, advance ``τ``."""
+        small_sq, big_sq = _float64(small_sq), _float64(big_sq)
+        b_small, b_big, decay = self.b_small, self.b_big, self.smoothing
+        grad_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+        trace_sigma = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
+        count = self.count.assign_add(1)
+        correction = 1 - tf.pow(tf.constant(decay, tf.float64), tf.cast(count, tf.float64))
+        grad_sq = self.grad_sq_sum.assign(decay * self.grad_sq_sum + (1 - decay) * grad_sq)
+        trace = self.trace_sigma_sum.assign(
+            decay * self.trace_sigma_sum + (1 - decay) * trace_sigma
+        )
+        gain = gain_of(grad_sq / correction, trace / correction, self.base_batch, self.batch)
+        tau = self.read_at.assign(self.tau)
+        self.gain.assign(gain)
+        self.tau.assign(tau + gain)
+
+    def __call__(self, step):
+        gain, clock = tf.cast(self.gain, tf.float32), tf.cast(self.read_at, tf.float32)
+        return gain * value_at(self.schedule, clock)
+
+    def arguments(self):
+        return {
+            "batch": self.batch,
+            "base_batch": self.base_batch,
+            "b_small": self.b_small,
+            "b_big": self.b_big,
+            "smoothing": self.smoothing,
+        }
+
+
+def gain_of(grad_sq, trace_sigma, base_batch: int, batch: int):
+    """AdaScale's gain ``(tr Σ / B0 + |G|²) / (tr Σ / B + |G|²)`` clipped to ``[1, B / B0]``
+    (tensors in, a float64 tensor out): a negative ``tr Σ`` counts as 0, and a non-positive
+    ``|G|²`` with a positive ``tr Σ`` as pure noise."""
+    grad_sq, trace_sigma = _float64(grad_sq), _float64(trace_sigma)
+    trace_sigma = tf.maximum(trace_sigma, 0.0)
+    scale = batch / base_batch
+    below = trace_sigma / batch + grad_sq
+    ratio = tf.math.divide_no_nan(trace_sigma / base_batch + grad_sq, below)
+    return tf.where(below > 0, tf.clip_by_value(ratio, 1.0, scale), tf.constant(scale, tf.float64))
+
+
+def _float64(value) -> tf.Tensor:
+    """``value`` as a float64 tensor (a Python float never passes through float32)."""
+    return tf.cast(tf.convert_to_tensor(value, dtype_hint=tf.float64), tf.float64)
