@@ -271,3 +271,30 @@ def test_adascale_serialises_with_its_base_schedule():
     rate = AdaScale(Warmup(0.1, 10), batch=256, base_batch=32, b_small=128, b_big=256)
     again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(rate))
     assert again.get_config() == rate.get_config() and again.scale == 8
+
+
+def test_run_detail_draws_the_real_runs_gain_against_s_and_its_clock(one_worker, monkeypatch):
+    from test_app import decode, figures, page
+
+    run, events = one_worker
+    monkeypatch.setenv("LBL_RUNS", str(run.path.parent))
+    at = page("detail")
+    drawn = {f["layout"]["title"]["text"]: f for f in figures(at)}
+    gain, scale = drawn["AdaScale's gain against S"]["data"]
+    train = events[events.phase == "train"]
+    np.testing.assert_array_equal(decode(gain["y"]), train.gain)
+    assert scale["name"] == "S = 8" and set(decode(scale["y"])) == {8.0}
+    clock = drawn["AdaScale's clock τ (base-run updates)"]["data"][0]
+    np.testing.assert_array_equal(decode(clock["y"]), train.tau)
+    said = " ".join(m.value for m in at.markdown).replace("\\", "")  # md-escaped
+    assert "AdaScale's gain (base batch 32)" in said and "the base run's 2 epochs" in said
+    assert any("τ 250 of 250 base-run updates" in p.text for p in at.get("progress"))
+
+
+def test_the_runs_table_shows_an_adascale_runs_own_epochs_and_its_clock(one_worker):
+    from toolkit import rundir
+
+    run, events = one_worker
+    row = rundir.summary(run, events)
+    epochs = events[events.phase == "train"].epoch.iloc[-1]
+    assert rundir.progress_text(row) == f"{round(epochs, 2):g} epochs, τ 100%"

@@ -246,6 +246,24 @@ def test_launch_elastic_fields_need_a_global_batch_for_every_world(root, launche
     assert elastic.discovery == str(tmp_path / "hosts") and config.global_batch(3) == 96
 
 
+def test_launch_adascale_fields(root, launches):
+    at = page("launch")
+    by_label(at.selectbox, "Learning-rate scaling rule").set_value("adascale")
+    by_label(at.number_input, "Global batch (optional)").set_value(128)
+    by_label(at.number_input, "Base batch").set_value(256).run()
+    (first, *_) = at.error  # the gain is at least 1: the batch must be at least the base
+    assert "at least lr_scaling.base_batch=256" in first.value.replace("\\", "")
+    by_label(at.number_input, "Base batch").set_value(32).run()
+    assert not at.error
+    assert any("AdaScale" in c.value for c in at.caption)
+    assert by_label(at.number_input, "Noise scale every (updates, 0: off)").value is None
+    by_label(at.button, "Launch").click().run()
+    ((config, _),) = launches
+    assert config.lr_scaling.rule == "adascale" and config.lr_scaling.base_batch == 32
+    assert config.logging.noise_scale_every_steps == "auto"
+    assert config.global_batch() / config.lr_scaling.base_batch == 4
+
+
 def test_launch_labels_are_plain_words_with_the_field_name_as_help(root, launches):
     at = page("launch")
     by_label(at.selectbox, "Optimizer").set_value("lars").run()
