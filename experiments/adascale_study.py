@@ -1,0 +1,161 @@
+#!/usr/bin/env python
+"""Study v2's AdaScale table: AdaScale against scale, beside the study's fixed-batch recipes.
+
+    python -m toolkit --runs RUNS sweep experiments/study/adascale.yaml   # 18 runs
+    python experiments/critical_batch.py                                  # the calibration
+    python experiments/adascale_study.py --runs RUNS                      # this script
+
+Per method and global batch, over the seeds: final test accuracy (mean ± std), the updates and
+epochs each run took (outcomes: AdaScale ends when its clock has done the base run's 15 epochs),
+the mean gain against its most, ``S``, wall time, and two step counts set against McCandlish et
+al.'s model ``S(B) = S_min·(1 + B_crit/B)``:
+
+* the steps to a test loss of 0.6, read from the per-epoch evaluations (linear in the log of
+  the loss between the two that straddle it), against ``S(B)`` at the calibrated loss-0.6 fit
+  of ``experiments/critical_batch/runs.csv`` (its steps are a fixed rate's, the best of a grid);
+* the run's own updates, against the base run's 7,500 scaled by ``S(B)/S(32)``.
+
+The study's fixed-batch rows (``experiments/study/results.csv``) are shown beside them. Writes
+``experiments/study/adascale.csv`` and ``adascale.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "experiments"):
+    if str(path) not in sys.path:  # run as a script from anywhere
+        sys.path.insert(0, str(path))
+
+import critical_batch  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from toolkit import sweep  # noqa: E402
+from toolkit.events import read_events  # noqa: E402
+from toolkit.rundir import resolve  # noqa: E402
+
+STUDY_DIR = ROOT / "experiments" / "study"
+ADASCALE = STUDY_DIR / "adascale.yaml"
+LABELS = {"adascale_sgd": "AdaScale SGD", "adascale_lars": "AdaScale LARS"}
+FIXED = {  # the study's fixed-batch recipes shown beside AdaScale
+    "sgd": "SGD baseline (B=32)",
+    "sgd_linear_warmup": "SGD + linear scaling + warmup",
+    "lars_sqrt": "LARS + sqrt scaling",
+    "lbsgd_lars": "LBSGD lars",
+}
+NUM_TRAIN, BASE_BATCH, BASE_UPDATES = 16_000, 32, 15 * 16_000 // 32
+TARGET_LOSS = 0.6
+
+
+def steps_to_loss(evals: pd.DataFrame, target: float) -> float:
+    """The step at which the test loss first reaches ``target``, interpolated linearly in the
+    log of the loss between the evaluations on either side (``nan`` if never)."""
+    losses, steps = evals["loss"].to_numpy(), evals["step"].to_numpy(float)
+    below = np.flatnonzero(losses <= target)
+    if not len(below):
+        return math.nan
+    i = below[0]
+    if i == 0:
+        return steps[0]
+    low, high = np.log(losses[i]), np.log(losses[i - 1])
+    return steps[i - 1] + (steps[i] - steps[i - 1]) * (high - np.log(target)) / (high - low)
+
+
+def run_rows(runs_root: Path | None) -> pd.DataFrame:
+    """One row per AdaScale run: its cell, outcome, updates, epochs, mean gain and steps to the
+    target loss."""
+    table = sweep.results(sweep.load(ADASCALE), runs_root)
+    rows = []
+    for cell in table.itertuples():
+        run = resolve(cell.run_id, runs_root)
+        events = read_events(run.events_path)
+        train, evals = events[events.phase == "train"], events[events.phase == "eval"]
+        batch = int(cell.global_batch)
+        rows.append(
+            {
+                "method": cell.method,
+                "global_batch": batch,
+                "seed": cell.seed,
+                "final_test_accuracy": cell.final_test_accuracy,
+                "updates": int(train.step.max()),
+                "epochs": train.step.max() * batch / NUM_TRAIN,
+                "mean_gain": train.gain.mean(),
+                "scale": batch / BASE_BATCH,
+                "steps_to_loss": steps_to_loss(evals, TARGET_LOSS),
+                "wall_s": cell.wall_s,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def table(rows: pd.DataFrame, fixed: pd.DataFrame, fit: dict) -> str:
+    """The markdown table, AdaScale's rows and the fixed recipes' at the same batches."""
+    s_min, b_crit = fit["s_min"], fit["b_crit"]
+
+    def predicted(batch):
+        return s_min * (1 + b_crit / batch)
+
+    def pm(values, scale=100, digits=1):
+        values = values.dropna() * scale
+        if not len(values):
+            return "—"
+        spread = f" ± {values.std(ddof=1):.{digits}f}" if len(values) > 1 else ""
+        return f"{values.mean():.{digits}f}{spread}"
+
+    lines = [
+        f"| method | global batch | final test acc. % | updates | epochs | mean gain (of S) | "
+        f"steps to test loss {TARGET_LOSS} (model) | updates vs model | wall s |",
+        "|---" * 9 + "|",
+    ]
+    for (method, batch), part in rows.groupby(["method", "global_batch"], sort=False):
+        steps = part.steps_to_loss
+        whole = BASE_UPDATES * predicted(batch) / predicted(BASE_BATCH)
+        lines.append(
+            f"| {LABELS[method]} | {batch:,} | {pm(part.final_test_accuracy)} | "
+            f"{pm(part.updates, 1, 0)} | {pm(part.epochs, 1, 0)} | "
+            f"{part.mean_gain.mean():.1f} (of {batch // BASE_BATCH}) | "
+            f"{pm(steps, 1, 0)} ({predicted(batch):.0f}; ×{steps.mean() / predicted(batch):.2f}) | "
+            f"×{part.updates.mean() / whole:.2f} of {whole:,.0f} | {part.wall_s.mean():.0f} |"
+        )
+    for (method, batch), part in fixed.groupby(["method", "global_batch"], sort=False):
+        lines.append(
+            f"| {FIXED[method]} | {batch:,} | {pm(part.final_test_accuracy)} | "
+            f"{part.updates.max():,.0f} | 15 | — | — | — | {part.wall_s.mean():.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, help="the runs root of the sweep (default $LBL_RUNS)")
+    parser.add_argument("--out", type=Path, default=STUDY_DIR, help="results folder")
+    args = parser.parse_args(argv)
+
+    rows = run_rows(args.runs)
+    calibration = pd.read_csv(ROOT / "experiments" / "critical_batch" / "runs.csv")
+    if "target" not in calibration:  # written before it measured several targets: 0.6 alone
+        calibration["target"] = TARGET_LOSS
+    fit = critical_batch.measure(calibration[calibration.target == TARGET_LOSS])
+    study = pd.read_csv(STUDY_DIR / "results.csv")
+    batches = set(rows.global_batch) | {BASE_BATCH}
+    fixed = study[study.method.isin(FIXED) & study.global_batch.isin(batches)]
+    fixed = fixed[(fixed.method != "lars_sqrt") | (fixed.global_batch > BASE_BATCH)]
+    shown = table(rows, fixed, fit)
+    said = (
+        f"McCandlish's model at test loss {TARGET_LOSS}: S_min = {fit['s_min']:.0f}, "
+        f"B_crit = {fit['b_crit']:.0f} ({fit['b_crit_band'][0]:.0f}–{fit['b_crit_band'][1]:.0f})"
+    )
+    print(shown, "\n\n" + said)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(args.out / "adascale.csv", index=False)
+    (args.out / "adascale.md").write_text(shown + "\n\n" + said + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
