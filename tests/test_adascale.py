@@ -298,3 +298,53 @@ def test_the_runs_table_shows_an_adascale_runs_own_epochs_and_its_clock(one_work
     row = rundir.summary(run, events)
     epochs = events[events.phase == "train"].epoch.iloc[-1]
     assert rundir.progress_text(row) == f"{round(epochs, 2):g} epochs, τ 100%"
+
+
+def poly(lr, total, power=2.0):
+    return lambda tau: lr * max(0.0, 1 - tau / total) ** power
+
+
+def multifactor(lr, milestones, factor):
+    return lambda tau: lr * factor ** sum(tau > m for m in milestones)
+
+
+@pytest.mark.parametrize(
+    "optimizer, schedule, base_rate",
+    [
+        (
+            {"name": "lars", "learning_rate": 0.2, "params": {"trust_coefficient": 0.02}},
+            {"name": "poly", "params": {"power": 2}},
+            poly(0.2, 125),
+        ),
+        (
+            {"name": "lbsgd", "learning_rate": 0.05, "params": {"warmup_strategy": "lars"}},
+            {"name": "multifactor", "params": {"epochs": [0.4, 0.8], "factor": 0.5}},
+            multifactor(0.05, [50, 100], 0.5),
+        ),
+    ],
+    ids=["lars-poly", "lbsgd-multifactor"],
+)
+def test_every_sgd_family_optimizer_and_schedule_reads_its_rate_on_the_clock(
+    optimizer, schedule, base_rate, tmp_path
+):
+    """LARS with a polynomial decay and LBSGD (``lars`` warmup) with step decay: each update's
+    rate is its gain times the base schedule at the clock before it, and the run ends on the
+    clock."""
+    from toolkit.train import train
+
+    config = from_mapping(
+        {
+            **ADASCALE,
+            "optimizer": optimizer,
+            "schedule": schedule,
+            "batch": {"global_size": 128},
+            "epochs": 1,  # the base run: 4000 // 32 = 125 updates
+        }
+    )
+    events = read_events(train(config, tmp_path / "run", verbose=0).events_path)
+    train_events = events[events.phase == "train"]
+    gains, taus = train_events.gain.to_numpy(), train_events.tau.to_numpy()
+    read_at = np.concatenate([[0.0], taus[:-1]])
+    expected = gains * np.array([base_rate(t) for t in read_at])
+    np.testing.assert_allclose(train_events.lr, expected, rtol=1e-5, atol=1e-7)
+    assert taus[-1] >= 125 > taus[-2] and gains.max() > 1
