@@ -13,7 +13,9 @@ al.'s model ``S(B) = S_min·(1 + B_crit/B)``:
 * the steps to a test loss of 0.6, read from the per-epoch evaluations (linear in the log of
   the loss between the two that straddle it), against ``S(B)`` at the calibrated loss-0.6 fit
   of ``experiments/critical_batch/runs.csv`` (its steps are a fixed rate's, the best of a grid);
-* the run's own updates, against the base run's 7,500 scaled by ``S(B)/S(32)``.
+* the run's own updates, against the base run's 7,500 scaled by ``S(B)/S(32)``;
+
+and the updates to the first evaluation within a point of the baseline's final accuracy.
 
 The study's fixed-batch rows (``experiments/study/results.csv``) are shown beside them. Writes
 ``experiments/study/adascale.csv`` and ``adascale.md``.
@@ -50,6 +52,7 @@ FIXED = {  # the study's fixed-batch recipes shown beside AdaScale
 }
 NUM_TRAIN, BASE_BATCH, BASE_UPDATES = 16_000, 32, 15 * 16_000 // 32
 TARGET_LOSS = 0.6
+BASELINE = "sgd"  # the study's B=32 SGD run, whose final accuracy less a point is the target
 
 
 def steps_to_loss(evals: pd.DataFrame, target: float) -> float:
@@ -66,12 +69,14 @@ def steps_to_loss(evals: pd.DataFrame, target: float) -> float:
     return steps[i - 1] + (steps[i] - steps[i - 1]) * (high - np.log(target)) / (high - low)
 
 
-def run_rows(runs_root: Path | None) -> pd.DataFrame:
-    """One row per AdaScale run: its cell, outcome, updates, epochs, mean gain and steps to the
-    target loss."""
+def run_rows(runs_root: Path | None, accuracy: float) -> pd.DataFrame:
+    """One row per AdaScale run: its cell, outcome, updates, epochs, mean gain, steps to the
+    target loss and to the first evaluation at ``accuracy`` or better."""
     table = sweep.results(sweep.load(ADASCALE), runs_root)
     rows = []
     for cell in table.itertuples():
+        if cell.state not in ("completed", "failed", "stopped"):
+            continue  # not ended yet
         run = resolve(cell.run_id, runs_root)
         events = read_events(run.events_path)
         train, evals = events[events.phase == "train"], events[events.phase == "eval"]
@@ -87,13 +92,14 @@ def run_rows(runs_root: Path | None) -> pd.DataFrame:
                 "mean_gain": train.gain.mean(),
                 "scale": batch / BASE_BATCH,
                 "steps_to_loss": steps_to_loss(evals, TARGET_LOSS),
+                "steps_to_accuracy": evals.step[evals.accuracy >= accuracy].min(),
                 "wall_s": cell.wall_s,
             }
         )
     return pd.DataFrame(rows)
 
 
-def table(rows: pd.DataFrame, fixed: pd.DataFrame, fit: dict) -> str:
+def table(rows: pd.DataFrame, fixed: pd.DataFrame, fit: dict, accuracy: float) -> str:
     """The markdown table, AdaScale's rows and the fixed recipes' at the same batches."""
     s_min, b_crit = fit["s_min"], fit["b_crit"]
 
@@ -109,8 +115,9 @@ def table(rows: pd.DataFrame, fixed: pd.DataFrame, fit: dict) -> str:
 
     lines = [
         f"| method | global batch | final test acc. % | updates | epochs | mean gain (of S) | "
-        f"steps to test loss {TARGET_LOSS} (model) | updates vs model | wall s |",
-        "|---" * 9 + "|",
+        f"steps to test loss {TARGET_LOSS} (model) | updates vs model | "
+        f"updates to {100 * accuracy:.1f}% | wall s |",
+        "|---" * 10 + "|",
     ]
     for (method, batch), part in rows.groupby(["method", "global_batch"], sort=False):
         steps = part.steps_to_loss
@@ -120,12 +127,14 @@ def table(rows: pd.DataFrame, fixed: pd.DataFrame, fit: dict) -> str:
             f"{pm(part.updates, 1, 0)} | {pm(part.epochs, 1, 0)} | "
             f"{part.mean_gain.mean():.1f} (of {batch // BASE_BATCH}) | "
             f"{pm(steps, 1, 0)} ({predicted(batch):.0f}; ×{steps.mean() / predicted(batch):.2f}) | "
-            f"×{part.updates.mean() / whole:.2f} of {whole:,.0f} | {part.wall_s.mean():.0f} |"
+            f"×{part.updates.mean() / whole:.2f} of {whole:,.0f} | "
+            f"{pm(part.steps_to_accuracy, 1, 0)} ({part.steps_to_accuracy.notna().sum()}/"
+            f"{len(part)} reached) | {part.wall_s.mean():.0f} |"
         )
     for (method, batch), part in fixed.groupby(["method", "global_batch"], sort=False):
         lines.append(
             f"| {FIXED[method]} | {batch:,} | {pm(part.final_test_accuracy)} | "
-            f"{part.updates.max():,.0f} | 15 | — | — | — | {part.wall_s.mean():.0f} |"
+            f"{part.updates.max():,.0f} | 15 | — | — | — | — | {part.wall_s.mean():.0f} |"
         )
     return "\n".join(lines)
 
@@ -136,16 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=STUDY_DIR, help="results folder")
     args = parser.parse_args(argv)
 
-    rows = run_rows(args.runs)
+    study = pd.read_csv(STUDY_DIR / "results.csv")
+    accuracy = study[study.method == BASELINE].final_test_accuracy.mean() - 0.01
+    rows = run_rows(args.runs, accuracy)
     calibration = pd.read_csv(ROOT / "experiments" / "critical_batch" / "runs.csv")
     if "target" not in calibration:  # written before it measured several targets: 0.6 alone
         calibration["target"] = TARGET_LOSS
     fit = critical_batch.measure(calibration[calibration.target == TARGET_LOSS])
-    study = pd.read_csv(STUDY_DIR / "results.csv")
     batches = set(rows.global_batch) | {BASE_BATCH}
     fixed = study[study.method.isin(FIXED) & study.global_batch.isin(batches)]
     fixed = fixed[(fixed.method != "lars_sqrt") | (fixed.global_batch > BASE_BATCH)]
-    shown = table(rows, fixed, fit)
+    shown = table(rows, fixed, fit, accuracy)
     said = (
         f"McCandlish's model at test loss {TARGET_LOSS}: S_min = {fit['s_min']:.0f}, "
         f"B_crit = {fit['b_crit']:.0f} ({fit['b_crit_band'][0]:.0f}–{fit['b_crit_band'][1]:.0f})"

@@ -31,7 +31,8 @@ from toolkit.schedules import Wrapper, value_at
 @keras.saving.register_keras_serializable(package="toolkit")
 class AdaScale(Wrapper):
     """The AdaScale rate: ``schedule`` (the base run's, in its updates) read at ``τ`` and
-    multiplied by the gain. :meth:`observe` takes each update's two squared norms, in the graph,
+    multiplied by the gain; the run is :meth:`done` once ``τ`` reaches ``total`` (the base
+    run's updates). :meth:`observe` takes each update's two squared norms, in the graph,
     before the optimizer reads its rate; calling the schedule gives that update's rate, the gain
     times ``schedule`` at the clock the update started from (the step Keras passes is not used:
     ``τ`` is the clock). It is evaluated where the optimizer asks for it, as any schedule is,
@@ -48,6 +49,7 @@ class AdaScale(Wrapper):
         b_small: float,
         b_big: float,
         smoothing: float = 0.95,
+        total: int | None = None,
     ):
         if not 1 <= base_batch <= batch:
             raise ValueError(f"AdaScale needs 1 <= base_batch <= batch, got {base_batch}, {batch}")
@@ -58,6 +60,7 @@ class AdaScale(Wrapper):
         self.schedule = schedule
         self.batch, self.base_batch = int(batch), int(base_batch)
         self.b_small, self.b_big, self.smoothing = float(b_small), float(b_big), float(smoothing)
+        self.total = total
 
         def variable(name, dtype=tf.float64):
             return tf.Variable(0, dtype=dtype, trainable=False, name=f"adascale_{name}")
@@ -73,6 +76,10 @@ class AdaScale(Wrapper):
     def scale(self) -> float:
         """``S = batch / base_batch``."""
         return self.batch / self.base_batch
+
+    def done(self) -> bool:
+        """Whether the clock has done the base run's ``total`` updates (never, without one)."""
+        return self.total is not None and float(self.tau.numpy()) >= self.total
 
     @property
     def variables(self) -> list[tf.Variable]:
@@ -114,6 +121,7 @@ class AdaScale(Wrapper):
             "b_small": self.b_small,
             "b_big": self.b_big,
             "smoothing": self.smoothing,
+            "total": self.total,
         }
 
 

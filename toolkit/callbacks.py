@@ -366,25 +366,22 @@ class HalfBatchMeter(keras.callbacks.Callback):
 
 
 class AdaScaleProgress(keras.callbacks.Callback):
-    """Ends an AdaScale run once its clock ``τ`` has reached ``total`` (the base run's updates),
-    at the update that reaches it, and shows progress on that clock (in place of Keras's bar,
+    """Ends an AdaScale run once its clock ``τ`` has done the base run's updates (its
+    ``total``), at the update that does, and shows progress on that clock (in place of Keras's bar,
     whose epochs are only an upper bound): a ``keras.utils.Progbar`` with ``verbose=1``, a line
     per epoch with ``verbose=2``, nothing with 0. Needs ``steps_per_execution`` of 1."""
 
-    def __init__(self, adascale, total: int, verbose: int):
+    def __init__(self, adascale, verbose: int):
         super().__init__()
-        self.adascale, self.total, self.verbose = adascale, total, verbose
+        self.adascale, self.total, self.verbose = adascale, adascale.total, verbose
         self.bar = None
-
-    def done(self) -> bool:
-        return float(self.adascale.tau.numpy()) >= self.total
 
     def on_train_begin(self, logs=None):
         if self.verbose == 1:
             self.bar = keras.utils.Progbar(self.total, stateful_metrics=["gain"], unit_name="τ")
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.done():
+        if self.adascale.done():
             self.model.stop_training = True
         if self.bar is not None:
             values = [("gain", float(self.adascale.gain.numpy()))]

@@ -166,6 +166,7 @@ def build_optimizer(
             b_small=b_small,
             b_big=b_big,
             smoothing=config.logging.noise_scale_smoothing,
+            total=adascale_updates(config, num_train),
         )
     else:
         learning_rate = learning_rate_schedule(config, steps_per_epoch, world_size)

@@ -27,7 +27,6 @@ from toolkit import config as config_lib
 from toolkit.events import EventWriter, read_events, truncate_after
 from toolkit.experiment import (
     adascale_of,
-    adascale_updates,
     build_model,
     build_optimizer,
     last_epoch,
@@ -163,16 +162,15 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         config, spe, max(config.world_sizes()) if elastic_run else world
     )
     num_train = len(dataset.x_train)
-    adascale_on = config.lr_scaling.rule == "adascale"
-    if run:  # what a progress bar outside the run counts to, and the NaN guard's granularity
-        run.update_meta(
-            steps_per_epoch=spe,
-            total_steps=adascale_updates(config, num_train) if adascale_on else config.epochs * spe,
-            steps_per_execution=per_execution,
-        )
     model = build_model(config, dataset)
     optimizer = build_optimizer(config, spe, world, num_train)
     adascale = adascale_of(optimizer)
+    if run:  # what a progress bar outside the run counts to, and the NaN guard's granularity
+        run.update_meta(
+            steps_per_epoch=spe,
+            total_steps=adascale.total if adascale else config.epochs * spe,
+            steps_per_execution=per_execution,
+        )
     if config.precision == "mixed_float16":  # loss scaling outside, so its check is global
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     noise_every = config.noise_scale_interval(world)
@@ -220,9 +218,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
             truncate_after(run.events_path, position.step)
             _smooth_on(smoother, run.events_path)
     last = last_epoch(config, num_train, world)
-    if position.epoch >= last or (
-        adascale and float(adascale.tau.numpy()) >= adascale_updates(config, num_train)
-    ):
+    if position.epoch >= last or (adascale and adascale.done()):
         return
     if elastic_run:
         _fit_elastic(
@@ -246,8 +242,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         )
         verbose = 0  # the view's progress line takes the bar's place
     if adascale:  # ends the run on AdaScale's clock, and shows progress on it
-        total = adascale_updates(config, num_train)
-        hooks.insert(-1, callbacks.AdaScaleProgress(adascale, total, _verbosity(verbose)))
+        hooks.insert(-1, callbacks.AdaScaleProgress(adascale, _verbosity(verbose)))
         verbose = 0
     try:
         model.fit(
@@ -430,11 +425,7 @@ def _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother
                 else None
             ),
             state=adascale.variables if adascale else (),
-            finished=(
-                (lambda: float(adascale.tau.numpy()) >= adascale_updates(config, num_train))
-                if adascale
-                else None
-            ),
+            finished=adascale.done if adascale else None,
         )
     )
     # the noise scale: from the meter's norms (the allreduce hook's with several workers, so
