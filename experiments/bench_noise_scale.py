@@ -40,12 +40,12 @@ def hook_worker(repeat: int) -> None:
     import tensorflow as tf
 
     from toolkit import data, distributed, models
-    from toolkit.config import LoggingConfig
+    from toolkit.config import NOISE_SCALE_AUTO
     from toolkit.optimizers import LARS
 
     distributed.init()
     dataset = data.load("mnist1d", seed=0)
-    default = LoggingConfig().noise_scale_every_steps
+    default = NOISE_SCALE_AUTO["allreduce"]  # several workers' default
     meters = {"off": None, f"every {default}": default, "every update": 1}
     model = models.build(
         "cnn1d", input_shape=dataset.input_shape, num_classes=dataset.num_classes, seed=0
@@ -113,7 +113,7 @@ def main() -> int:
     from toolkit import launch, monitor
     from toolkit.events import read_events
 
-    default = config_lib.LoggingConfig().noise_scale_every_steps
+    default = config_lib.NOISE_SCALE_AUTO["allreduce"]  # several workers' default ('auto')
     settings = {"off": 0, f"every {default} updates (default)": default, "every update": 1}
     ratios: dict[str, list[float]] = {name: [] for name in settings}
     with tempfile.TemporaryDirectory() as root:
