@@ -82,6 +82,12 @@ class Smoother:
 # --- The pre-flight probe: "what batch should I use?" ------------------------------------------
 
 
+CALIBRATION = (3.5, 3.1, 4.1)
+"""``B_crit / B_simple`` and its range as measured on the study's MNIST-1D CNN (docs/study.md,
+``experiments/critical_batch.py``): 3.13, 4.13 and 3.28 at held-out losses 1.0, 0.8 and 0.6,
+whose bands overlap. One model's factor: a probe reports the calibrated ``B_crit`` saying so."""
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """What a short training run measured: ``b_simple`` (the ratio of the mean ``tr Σ`` to the
@@ -103,7 +109,8 @@ class ProbeResult:
     def reading(self) -> str:
         """The result in plain language (McCandlish et al.: steps to a given loss go as
         ``S_min·(1 + B_noise/B)``, so doubling ``B`` divides the steps by
-        ``(1 + n)/(1 + n/2)`` with ``n = B_noise/B``)."""
+        ``(1 + n)/(1 + n/2)`` with ``n = B_noise/B``), with the ``B_crit`` that
+        :data:`CALIBRATION` gives."""
         b, low, high = self.b_simple, *self.band
         ratio = self.global_batch / b
         where = f"{1 / ratio:.1f}× below" if ratio < 1 else f"{ratio:.1f}× above"
@@ -113,6 +120,10 @@ class ProbeResult:
             "bootstrapped)",
             f"Your global batch {self.global_batch:,} is {where} it: doubling it would divide "
             f"the steps to a given loss by about {doubling:.2f}.",
+            f"Calibrated B_crit ≈ {CALIBRATION[0] * b:,.0f} ({CALIBRATION[1] * b:,.0f}–"
+            f"{CALIBRATION[2] * b:,.0f}): B_simple × {CALIBRATION[0]:g}, the factor measured on "
+            "the lab's MNIST-1D CNN at three losses (docs/study.md); on another model, "
+            "calibrate it there.",
             f"Up to about {b / 4:,.0f}, doubling the batch nearly halves the steps (≥ 1.8×); "
             f"around {b:,.0f} it saves about a quarter; beyond {4 * b:,.0f} it saves under "
             "10%: extra batch there buys little.",
