@@ -345,8 +345,7 @@ class HalfBatchMeter(keras.callbacks.Callback):
 
     def __init__(self, halves: HalfBatchNorms, adascale, counter: StepCounter, steps_per_update=1):
         super().__init__()
-        self.halves, self.adascale, self.counter = halves, adascale, counter
-        self.steps_per_update = steps_per_update
+        self.halves, self.counter, self.steps_per_update = halves, counter, steps_per_update
         self._latest = (0, 0.0, 0.0)
         self._observe = tf.function(adascale.observe, autograph=False)  # a few µs, not ms
 
