@@ -25,6 +25,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from toolkit.noise_scale import estimate
 from toolkit.schedules import Wrapper, value_at
 
 
@@ -95,10 +96,10 @@ class AdaScale(Wrapper):
     def observe(self, small_sq, big_sq) -> None:
         """One update's squared gradient norms at ``b_small`` and ``b_big``: average them in,
         set the gain, keep the clock this update reads the schedule at, advance ``τ``."""
-        small_sq, big_sq = _float64(small_sq), _float64(big_sq)
-        b_small, b_big, decay = self.b_small, self.b_big, self.smoothing
-        grad_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
-        trace_sigma = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
+        decay = self.smoothing
+        grad_sq, trace_sigma = estimate(
+            _float64(small_sq), _float64(big_sq), self.b_small, self.b_big
+        )
         count = self.count.assign_add(1)
         correction = 1 - tf.pow(tf.constant(decay, tf.float64), tf.cast(count, tf.float64))
         grad_sq = self.grad_sq_sum.assign(decay * self.grad_sq_sum + (1 - decay) * grad_sq)

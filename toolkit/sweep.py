@@ -614,8 +614,8 @@ def _measure(cell: Cell, run_dir: RunDir | None, events) -> dict[str, Any]:
     evals = history[history["phase"] == "eval"] if "phase" in history else history.iloc[0:0]
     losses = evals["loss"].dropna() if "loss" in evals else evals.iloc[0:0]
     steps = run_dir.meta().get("total_steps")
-    if "tau" in history and completed:  # AdaScale: total_steps is its clock's; steps are outcomes
-        steps = int(history["step"].max())
+    if cell.config.lr_scaling.rule == "adascale" and completed:  # total_steps counts its clock
+        steps = int(history["step"].max())  # its updates are an outcome
     return {
         "state": row["state"],
         "diverged": DIVERGED in str(row.get("reason") or ""),

@@ -388,10 +388,8 @@ def _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother
     logging, optimizer = config.logging, model.optimizer
     hooks = [counter, distributed.MetricAverageCallback()]
     if adascale and meter is None:
-        half = config.per_worker_batch(world) // 2
-        halves = callbacks.HalfBatchNorms(dataset.x_train, dataset.y_train, half, config.seed)
         spu = config.steps_per_update(world)
-        meter = callbacks.HalfBatchMeter(halves, adascale, counter, spu)
+        meter = callbacks.HalfBatchMeter(_half_batches(config, dataset), adascale, counter, spu)
         hooks.append(meter)
     writer = EventWriter(run.events_path) if run else None
     if writer:
@@ -509,9 +507,6 @@ def _noise_scale_logger(config, writer, counter, meter, dataset, spe, world, smo
     workers), else two halves of an extra batch (see
     :class:`~toolkit.callbacks.HalfBatchNorms`); it smooths on with ``smoother``."""
     b_small, b_big = noise_batches(config, world)
-    halves = None
-    if meter is None:
-        halves = callbacks.HalfBatchNorms(dataset.x_train, dataset.y_train, b_small, config.seed)
     return callbacks.NoiseScaleLogger(
         writer,
         counter,
@@ -522,9 +517,15 @@ def _noise_scale_logger(config, writer, counter, meter, dataset, spe, world, smo
         b_big=b_big,
         smoothing=config.logging.noise_scale_smoothing,
         meter=meter,
-        halves=halves,
+        halves=_half_batches(config, dataset) if meter is None else None,
         smoother=smoother,
     )
+
+
+def _half_batches(config, dataset) -> callbacks.HalfBatchNorms:
+    """One worker's noise measurement: two halves of a fresh per-worker batch."""
+    half, _ = noise_batches(config, 1)
+    return callbacks.HalfBatchNorms(dataset.x_train, dataset.y_train, half, config.seed)
 
 
 def _smooth_on(smoother: Smoother, events_path: Path) -> None:

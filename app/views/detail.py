@@ -250,8 +250,8 @@ def panel() -> None:
     st.markdown(f"**{md_escape(setup_line())}**  \n{md_escape(outcome_line(data.summary(run)))}")
     if reading := noise_reading(data.phase(frame, "gns")):
         st.caption(md_escape(reading))
-    taus = data.phase(frame, "train").get("tau", frame.index[:0]).dropna()
     if adascale_run() and (total := run.meta().get("total_steps")):
+        taus = data.phase(frame, "train").get("tau", frame.index[:0]).dropna()
         tau = total if state == "completed" else float(taus.iloc[-1] if len(taus) else 0)
         st.progress(min(1.0, tau / total), text=f"τ {tau:,.0f} of {total:,} base-run updates")
     elif config is not None:
