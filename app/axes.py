@@ -28,11 +28,14 @@ def x_values(
     if x_axis in ("step", "epoch"):
         return rows.get(x_axis)
     steps_per_update = config.steps_per_update() if config else 1
+    step_batch = config.global_batch() // steps_per_update if config else None
     if x_axis == "samples seen":
         if config is None or "step" not in rows:
             return None
-        return rows["step"] * (config.global_batch() // steps_per_update)
+        return rows["step"] * step_batch
     if x_axis == "bytes sent":  # runs that log no traffic (one worker, older runs) are left out
+        if step_batch and "global_batch" in events:  # an adaptive batch's, event by event
+            steps_per_update = events["global_batch"] / step_batch
         sent = bytes_axis(events, steps_per_update)
         return None if sent is None else sent.loc[rows.index]
     if "wall" not in rows or "wall" not in events:

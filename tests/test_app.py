@@ -264,6 +264,22 @@ def test_launch_adascale_fields(root, launches):
     assert config.global_batch() / config.lr_scaling.base_batch == 4
 
 
+def test_the_launch_form_sets_an_adaptive_batch(root, launches):
+    at = page("launch")
+    by_label(at.selectbox, "Learning-rate scaling rule").set_value("adascale")
+    by_label(at.number_input, "Base batch").set_value(32).run()
+    by_label(at.checkbox, "Adaptive batch").check()
+    by_label(at.number_input, "Smallest global batch").set_value(48).run()
+    assert any("power of two" in e.value for e in at.error)
+    by_label(at.number_input, "Smallest global batch").set_value(32)
+    by_label(at.number_input, "Largest global batch").set_value(512).run()
+    assert not at.error
+    by_label(at.button, "Launch").click().run()
+    ((config, _),) = launches
+    assert config.batch.adaptive.min == 32 and config.batch.adaptive.max == 512
+    assert config.batch.adaptive.every_epochs == 1
+
+
 def test_launch_labels_are_plain_words_with_the_field_name_as_help(root, launches):
     at = page("launch")
     by_label(at.selectbox, "Optimizer").set_value("lars").run()

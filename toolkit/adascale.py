@@ -72,11 +72,28 @@ class AdaScale(Wrapper):
         self.tau = variable("tau")  # base-run updates done
         self.gain = variable("gain")  # the latest update's
         self.read_at = variable("read_at")  # the clock the latest update read the schedule at
+        self.batches = tf.Variable(  # now: an adaptive batch changes them (rescale)
+            [batch, b_small, b_big], dtype=tf.float64, trainable=False, name="adascale_batches"
+        )
 
     @property
     def scale(self) -> float:
-        """``S = batch / base_batch``."""
-        return self.batch / self.base_batch
+        """``S = batch / base_batch``, at the batch now."""
+        return float(self.batches[0].numpy()) / self.base_batch
+
+    def rescale(self, batch: int, b_small: int, b_big: int) -> None:
+        """From the next update on, the global batch is ``batch`` and the noise is measured at
+        ``b_small`` and ``b_big`` (an adaptive batch's change). The averages go on: they
+        estimate ``|G|²`` and ``tr Σ``, which do not depend on the batch."""
+        if not (self.base_batch <= batch and 0 < b_small < b_big):
+            raise ValueError(f"AdaScale cannot rescale to {batch}, {b_small}, {b_big}")
+        self.batches.assign([batch, b_small, b_big])
+
+    def b_simple(self) -> float:
+        """The averaged ``B_simple = tr Σ / |G|²`` (NaN before the first measurement or
+        while the averaged ``|G|²`` is not positive)."""
+        grad_sq, trace = float(self.grad_sq_sum.numpy()), float(self.trace_sigma_sum.numpy())
+        return trace / grad_sq if grad_sq > 0 else float("nan")
 
     def done(self) -> bool:
         """Whether the clock has done the base run's ``total`` updates (never, without one)."""
@@ -91,22 +108,22 @@ class AdaScale(Wrapper):
             self.tau,
             self.gain,
             self.read_at,
+            self.batches,
         ]
 
     def observe(self, small_sq, big_sq) -> None:
         """One update's squared gradient norms at ``b_small`` and ``b_big``: average them in,
         set the gain, keep the clock this update reads the schedule at, advance ``τ``."""
         decay = self.smoothing
-        grad_sq, trace_sigma = estimate(
-            _float64(small_sq), _float64(big_sq), self.b_small, self.b_big
-        )
+        batch, b_small, b_big = tf.unstack(self.batches)
+        grad_sq, trace_sigma = estimate(_float64(small_sq), _float64(big_sq), b_small, b_big)
         count = self.count.assign_add(1)
         correction = 1 - tf.pow(tf.constant(decay, tf.float64), tf.cast(count, tf.float64))
         grad_sq = self.grad_sq_sum.assign(decay * self.grad_sq_sum + (1 - decay) * grad_sq)
         trace = self.trace_sigma_sum.assign(
             decay * self.trace_sigma_sum + (1 - decay) * trace_sigma
         )
-        gain = gain_of(grad_sq / correction, trace / correction, self.base_batch, self.batch)
+        gain = gain_of(grad_sq / correction, trace / correction, self.base_batch, batch)
         tau = self.read_at.assign(self.tau)
         self.gain.assign(gain)
         self.tau.assign(tau + gain)
@@ -126,16 +143,16 @@ class AdaScale(Wrapper):
         }
 
 
-def gain_of(grad_sq, trace_sigma, base_batch: int, batch: int):
+def gain_of(grad_sq, trace_sigma, base_batch: int, batch):
     """AdaScale's gain ``(tr Σ / B0 + |G|²) / (tr Σ / B + |G|²)`` clipped to ``[1, B / B0]``
     (tensors in, a float64 tensor out): a negative ``tr Σ`` counts as 0, and a non-positive
     ``|G|²`` with a positive ``tr Σ`` as pure noise."""
-    grad_sq, trace_sigma = _float64(grad_sq), _float64(trace_sigma)
+    grad_sq, trace_sigma, batch = _float64(grad_sq), _float64(trace_sigma), _float64(batch)
     trace_sigma = tf.maximum(trace_sigma, 0.0)
     scale = batch / base_batch
     below = trace_sigma / batch + grad_sq
     ratio = tf.math.divide_no_nan(trace_sigma / base_batch + grad_sq, below)
-    return tf.where(below > 0, tf.clip_by_value(ratio, 1.0, scale), tf.constant(scale, tf.float64))
+    return tf.where(below > 0, tf.clip_by_value(ratio, 1.0, scale), scale)
 
 
 def _float64(value) -> tf.Tensor:

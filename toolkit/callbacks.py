@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit import checkpoints, system
+from toolkit.adaptive_batch import BatchPlan
 from toolkit.distributed import allgather_rows
 from toolkit.events import EventWriter
 from toolkit.experiment import rates_at
@@ -60,7 +61,10 @@ class EventLogger(keras.callbacks.Callback):
     ``comm/compression_ratio``, a dense float32 allreduce's bytes over those (when any were
     sent). With ``adascale`` (:class:`~toolkit.adascale.AdaScale`), ``lr`` is the rate the
     latest update applied, and the event holds that update's ``gain`` and the clock ``tau``
-    after it.
+    after it. Given the run's ``plan`` (:class:`~toolkit.adaptive_batch.BatchPlan`: how steps
+    group into updates), bytes are counted per update of the plan (without one, per step), and
+    if the batch is adaptive, train and eval events hold the ``global_batch`` of the latest
+    update.
     """
 
     def __init__(
@@ -73,16 +77,16 @@ class EventLogger(keras.callbacks.Callback):
         samples_per_step: int,
         world_size: int = 1,
         traffic=None,
-        steps_per_update: int = 1,
+        plan: BatchPlan | None = None,
         adascale=None,
     ):
         super().__init__()
         self.writer, self.counter, self.world_size = writer, counter, world_size
-        self.adascale = adascale
+        self.adascale, self.plan = adascale, plan
         self.every_steps = every_steps
         self.steps_per_epoch = steps_per_epoch
         self.samples_per_step = samples_per_step
-        self.traffic, self.steps_per_update = traffic, steps_per_update
+        self.traffic = traffic
         self._clock: tuple[int, float, float] | None = None
         self._rates = None
 
@@ -112,12 +116,15 @@ class EventLogger(keras.callbacks.Callback):
             record["samples_per_sec"] = (
                 self.samples_per_step * (step - last_step) / (now - last_time)
             )
+        if self.plan is not None and self.plan.adaptive:
+            record["global_batch"] = self.plan.global_batch
         if self.adascale is not None:
             record["gain"] = float(self.adascale.gain.numpy())
             record["tau"] = float(self.adascale.tau.numpy())
         record.update({k: float(v) for k, v in logs.items()})
         if self.traffic is not None and step > last_step:
-            per_update = (sent - last_sent) * self.steps_per_update / (step - last_step)
+            updates = self.plan.updates(step) - self.plan.updates(last_step) if self.plan else 0
+            per_update = (sent - last_sent) / (updates or step - last_step)
             record["comm/bytes_sent"] = per_update
             if per_update > 0 and self.traffic.dense_bytes:
                 record["comm/compression_ratio"] = self.traffic.dense_bytes / per_update
@@ -129,6 +136,8 @@ class EventLogger(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         record = {"step": self.counter.step, "epoch": epoch + 1, "phase": "eval"}
+        if self.plan is not None and self.plan.adaptive:
+            record["global_batch"] = self.plan.global_batch
         for key, value in logs.items():
             name = key.removeprefix("val_") if key.startswith("val_") else f"train_{key}"
             record[name] = float(value)
@@ -225,14 +234,15 @@ class NoiseScaleLogger(keras.callbacks.Callback):
     """Every ``every_updates`` updates, a ``gns`` event with the gradient noise scale
     (:mod:`toolkit.noise_scale`): the smoothed ``b_simple``, ``grad_sq`` and ``trace_sigma``,
     this step's ``grad_sq_step`` and ``trace_sigma_step``, the measured ``small_sq`` and
-    ``big_sq`` and their batch sizes ``b_small`` and ``b_big``.
+    ``big_sq`` and their batch sizes ``b_small`` and ``b_big`` (the ``plan``'s, as measured:
+    :meth:`~toolkit.adaptive_batch.BatchPlan.noise_batches`).
 
     The norms come from ``meter`` (a :class:`~toolkit.distributed.GradientNoiseMeter` in the
     allreduce hook, with more than one worker), which measures inside the compiled step at
     its update, and is read here once a multiple of the interval has passed; or, with one
     worker, from ``halves`` (:class:`HalfBatchNorms`), measured here at the end of the Keras
     execution that reaches the multiple. Either way the event's step is the step measured.
-    ``steps_per_update``: batches per optimizer update (local accumulation). Every event is
+    ``plan``: how steps group into updates (local accumulation). Every event is
     also kept in :attr:`records`; ``writer`` and ``counter`` may be ``None`` (no file;
     steps counted here), as in :func:`noise_scale_callback`.
     """
@@ -243,10 +253,8 @@ class NoiseScaleLogger(keras.callbacks.Callback):
         counter: StepCounter | None,
         *,
         every_updates: int,
-        steps_per_update: int,
+        plan: BatchPlan,
         steps_per_epoch: int,
-        b_small: int,
-        b_big: int,
         smoothing: float,
         meter=None,
         halves: HalfBatchNorms | None = None,
@@ -257,10 +265,8 @@ class NoiseScaleLogger(keras.callbacks.Callback):
             raise ValueError("give exactly one of meter (workers > 1) and halves (one worker)")
         self.writer = writer
         self.counter, self._counts = (counter, False) if counter else (StepCounter(), True)
-        self.every_steps = every_updates * steps_per_update
-        self.steps_per_update = steps_per_update
+        self.every_updates, self.plan = every_updates, plan
         self.steps_per_epoch = steps_per_epoch
-        self.b_small, self.b_big = b_small, b_big
         self.smoother = smoother or Smoother(decay=smoothing)  # given: it goes on from there
         self.meter, self.halves = meter, halves
         self.records: list[dict] = []
@@ -278,16 +284,18 @@ class NoiseScaleLogger(keras.callbacks.Callback):
             self.counter.on_train_batch_end(batch)
         step, seen = self.counter.step, self._seen
         self._seen = step
-        if step // self.every_steps == seen // self.every_steps:
+        every, updates = self.every_updates, self.plan.updates
+        if int(updates(step)) // every == int(updates(seen)) // every:
             return  # no multiple of the interval since the last call
         if self.meter is not None:
             update, small_sq, big_sq = self.meter.read()
             if update == self._last_update:  # nothing new measured
                 return
-            self._last_update, step = update, update * self.steps_per_update
+            self._last_update, step = update, self.plan.step_of(update)
         else:
             small_sq, big_sq = self.halves(self.model, step)
-        grad_sq, trace_sigma = estimate(small_sq, big_sq, self.b_small, self.b_big)
+        b_small, b_big = self.plan.noise_batches()
+        grad_sq, trace_sigma = estimate(small_sq, big_sq, b_small, b_big)
         self.smoother.update(grad_sq, trace_sigma)
         self.records.append(
             {
@@ -301,8 +309,8 @@ class NoiseScaleLogger(keras.callbacks.Callback):
                 "trace_sigma_step": trace_sigma,
                 "small_sq": small_sq,
                 "big_sq": big_sq,
-                "b_small": self.b_small,
-                "b_big": self.b_big,
+                "b_small": b_small,
+                "b_big": b_big,
             }
         )
         if self.writer is not None:
@@ -321,17 +329,14 @@ def noise_scale_callback(
         model.fit(x_train, y_train, batch_size=64, epochs=5, callbacks=[gns])
         print(gns.smoother.b_simple)
     """
-    half = batch_size // 2
     return NoiseScaleLogger(
         None,
         None,
         every_updates=every_steps,
-        steps_per_update=1,
+        plan=BatchPlan(batch_size, world=1),
         steps_per_epoch=max(1, len(x) // batch_size),
-        b_small=half,
-        b_big=2 * half,
         smoothing=smoothing,
-        halves=HalfBatchNorms(x, y, half, seed),
+        halves=HalfBatchNorms(x, y, batch_size // 2, seed),
     )
 
 
@@ -343,17 +348,17 @@ class HalfBatchMeter(keras.callbacks.Callback):
     come from the same measurements. Costs one extra forward and backward pass of a batch per
     update, and needs Keras's ``steps_per_execution`` of 1."""
 
-    def __init__(self, halves: HalfBatchNorms, adascale, counter: StepCounter, steps_per_update=1):
+    def __init__(self, halves: HalfBatchNorms, adascale, counter: StepCounter, plan: BatchPlan):
         super().__init__()
-        self.halves, self.counter, self.steps_per_update = halves, counter, steps_per_update
+        self.halves, self.counter, self.plan = halves, counter, plan
         self._latest = (0, 0.0, 0.0)
         self._observe = tf.function(adascale.observe, autograph=False)  # a few µs, not ms
 
     def on_train_batch_begin(self, batch, logs=None):
         step = self.counter.step
-        if step % self.steps_per_update:
+        if not self.plan.starts_update(step):
             return
-        update = step // self.steps_per_update
+        update = round(self.plan.updates(step))
         small_sq, big_sq = self.halves(self.model, update)
         self._observe(tf.constant(small_sq, tf.float64), tf.constant(big_sq, tf.float64))
         self._latest = (update + 1, small_sq, big_sq)
@@ -365,22 +370,23 @@ class HalfBatchMeter(keras.callbacks.Callback):
 
 
 class AdaScaleProgress(keras.callbacks.Callback):
-    """Ends an AdaScale run once its clock ``τ`` has done the base run's updates (its
-    ``total``), at the update that does, and shows progress on that clock (in place of Keras's bar,
-    whose epochs are only an upper bound): a ``keras.utils.Progbar`` with ``verbose=1``, a line
-    per epoch with ``verbose=2``, nothing with 0. Needs ``steps_per_execution`` of 1."""
+    """Ends an AdaScale run once ``ended()`` says so (its clock ``τ`` has done the base run's
+    updates, its ``total``, and the update that did is complete), and shows progress on that
+    clock (in place of Keras's bar, whose epochs are only an upper bound): a
+    ``keras.utils.Progbar`` with ``verbose=1``, a line per epoch with ``verbose=2``, nothing
+    with 0. Needs ``steps_per_execution`` of 1."""
 
-    def __init__(self, adascale, verbose: int):
+    def __init__(self, adascale, verbose: int, ended):
         super().__init__()
         self.adascale, self.total, self.verbose = adascale, adascale.total, verbose
-        self.bar = None
+        self.ended, self.bar = ended, None
 
-    def on_train_begin(self, logs=None):
-        if self.verbose == 1:
+    def on_train_begin(self, logs=None):  # once: an adaptive batch's run fits again and again
+        if self.verbose == 1 and self.bar is None:
             self.bar = keras.utils.Progbar(self.total, stateful_metrics=["gain"], unit_name="τ")
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.adascale.done():
+        if self.ended():
             self.model.stop_training = True
         if self.bar is not None:
             values = [("gain", float(self.adascale.gain.numpy()))]

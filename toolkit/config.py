@@ -201,13 +201,41 @@ class ScheduleConfig(_Section):
         return self
 
 
+class AdaptiveBatchConfig(_Section):
+    """An adaptive global batch (:mod:`toolkit.adaptive_batch`): it starts at ``min`` and, at
+    the start of every ``every_epochs``-th epoch, becomes the power of two nearest the
+    measured ``B_simple``, within ``[min, max]`` and at most 2x from the last. Both are powers
+    of two; each worker's batch per step stays ``batch.per_worker``, and local accumulation
+    makes up the rest."""
+
+    min: int = Field(ge=1, description="the first and smallest global batch (a power of two)")
+    max: int = Field(ge=1, description="the largest global batch (a power of two)")
+    every_epochs: int = Field(1, ge=1, description="epochs between two decisions")
+
+    @field_validator("min", "max")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"Input should be a power of two, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise ValueError(f"min={self.min} must be at most max={self.max}")
+        return self
+
+
 class BatchConfig(_Section):
     """Batch sizes. ``global_size``, if set, fixes the global batch whatever the number of
-    workers (``per_worker`` is then derived), so a config gives the same run on 1 or N workers."""
+    workers (``per_worker`` is then derived), so a config gives the same run on 1 or N workers.
+    ``adaptive``, if set, lets the global batch follow the noise scale (then ``per_worker`` is
+    the batch of a step, and the accumulation is the adaptive batch's)."""
 
     per_worker: int = Field(32, ge=1, description="examples per worker per step")
     accumulation: int = Field(1, ge=1, description="local steps summed before one allreduce")
     global_size: int | None = Field(None, ge=1, description="fixed global batch (optional)")
+    adaptive: AdaptiveBatchConfig | None = None
 
 
 class ScalingConfig(_Section):
@@ -437,6 +465,46 @@ class ExperimentConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _adaptive_fits(self):
+        """An adaptive batch grows by local accumulation of ``batch.per_worker`` steps, with
+        AdaScale's rate, in float32 (see :class:`AdaptiveBatchConfig`)."""
+        adaptive = self.batch.adaptive
+        if adaptive is None:
+            return self
+        step_batch = self.batch.per_worker * self.workers
+        refusals = (
+            (
+                self.lr_scaling.rule != "adascale",
+                f"lr_scaling.rule='adascale' (got {self.lr_scaling.rule!r}): the learning rate "
+                "follows the batch by AdaScale's gain",
+            ),
+            (
+                self.batch.accumulation != 1 or self.batch.global_size is not None,
+                "batch.accumulation 1 and no batch.global_size (got "
+                f"{self.batch.accumulation}, {self.batch.global_size}): the adaptive batch sets "
+                "them, starting at batch.adaptive.min",
+            ),
+            (
+                self.optimizer.name == "lbsgd",
+                "an optimizer other than lbsgd, whose batch_scale fixes the accumulation",
+            ),
+            (
+                self.precision != "float32",
+                f"precision='float32' (got {self.precision!r}): a step the loss scaler skips "
+                "would leave an update short of its examples",
+            ),
+            (
+                adaptive.min % step_batch,
+                f"batch.adaptive.min={adaptive.min} to be a multiple of batch.per_worker x "
+                f"workers = {step_batch}, the examples of one step",
+            ),
+        )
+        for refused, why in refusals:
+            if refused:
+                raise ValueError(f"batch.adaptive needs {why}")
+        return self
+
+    @model_validator(mode="after")
     def _sync_alone(self):
         if self.sync.mode == "full":
             return self
@@ -584,7 +652,7 @@ class ExperimentConfig(_Section):
         return self.batch.global_size // splits
 
     def global_batch(self, world_size: int | None = None) -> int:
-        """Examples per optimizer update across all workers."""
+        """Examples per optimizer update across all workers (an adaptive batch's first)."""
         return self.per_worker_batch(world_size) * self._batches_per_update(world_size)
 
     def steps_per_update(self, world_size: int | None = None) -> int:
@@ -593,6 +661,8 @@ class ExperimentConfig(_Section):
         return self._batches_per_update(world_size) // (world_size or self.workers)
 
     def _batches_per_update(self, world_size: int | None) -> int:
+        if self.batch.adaptive is not None:  # at the start: batch.adaptive.min
+            return self.batch.adaptive.min // self.batch.per_worker
         count = (world_size or self.workers) * self.batch.accumulation
         if self.optimizer.name == "lbsgd":
             count *= int(self.optimizer.params.get("batch_scale", 1))

@@ -123,10 +123,11 @@ def downsample(y: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
     return np.unique(keep[keep < n])
 
 
-def bytes_axis(events: pd.DataFrame, steps_per_update: int = 1) -> pd.Series | None:
+def bytes_axis(events: pd.DataFrame, steps_per_update: int | pd.Series = 1) -> pd.Series | None:
     """The bytes a worker had sent by each event's step (``None`` if the run logs no
     ``comm/bytes_sent``): the train events' bytes per update, times the updates in each interval
     since the previous one (from step 0), summed; any event between two is interpolated by step.
+    ``steps_per_update`` may be given per event (indexed like ``events``: an adaptive batch's).
     """
     if not {"comm/bytes_sent", "step", "phase"} <= set(events.columns):
         return None
@@ -135,6 +136,8 @@ def bytes_axis(events: pd.DataFrame, steps_per_update: int = 1) -> pd.Series | N
         return None
     train = train.sort_values("step")
     steps = train["step"].to_numpy(dtype=float)
+    if isinstance(steps_per_update, pd.Series):
+        steps_per_update = steps_per_update.loc[train.index].to_numpy(dtype=float)
     updates = np.diff(steps, prepend=0.0) / steps_per_update
     total = np.cumsum(train["comm/bytes_sent"].to_numpy(dtype=float) * updates)
     at = pd.to_numeric(events["step"], errors="coerce").to_numpy(dtype=float)

@@ -16,6 +16,7 @@ import tensorflow as tf
 from keras.optimizers.schedules import CosineDecay, ExponentialDecay, PolynomialDecay
 
 from toolkit import data, models, optimizers
+from toolkit.adaptive_batch import BatchPlan
 from toolkit.adascale import AdaScale
 from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.schedules import MultiFactor, Poly, Warmup
@@ -24,7 +25,9 @@ from toolkit.schedules import MultiFactor, Poly, Warmup
 def steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -> int:
     """Batches per worker and epoch (capped by ``config.steps_per_epoch``). At a fixed
     ``batch.global_size`` G it is the same on any number of workers W that divides G, as an
-    elastic run needs: ``⌊⌊n / W⌋ / (G / W)⌋ = ⌊n / G⌋``."""
+    elastic run needs: ``⌊⌊n / W⌋ / (G / W)⌋ = ⌊n / G⌋``. An adaptive batch's epoch is a whole
+    number of updates at its largest batch, so at any batch it takes (powers of two): ``⌊n /
+    max⌋`` of them, whose examples it then takes at whatever batch it has."""
     per_worker = config.per_worker_batch(world_size)
     steps = data.shard_size(num_train, world_size) // per_worker
     if steps < 1:
@@ -32,7 +35,25 @@ def steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -
             f"batch.per_worker={per_worker} is larger than each of the "
             f"{world_size} workers' {data.shard_size(num_train, world_size)} training examples"
         )
+    if adaptive := config.batch.adaptive:
+        most = most_steps_per_update(config, world_size)
+        if steps < most:
+            raise ConfigError(
+                f"batch.adaptive.max={adaptive.max} is larger than the {num_train} training "
+                "examples"
+            )
+        steps -= steps % most
     return min(steps, config.steps_per_epoch or steps)
+
+
+def batch_plan(config: ExperimentConfig, world_size: int) -> BatchPlan:
+    """How the run's steps group into updates, as it starts (an adaptive batch's first)."""
+    return BatchPlan(
+        config.per_worker_batch(world_size),
+        world_size,
+        config.steps_per_update(world_size),
+        adaptive=config.batch.adaptive is not None,
+    )
 
 
 def load_dataset(config: ExperimentConfig) -> data.Dataset:
@@ -109,14 +130,9 @@ def learning_rate_schedule(config: ExperimentConfig, steps_per_epoch: int, world
 
 
 def noise_batches(config: ExperimentConfig, world_size: int) -> tuple[int, int]:
-    """The two batch sizes ``(b_small, b_big)`` the noise scale is measured at: each worker's
-    examples per update and the global batch with several workers (the allreduce hook);
-    two halves of a per-worker batch with one (:class:`~toolkit.callbacks.HalfBatchNorms`)."""
-    if world_size > 1:
-        global_batch = config.global_batch(world_size)
-        return global_batch // world_size, global_batch
-    half = config.per_worker_batch(world_size) // 2
-    return half, 2 * half
+    """The two batch sizes ``(b_small, b_big)`` the noise scale is measured at, as the run
+    starts (:meth:`~toolkit.adaptive_batch.BatchPlan.noise_batches`)."""
+    return batch_plan(config, world_size).noise_batches()
 
 
 def base_updates_per_epoch(config: ExperimentConfig, num_train: int) -> int:
@@ -138,11 +154,19 @@ def adascale_updates(config: ExperimentConfig, num_train: int) -> int:
 
 def last_epoch(config: ExperimentConfig, num_train: int, world_size: int) -> int:
     """The epoch a run trains to at most: ``epochs``; with AdaScale, as many as its base run's
-    updates take at a gain of 1 (it ends sooner, once ``τ`` has done them)."""
+    updates take at a gain of 1 (it ends sooner, once ``τ`` has done them), at its largest
+    batch if it is adaptive."""
     if config.lr_scaling.rule != "adascale":
         return config.epochs
-    steps = adascale_updates(config, num_train) * config.steps_per_update(world_size)
+    steps = adascale_updates(config, num_train) * most_steps_per_update(config, world_size)
     return -(-steps // steps_per_epoch(config, num_train, world_size))
+
+
+def most_steps_per_update(config: ExperimentConfig, world_size: int) -> int:
+    """Steps per update at most: the run's, or an adaptive batch's at its largest."""
+    if adaptive := config.batch.adaptive:
+        return adaptive.max // (config.per_worker_batch(world_size) * world_size)
+    return config.steps_per_update(world_size)
 
 
 def build_optimizer(

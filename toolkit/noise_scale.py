@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Real
 
 import numpy as np
 
 
 def estimate(small_sq: float, big_sq: float, b_small: float, b_big: float) -> tuple[float, float]:
     """``(|G|², tr Σ)`` from squared gradient norms measured at batch sizes ``b_small`` and
-    ``b_big`` (``b_small < b_big``); either may come out negative for one step."""
-    if not 0 < b_small < b_big:
+    ``b_big`` (``b_small < b_big``, checked where they are numbers, not tensors); either may
+    come out negative for one step."""
+    numbers = all(isinstance(b, Real) for b in (b_small, b_big))
+    if numbers and not 0 < b_small < b_big:
         raise ValueError(f"need 0 < b_small < b_big, got b_small={b_small}, b_big={b_big}")
     grad_sq = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
     trace_sigma = (small_sq - big_sq) / (1 / b_small - 1 / b_big)

@@ -306,6 +306,7 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     from toolkit.experiment import (  # Keras: for the plan only
         adascale_updates,
         load_dataset,
+        most_steps_per_update,
         steps_per_epoch,
     )
 
@@ -318,8 +319,10 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
             if dataset not in sizes:
                 sizes[dataset] = len(load_dataset(c).x_train)
             steps = c.epochs * steps_per_epoch(c, sizes[dataset], c.workers)
-            if c.lr_scaling.rule == "adascale":
-                steps = adascale_updates(c, sizes[dataset]) * c.steps_per_update()
+            updates = steps // c.steps_per_update()
+            if c.lr_scaling.rule == "adascale":  # at most: at a gain of 1, its largest batch
+                updates = adascale_updates(c, sizes[dataset])
+                steps = updates * most_steps_per_update(c, c.workers)
             check_fits(slots_of(c), root)
         except (ValueError, RuntimeError) as error:  # ConfigError, RunError; offline data
             problems.append(_problem(cell.coordinates, error))
@@ -332,7 +335,7 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
                 "global_batch": c.global_batch(),
                 "scaled_lr": c.scaled_learning_rate(),
                 "total_steps": steps,
-                "updates": steps // c.steps_per_update(),
+                "updates": updates,
             }
         )
     _refuse(sweep.name, problems)
@@ -614,8 +617,9 @@ def _measure(cell: Cell, run_dir: RunDir | None, events) -> dict[str, Any]:
     evals = history[history["phase"] == "eval"] if "phase" in history else history.iloc[0:0]
     losses = evals["loss"].dropna() if "loss" in evals else evals.iloc[0:0]
     steps = run_dir.meta().get("total_steps")
+    updates = steps // cell.config.steps_per_update() if steps else None
     if cell.config.lr_scaling.rule == "adascale" and completed:  # total_steps counts its clock
-        steps = int(history["step"].max())  # its updates are an outcome
+        updates = _adascale_updates(cell.config, history, evals)
     return {
         "state": row["state"],
         "diverged": DIVERGED in str(row.get("reason") or ""),
@@ -623,12 +627,23 @@ def _measure(cell: Cell, run_dir: RunDir | None, events) -> dict[str, Any]:
         "best_test_accuracy": row["best_eval_accuracy"],
         "final_test_loss": float(losses.iloc[-1]) if completed and len(losses) else math.nan,
         "final_train_loss": row["last_loss"] if completed else math.nan,
-        "updates": steps // cell.config.steps_per_update() if steps else None,
+        "updates": updates,
         "wall_s": row["duration_s"],
         "samples_per_sec": row["samples_per_sec"],
         "global_batch": cell.config.global_batch(),
         "reason": row.get("reason"),
     }
+
+
+def _adascale_updates(config, history: pd.DataFrame, evals: pd.DataFrame) -> int:
+    """The updates an AdaScale run took (an outcome): its steps over its steps per update;
+    for an adaptive batch, epoch by epoch, at the batch each eval event says its epoch had."""
+    per_update = config.steps_per_update()
+    if "global_batch" not in evals:
+        return int(history["step"].max()) // per_update
+    steps = evals["step"].diff().fillna(evals["step"])
+    step_batch = config.global_batch() // per_update
+    return round((steps * step_batch / evals["global_batch"]).sum())
 
 
 def _read_events(run_dir: RunDir) -> pd.DataFrame:

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import keras
 
-from toolkit import callbacks, checkpoints, distributed, elastic, monitor, processes
+from toolkit import adaptive_batch, callbacks, checkpoints, distributed, elastic, monitor, processes
 from toolkit import config as config_lib
 from toolkit.events import EventWriter, read_events, truncate_after
 from toolkit.experiment import (
     adascale_of,
+    batch_plan,
     build_model,
     build_optimizer,
     last_epoch,
@@ -164,7 +165,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     num_train = len(dataset.x_train)
     model = build_model(config, dataset)
     optimizer = build_optimizer(config, spe, world, num_train)
-    adascale = adascale_of(optimizer)
+    adascale, plan = adascale_of(optimizer), batch_plan(config, world)
     if run:  # what a progress bar outside the run counts to, and the NaN guard's granularity
         run.update_meta(
             steps_per_epoch=spe,
@@ -186,6 +187,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         backward_passes_per_step=config.batch.accumulation,
         noise_meter=meter,
     )
+    if config.batch.adaptive:
+        adaptive_batch.accumulate(optimizer, plan, model.trainable_variables)
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -202,7 +205,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         if rank0 and latest is None:
             raise FileNotFoundError(f"--resume: no checkpoint in {checkpoint_dir}")
         if latest is not None:
-            position = checkpoints.restore(latest, model, adascale.variables if adascale else ())
+            position = checkpoints.restore(latest, model, _state(adascale, plan))
         if elastic_run:  # no collective: its state's first sync gives rank 0's to everyone
             residuals = checkpoints.residuals(latest) if latest is not None else None
         else:
@@ -210,15 +213,14 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
                 *distributed.broadcast_object((position.epoch, position.step))
             )
             _restore_residuals(optimizer, latest, world)
-            if adascale:
-                distributed.broadcast_values(adascale.variables)
+            distributed.broadcast_values(_state(adascale, plan))
         if meter is not None:  # measurements stay at the multiples of the interval
-            meter.continue_from(position.step // config.steps_per_update(world))
+            meter.continue_from(int(plan.updates(position.step)))
         if run:
             truncate_after(run.events_path, position.step)
             _smooth_on(smoother, run.events_path)
     last = last_epoch(config, num_train, world)
-    if position.epoch >= last or (adascale and adascale.done()):
+    if position.epoch >= last or (adascale and _ended(adascale, plan, position.step)):
         return
     if elastic_run:
         _fit_elastic(
@@ -228,7 +230,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
 
     counter = callbacks.StepCounter(position.step)
     hooks, writer = _callbacks(
-        config, run, model, dataset, spe, counter, world, meter, smoother, adascale
+        config, run, model, dataset, spe, counter, world, meter, smoother, plan, adascale
     )
     if run and world == 1:
         every = config.logging.every_steps
@@ -242,22 +244,59 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
         )
         verbose = 0  # the view's progress line takes the bar's place
     if adascale:  # ends the run on AdaScale's clock, and shows progress on it
-        hooks.insert(-1, callbacks.AdaScaleProgress(adascale, _verbosity(verbose)))
-        verbose = 0
-    try:
-        model.fit(
-            _epochs(config, dataset, position.epoch, world, last=last),
-            epochs=last,
-            initial_epoch=position.epoch,
-            steps_per_epoch=spe,
-            validation_data=test_batches(dataset),
-            shuffle=False,  # the order is epoch_dataset's
-            callbacks=[distributed.BroadcastInitialState(), *hooks],
-            verbose=_verbosity(verbose),
+        progress = callbacks.AdaScaleProgress(
+            adascale, _verbosity(verbose), lambda: _ended(adascale, plan, counter.step)
         )
+        hooks.insert(-1, progress)
+        verbose = 0
+    fit = functools.partial(
+        model.fit,
+        steps_per_epoch=spe,
+        validation_data=test_batches(dataset),
+        shuffle=False,  # the order is epoch_dataset's
+        callbacks=[distributed.BroadcastInitialState(), *hooks],
+        verbose=_verbosity(verbose),
+    )
+    try:
+        if config.batch.adaptive:
+            _fit_adaptive(config, fit, model, dataset, position.epoch, last, plan, adascale)
+        else:
+            fit(
+                _epochs(config, dataset, position.epoch, world, last=last),
+                epochs=last,
+                initial_epoch=position.epoch,
+            )
     finally:
         if writer:  # ended or failed: the events' columnar copy is brought up to date
             writer.close()
+
+
+def _fit_adaptive(config, fit, model, dataset, first, last, plan, adascale):
+    """Train from epoch ``first`` with an adaptive batch (``batch.adaptive``), a ``fit`` call
+    per ``every_epochs`` epochs. Before each but the run's first, the global batch becomes
+    :func:`~toolkit.adaptive_batch.next_batch` of AdaScale's averaged ``B_simple`` (rank 0's,
+    the same on every worker, since it is measured on averaged gradients); the accumulation
+    and AdaScale's scale follow from the next update on. Rank 0 says so when it changes. A
+    resumed run decides again at the epoch it resumes at, from the same restored state."""
+    adaptive, spe, world = config.batch.adaptive, fit.keywords["steps_per_epoch"], plan.world
+    epoch = first
+    while epoch < last and not _ended(adascale, plan, epoch * spe) and not model.stop_training:
+        if epoch and epoch % adaptive.every_epochs == 0:
+            b_simple = distributed.broadcast_object(adascale.b_simple())
+            was = plan.global_batch
+            batch = adaptive_batch.next_batch(b_simple, was, adaptive.min, adaptive.max)
+            if batch != was:
+                plan.switch(epoch * spe, batch)
+                adascale.rescale(batch, *plan.noise_batches())
+                if distributed.is_rank0():
+                    print(
+                        f"epoch {epoch + 1}: global batch {was} -> {batch} (B_simple "
+                        f"{b_simple:,.0f})",
+                        flush=True,
+                    )
+        end = min(last, epoch - epoch % adaptive.every_epochs + adaptive.every_epochs)
+        fit(_epochs(config, dataset, epoch, world, last=end), initial_epoch=epoch, epochs=end)
+        epoch = end
 
 
 def _fit_elastic(
@@ -321,8 +360,9 @@ def _fit_elastic(
             )
         reached.update(step=step, world=world)
         counter = callbacks.StepCounter(step)
+        plan = batch_plan(config, world)
         hooks, writer = _callbacks(
-            config, run, model, dataset, spe, counter, world, meter, smoother
+            config, run, model, dataset, spe, counter, world, meter, smoother, plan
         )
         hooks.append(elastic.Committer(state, config.elastic.commit_every_steps))  # last
         fit_epochs = functools.partial(
@@ -380,16 +420,17 @@ def _verbosity(verbose: int | str) -> int:
     return (1 if sys.stdout.isatty() else 2) if verbose == "auto" else verbose
 
 
-def _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother, adascale=None):
+def _callbacks(
+    config, run, model, dataset, spe, counter, world, meter, smoother, plan, adascale=None
+):
     """The callbacks of a fit with ``world`` workers (``run``: rank 0's, else ``None``), in
-    their order, the NaN guard last; and the event writer, if this worker has one. With
-    ``adascale`` and no ``meter`` (one worker), a :class:`~toolkit.callbacks.HalfBatchMeter`
-    measures the noise before every update."""
+    their order, the NaN guard last; and the event writer, if this worker has one. ``plan``:
+    how the steps group into updates. With ``adascale`` and no ``meter`` (one worker), a
+    :class:`~toolkit.callbacks.HalfBatchMeter` measures the noise before every update."""
     logging, optimizer = config.logging, model.optimizer
     hooks = [counter, distributed.MetricAverageCallback()]
     if adascale and meter is None:
-        spu = config.steps_per_update(world)
-        meter = callbacks.HalfBatchMeter(_half_batches(config, dataset), adascale, counter, spu)
+        meter = callbacks.HalfBatchMeter(_half_batches(config, dataset), adascale, counter, plan)
         hooks.append(meter)
     writer = EventWriter(run.events_path) if run else None
     if writer:
@@ -402,7 +443,7 @@ def _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother
                 samples_per_step=config.per_worker_batch(world) * world,
                 world_size=world,
                 traffic=distributed.traffic(optimizer),
-                steps_per_update=config.steps_per_update(world),
+                plan=plan,
                 adascale=adascale,
             )
         )
@@ -422,8 +463,8 @@ def _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother
                 if reducer is not None and reducer.residual
                 else None
             ),
-            state=adascale.variables if adascale else (),
-            finished=adascale.done if adascale else None,
+            state=_state(adascale, plan),
+            finished=(lambda: _ended(adascale, plan, counter.step)) if adascale else None,
         )
     )
     # the noise scale: from the meter's norms (the allreduce hook's with several workers, so
@@ -435,7 +476,7 @@ def _callbacks(config, run, model, dataset, spe, counter, world, meter, smoother
         measurable = world > 1 or isinstance(meter, callbacks.HalfBatchMeter)
     if writer and config.noise_scale_interval(world) and measurable:
         hooks.append(
-            _noise_scale_logger(config, writer, counter, meter, dataset, spe, world, smoother)
+            _noise_scale_logger(config, writer, counter, meter, dataset, spe, plan, smoother)
         )
     if logging.system_every_events:  # every worker: each sends its own sample
         hooks.append(
@@ -502,19 +543,16 @@ def _restore_residuals(optimizer, checkpoint: Path | None, world: int) -> None:
         print(f"warning: residuals restart at zero (the checkpoint holds {found}, not {world})")
 
 
-def _noise_scale_logger(config, writer, counter, meter, dataset, spe, world, smoother):
+def _noise_scale_logger(config, writer, counter, meter, dataset, spe, plan, smoother):
     """The ``gns`` event logger: the ``meter``'s norms (the allreduce hook's with several
     workers), else two halves of an extra batch (see
     :class:`~toolkit.callbacks.HalfBatchNorms`); it smooths on with ``smoother``."""
-    b_small, b_big = noise_batches(config, world)
     return callbacks.NoiseScaleLogger(
         writer,
         counter,
-        every_updates=config.noise_scale_interval(world),
-        steps_per_update=config.steps_per_update(world),
+        every_updates=config.noise_scale_interval(plan.world),
+        plan=plan,
         steps_per_epoch=spe,
-        b_small=b_small,
-        b_big=b_big,
         smoothing=config.logging.noise_scale_smoothing,
         meter=meter,
         halves=_half_batches(config, dataset) if meter is None else None,
@@ -526,6 +564,19 @@ def _half_batches(config, dataset) -> callbacks.HalfBatchNorms:
     """One worker's noise measurement: two halves of a fresh per-worker batch."""
     half, _ = noise_batches(config, 1)
     return callbacks.HalfBatchNorms(dataset.x_train, dataset.y_train, half, config.seed)
+
+
+def _ended(adascale, plan, step) -> bool:
+    """Whether an AdaScale run is over after ``step`` steps: its clock has done the base run's
+    updates, and the update that did is complete (one worker measures, and so advances the
+    clock, at an update's first step)."""
+    return adascale.done() and plan.starts_update(step)
+
+
+def _state(adascale, plan) -> list:
+    """The training state outside the model and optimizer that a checkpoint keeps: AdaScale's
+    clock and averages, and the batch plan (an adaptive batch's), for an AdaScale run."""
+    return [*adascale.variables, *plan.variables] if adascale else []
 
 
 def _smooth_on(smoother: Smoother, events_path: Path) -> None:

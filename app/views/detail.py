@@ -66,8 +66,12 @@ def setup_line() -> str:
     if adascale_run():
         rate += f" × AdaScale's gain (base batch {config.lr_scaling.base_batch:,})"
         epochs = f"the base run's {config.epochs} epochs on AdaScale's clock"
+    batch = f"global batch {config.global_batch():,}"
+    if adaptive := config.batch.adaptive:
+        every = "every epoch" if adaptive.every_epochs == 1 else f"every {adaptive.every_epochs}"
+        batch = f"adaptive global batch {adaptive.min:,} to {adaptive.max:,} ({every})"
     return (
-        f"{config.optimizer.name} · global batch {config.global_batch():,} on "
+        f"{config.optimizer.name} · {batch} on "
         f"{config.workers} worker{'s' * (config.workers != 1)} · {rate} · {schedule} · "
         f"{epochs}"
     )
@@ -170,8 +174,13 @@ def adascale(frame) -> None:
     with left:
         series = [Series("gain", x, rows["gain"], color=color)]
         if adascale_run():
-            scale = config.global_batch() / config.lr_scaling.base_batch
-            series.append(Series(f"S = {scale:g}", x.iloc[[0, -1]], [scale, scale], dash="dot"))
+            base = config.lr_scaling.base_batch
+            scales = rows.get("global_batch", frame.index[:0]).dropna() / base
+            if scales.nunique() > 1:  # an adaptive batch's
+                series.append(Series("S", x.loc[scales.index], scales, dash="dot"))
+            else:
+                scale = config.global_batch() / base
+                series.append(Series(f"S = {scale:g}", x.iloc[[0, -1]], [scale] * 2, dash="dot"))
         title = "AdaScale's gain against S"
         figure = charts.lines(series, title, X_AXES[x_axis], smoothing=smoothing, height=300)
         st.plotly_chart(figure, theme=None)
@@ -209,8 +218,14 @@ def noise_scale(frame) -> None:
     if x is None:
         return
     series = [Series("B_simple", x, rows["b_simple"], color=color)]
+    train = data.phase(frame, "train")
+    batches = train.get("global_batch", frame.index[:0]).dropna()
     batch = config.global_batch() if config else run.meta().get("global_batch")
-    if batch:  # a line, not a shape: shapes on a log axis take log10 coordinates
+    grew = batches.nunique() > 1  # an adaptive batch's
+    at = x_values(frame, train.loc[batches.index], x_axis, config) if grew else None
+    if at is not None:
+        series.append(Series("global batch", at, batches, dash="dot"))
+    elif batch:  # a line, not a shape: shapes on a log axis take log10 coordinates
         ends = x.iloc[[0, -1]]
         series.append(Series(f"global batch {batch:,}", ends, [batch, batch], dash="dot"))
     title = "B_simple against the global batch"

@@ -243,6 +243,30 @@ with st.container(border=True):
             "from the gradient noise, and the run ends when AdaScale's clock has done the base "
             "run's epochs (its own epochs are an outcome)."
         )
+        adaptive_on = st.checkbox(
+            "Adaptive batch",
+            value=form.get(given, "batch.adaptive") is not None,
+            key=key("batch.adaptive.on"),
+            help="the global batch follows the measured noise scale B_simple (powers of two), "
+            "by local accumulation of per-worker batches",
+        )
+        cells = st.columns(3)
+        adaptive = {}
+        with cells[0]:
+            adaptive["min"] = number(
+                "Smallest global batch", "batch.adaptive.min", "AdaptiveBatchConfig"
+            )
+        with cells[1]:
+            adaptive["max"] = number(
+                "Largest global batch", "batch.adaptive.max", "AdaptiveBatchConfig"
+            )
+        with cells[2]:
+            adaptive["every_epochs"] = number(
+                "Decide every (epochs)", "batch.adaptive.every_epochs", "AdaptiveBatchConfig"
+            )
+        slots.add("batch.adaptive")
+        if adaptive_on:
+            raw["batch"]["adaptive"] = adaptive
     cells = st.columns(3)
     with cells[0]:
         raw["epochs"] = number("Epochs", "epochs")

@@ -1,0 +1,152 @@
+"""An adaptive global batch (``batch.adaptive``): the batch follows the measured noise scale.
+
+McCandlish et al. (2018) find the efficient batch near the gradient noise scale, which grows as
+the loss falls; AdaptDL/Pollux (OSDI 2021) grow the batch while training. Here, at the start of
+every ``every_epochs``-th epoch, the global batch becomes the power of two nearest the smoothed
+``B_simple`` (:func:`next_batch`), and AdaScale's gain (:mod:`toolkit.adascale`) sets the
+learning rate for whatever batch that is.
+
+The batch changes by *local accumulation*: each worker still takes one batch of ``per_worker``
+examples per step, through the same compiled step, and an update sums ``k`` steps' gradients
+before they are averaged over the workers, so the global batch is ``k · per_worker · workers``.
+``k`` is a variable the compiled step reads (:func:`accumulate`), so changing it retraces
+nothing. Epochs of an adaptive run are a whole number of updates at any batch it may take
+(:func:`toolkit.experiment.steps_per_epoch`), so a change always falls between two updates.
+
+:class:`BatchPlan` is how a run's steps group into updates, the one place callbacks and
+checkpoints ask: a fixed ``k`` for any other run, the current ``k`` and where it started for an
+adaptive one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import tensorflow as tf
+
+
+def next_batch(b_simple: float, current: int, smallest: int, largest: int) -> int:
+    """The global batch after a decision: the power of two nearest ``b_simple`` (a tie goes to
+    the larger), clipped to ``[smallest, largest]`` and to at most a factor of 2 from
+    ``current``. A ``b_simple`` that is not a positive finite number (no signal measured
+    yet, or noise estimated below zero) keeps ``current``."""
+    if not math.isfinite(b_simple) or b_simple <= 0:
+        return current
+    below = 2 ** math.floor(math.log2(b_simple))
+    nearest = 2 * below if b_simple - below >= 2 * below - b_simple else below
+    return min(max(nearest, smallest, current // 2), largest, current * 2)
+
+
+class BatchPlan:
+    """How a run's steps (one batch per worker) group into optimizer updates.
+
+    ``per_worker`` examples per worker and step, ``world`` workers, ``steps_per_update``
+    steps (local accumulation) per update from step ``start`` on, which is update
+    ``updates_before``. A fixed run has one such stretch from step 0; an adaptive run starts a
+    new one at each change (:meth:`switch`). The stretch is kept in a variable, which the
+    compiled step reads (``steps_per_update``, :func:`accumulate`) and a checkpoint saves
+    (:attr:`variables`), so a resumed run counts on from where it stopped. ``adaptive``: whether
+    the batch may change (its events then say which it is)."""
+
+    def __init__(
+        self, per_worker: int, world: int, steps_per_update: int = 1, adaptive: bool = False
+    ):
+        self.per_worker, self.world, self.adaptive = int(per_worker), int(world), adaptive
+        self.stretch = tf.Variable(
+            [0, int(steps_per_update), 0], dtype=tf.int64, trainable=False, name="batch_plan"
+        )
+        self._earlier: list[tuple[int, int, int]] = []
+
+    @property
+    def steps_per_update(self) -> int:
+        return int(self.stretch[1].numpy())
+
+    @property
+    def global_batch(self) -> int:
+        """Examples per update now, over all workers."""
+        return self.steps_per_update * self.per_worker * self.world
+
+    @property
+    def variables(self) -> list[tf.Variable]:
+        return [self.stretch]
+
+    def noise_batches(self) -> tuple[int, int]:
+        """The two batch sizes ``(b_small, b_big)`` the noise scale is measured at now: each
+        worker's examples per update and the global batch with several workers (the
+        allreduce hook); two halves of a per-worker batch with one
+        (:class:`~toolkit.callbacks.HalfBatchNorms`)."""
+        if self.world > 1:
+            return self.global_batch // self.world, self.global_batch
+        half = self.per_worker // 2
+        return half, 2 * half
+
+    def updates(self, step: int) -> float:
+        """Updates done after ``step`` steps, counting a part-accumulated one as its fraction
+        (``int()`` of it: whole updates)."""
+        start, per_update, before = self._stretch(step)
+        return before + (step - start) / per_update
+
+    def starts_update(self, step: int) -> bool:
+        """Whether the step after ``step`` steps begins a new update."""
+        start, per_update, _ = self._stretch(step)
+        return (step - start) % per_update == 0
+
+    def step_of(self, update: int) -> int:
+        """The steps done once update ``update`` (counted from 1) is, in the current
+        stretch."""
+        start, per_update, before = self._stretch(None)
+        return start + (update - before) * per_update
+
+    def switch(self, step: int, global_batch: int) -> None:
+        """From ``step`` (which ends an update) on, updates take ``global_batch`` examples."""
+        step_batch = self.per_worker * self.world
+        if global_batch % step_batch or not self.starts_update(step):
+            raise ValueError(
+                f"cannot switch to a global batch of {global_batch} at step {step}: it must be a "
+                f"multiple of {step_batch} examples per step, at the end of an update"
+            )
+        self._earlier.append(self._stretch(None))
+        self.stretch.assign([step, global_batch // step_batch, round(self.updates(step))])
+
+    def _stretch(self, step: int | None) -> tuple[int, int, int]:
+        """``(start, steps_per_update, updates_before)`` of the stretch holding ``step`` (the
+        current one for ``None``, or a step at or after its start). Earlier stretches are the
+        ones this process switched from; a resumed run starts with its checkpoint's."""
+        current = tuple(int(v) for v in self.stretch.numpy())
+        if step is None or step >= current[0]:
+            return current
+        return max((s for s in self._earlier if s[0] <= step), default=current)
+
+
+def accumulate(optimizer: keras.optimizers.Optimizer, plan: BatchPlan, variables: list) -> None:
+    """Make ``optimizer`` apply an update to ``variables`` every ``plan.steps_per_update``
+    calls, with the mean of their gradients. The count is read from the plan's variable at
+    every call, so it may change between updates without retracing (Keras's
+    ``gradient_accumulation_steps`` is fixed when the step is traced). As there, the calls in
+    between only add to one accumulator per variable, and the optimizer's ``iterations`` count
+    updates; the update itself (the allreduce hook included) runs once per count. Replaces
+    ``apply`` on the instance: call it after
+    :func:`~toolkit.distributed.DistributedOptimizer`, which hooks inside ``apply``."""
+    variables = list(variables)
+    optimizer.build(variables)
+    sums = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in variables]
+    count = tf.Variable(0, dtype=tf.int64, trainable=False, name="accumulated_steps")
+    apply = optimizer.apply  # the class's, bound
+
+    def accumulate_then_apply(grads, trainable_variables=None):
+        for total, grad in zip(sums, grads, strict=True):
+            if grad is not None:
+                total.assign_add(tf.convert_to_tensor(grad))
+        done = count.assign_add(1)
+
+        def update():
+            apply([total / tf.cast(done, total.dtype) for total in sums], variables)
+            for total in sums:
+                total.assign(tf.zeros_like(total))
+            count.assign(0)
+            return tf.constant(True)
+
+        tf.cond(done >= plan.stretch[1], update, lambda: tf.constant(False))
+
+    optimizer.apply = accumulate_then_apply
