@@ -314,3 +314,11 @@ def test_run_detail_draws_the_global_batch_as_it_grew(two_workers, monkeypatch):
     np.testing.assert_array_equal(decode(gain["S"]["y"]), train.global_batch / 16)
     said = " ".join(m.value for m in at.markdown).replace("\\", "")
     assert "adaptive global batch 16 to 128 (every epoch)" in said
+
+
+def test_a_probe_measures_an_adaptive_config_at_its_first_batch(tmp_path):
+    from toolkit.noise_scale import probe
+
+    config = from_mapping(ADAPTIVE, ["workers=1", "batch.adaptive.min=32"])
+    result = probe(config, steps=30, runs_root=tmp_path)
+    assert result.global_batch == 32 and result.b_simple > 0

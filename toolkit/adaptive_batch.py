@@ -38,6 +38,20 @@ def next_batch(b_simple: float, current: int, smallest: int, largest: int) -> in
     return min(max(nearest, smallest, current // 2), largest, current * 2)
 
 
+def follow(b_simple: float, plan: BatchPlan, adascale, adaptive, step: int) -> bool:
+    """Decide the batch at ``step`` (an epoch's start, which ends an update) from the averaged
+    ``b_simple`` by :func:`next_batch` within ``adaptive``'s bounds (a
+    :class:`~toolkit.config.AdaptiveBatchConfig`); if it changes, the ``plan``'s accumulation
+    and ``adascale``'s scale and noise batches follow from the next update on. Returns whether
+    it changed."""
+    was = plan.global_batch
+    batch = next_batch(b_simple, was, adaptive.min, adaptive.max)
+    if batch != was:
+        plan.switch(step, batch)
+        adascale.rescale(batch, *plan.noise_batches())
+    return batch != was
+
+
 class BatchPlan:
     """How a run's steps (one batch per worker) group into optimizer updates.
 

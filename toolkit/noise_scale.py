@@ -195,7 +195,8 @@ def probe(
     config, *, steps: int = 200, np: int = 1, runs_root=None, in_process: bool | None = None
 ) -> ProbeResult:
     """Train ``config`` for about ``steps`` updates from its start (the schedule squeezed into
-    the probe's epochs; AdaScale's base rate, without its gain, which the probe measures)
+    the probe's epochs; AdaScale's base rate, without its gain, which the probe measures; an
+    adaptive batch's first batch, fixed)
     measuring the noise scale at every update, and return what it says.
     With ``np == 1`` the probe trains in this process (unless ``in_process=False``);
     otherwise under horovodrun, as a launched run. Its run directory is marked ``probe: true`` in
@@ -221,6 +222,11 @@ def probe(
             f"steps_per_epoch={min(batches, per_epoch)}",
             "logging.noise_scale_every_steps=1",
             *(["lr_scaling.rule=none"] if config.lr_scaling.rule == "adascale" else []),
+            *(  # an adaptive batch's first, fixed
+                ["batch.adaptive=null", f"batch.accumulation={config.steps_per_update(np)}"]
+                if config.batch.adaptive
+                else []
+            ),
         ],
     )
     if in_process if in_process is not None else np == 1:

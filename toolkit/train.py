@@ -259,7 +259,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     )
     try:
         if config.batch.adaptive:
-            _fit_adaptive(config, fit, model, dataset, position.epoch, last, plan, adascale)
+            _fit_adaptive(config, fit, model, dataset, spe, position.epoch, last, plan, adascale)
         else:
             fit(
                 _epochs(config, dataset, position.epoch, world, last=last),
@@ -271,31 +271,27 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
             writer.close()
 
 
-def _fit_adaptive(config, fit, model, dataset, first, last, plan, adascale):
+def _fit_adaptive(config, fit, model, dataset, spe, first, last, plan, adascale):
     """Train from epoch ``first`` with an adaptive batch (``batch.adaptive``), a ``fit`` call
-    per ``every_epochs`` epochs. Before each but the run's first, the global batch becomes
-    :func:`~toolkit.adaptive_batch.next_batch` of AdaScale's averaged ``B_simple`` (rank 0's,
-    the same on every worker, since it is measured on averaged gradients); the accumulation
-    and AdaScale's scale follow from the next update on. Rank 0 says so when it changes. A
-    resumed run decides again at the epoch it resumes at, from the same restored state."""
-    adaptive, spe, world = config.batch.adaptive, fit.keywords["steps_per_epoch"], plan.world
+    per ``every_epochs`` epochs, the batch decided before each but the run's first
+    (:func:`~toolkit.adaptive_batch.follow`) from AdaScale's averaged ``B_simple``: rank 0's,
+    which every worker has too (it is measured on averaged gradients). Rank 0 says when it
+    changes. A resumed run decides again at the epoch it resumes at, from the same state."""
+    adaptive = config.batch.adaptive
     epoch = first
     while epoch < last and not _ended(adascale, plan, epoch * spe) and not model.stop_training:
         if epoch and epoch % adaptive.every_epochs == 0:
             b_simple = distributed.broadcast_object(adascale.b_simple())
             was = plan.global_batch
-            batch = adaptive_batch.next_batch(b_simple, was, adaptive.min, adaptive.max)
-            if batch != was:
-                plan.switch(epoch * spe, batch)
-                adascale.rescale(batch, *plan.noise_batches())
+            if adaptive_batch.follow(b_simple, plan, adascale, adaptive, epoch * spe):
                 if distributed.is_rank0():
                     print(
-                        f"epoch {epoch + 1}: global batch {was} -> {batch} (B_simple "
-                        f"{b_simple:,.0f})",
+                        f"epoch {epoch + 1}: global batch {was} -> {plan.global_batch} "
+                        f"(B_simple {b_simple:,.0f})",
                         flush=True,
                     )
         end = min(last, epoch - epoch % adaptive.every_epochs + adaptive.every_epochs)
-        fit(_epochs(config, dataset, epoch, world, last=end), initial_epoch=epoch, epochs=end)
+        fit(_epochs(config, dataset, epoch, plan.world, last=end), initial_epoch=epoch, epochs=end)
         epoch = end
 
 
