@@ -88,6 +88,20 @@ def test_a_list_of_grids_is_the_union_and_method_restricts_the_methods_axis():
     ]
 
 
+def test_a_grid_path_into_a_methods_mapping_changes_that_cell_only():
+    """A method's nested mapping is copied into each cell: a later grid row's path into it must
+    not change the method (nor an earlier row's cells, nor the sweep's saved form)."""
+    methods = {"sgd": {"optimizer": {"name": "sgd", "params": {"momentum": 0.9}}}}
+    raw = spec(
+        grid=[{"epochs": [1]}, {"optimizer.params.momentum": [0.5]}], methods=methods, seeds=None
+    )
+    grid = sweep.from_mapping(raw)
+    momenta = [c.config.optimizer.params["momentum"] for c in grid.cells]
+    assert momenta == [0.9, 0.5] and grid.spec.methods == methods
+    again = sweep.from_mapping(yaml.safe_load(grid.to_yaml()))  # the Sweep page's round trip
+    assert [c.key for c in again.cells] == [c.key for c in grid.cells]
+
+
 def test_run_ids_are_valid_unique_and_labels_live_in_meta_not_the_name():
     grid = sweep.from_mapping(spec(name="a" * 32, grid={"optimizer.learning_rate": [0.1, 0.2]}))
     ids = [cell.run_id for cell in grid.cells]

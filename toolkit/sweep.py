@@ -278,8 +278,8 @@ def _refuse(name: str, problems: list[str]) -> None:
 
 def _cell(spec: SweepSpec, method: str | None, coordinates: dict, seed: int | None) -> Cell:
     raw = json.loads(json.dumps(spec.base))
-    changes = {
-        **(spec.methods.get(method) or {}),
+    changes = {  # copied: a grid path into a method's mapping must not change the method
+        **json.loads(json.dumps(spec.methods.get(method) or {})),
         **{k: v for k, v in coordinates.items() if k != METHOD},
     }
     for path, value in changes.items():

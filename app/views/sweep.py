@@ -103,7 +103,11 @@ except ConfigError as error:
 
 root = data.root()
 running = sweeps.runner_active(grid.name, root)
-cells = plan(grid.to_yaml())
+try:
+    cells = plan(grid.to_yaml())
+except ConfigError as error:  # a cell that cannot launch here, named
+    st.error(md_escape(error))
+    st.stop()
 seconds = sweeps.estimate(grid, cells, sweeps.throughputs(root, summarize=data.summary))
 left, middle, right = st.columns([1, 1, 2])
 parallel = left.number_input(
