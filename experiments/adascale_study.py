@@ -45,6 +45,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from toolkit import sweep  # noqa: E402
+from toolkit.curves import updates_by_epoch  # noqa: E402
 from toolkit.events import read_events  # noqa: E402
 from toolkit.rundir import resolve  # noqa: E402
 
@@ -93,8 +94,7 @@ def run_rows(sweep_file: Path, runs_root: Path | None, accuracy: float) -> pd.Da
         evals["updates"] = evals.step  # a step per update: one worker, no accumulation
         if "global_batch" in evals:  # adaptive (adaptive.yaml): every step takes 32 examples
             step_batch = BASE_BATCH
-            steps = evals.step.diff().fillna(evals.step)
-            evals["updates"] = (steps * step_batch / evals.global_batch).cumsum()
+            evals["updates"] = updates_by_epoch(evals, step_batch)
             row = {"global_batch": cell["batch.adaptive.max"], "smallest": batch}
             row["final_batch"] = int(evals.global_batch.iloc[-1])
         rows.append(

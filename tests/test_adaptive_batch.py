@@ -256,8 +256,9 @@ def check_the_run(config, run):
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory, subprocess_env):
-    """A complete 2-worker adaptive run, and the same run stopped after its first checkpoint
-    and resumed."""
+    """A complete 2-worker adaptive run, and the same run stopped after its second checkpoint
+    (the first after a change of batch, so the resumed run restores a changed plan) and
+    resumed."""
     import os
 
     from test_train import stop_after_the_first_checkpoint_and_resume, wait
@@ -270,7 +271,7 @@ def two_workers(tmp_path_factory, subprocess_env):
     complete = launcher.launch(config, runs_root_dir=root, run_id="complete")
     assert wait(complete)["state"] == "completed", complete.stdout_path.read_text()[-3000:]
     resumed = launcher.launch(config, runs_root_dir=root, run_id="resumed")
-    stop_after_the_first_checkpoint_and_resume(resumed)
+    stop_after_the_first_checkpoint_and_resume(resumed, epoch=2)
     return config, complete, resumed
 
 

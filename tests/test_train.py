@@ -53,10 +53,11 @@ def wait(run: RunDir, states=TERMINAL, timeout=240.0) -> dict:
     )
 
 
-def stop_after_the_first_checkpoint_and_resume(run: RunDir) -> None:
-    """Stop ``run`` as soon as its epoch-1 checkpoint exists, resume it, wait until it completes."""
+def stop_after_the_first_checkpoint_and_resume(run: RunDir, epoch: int = 1) -> None:
+    """Stop ``run`` as soon as its ``epoch`` checkpoint exists (the first by default), resume it,
+    wait until it completes."""
     deadline = time.time() + 240
-    while not (run.checkpoints_path / "epoch-0001").exists():
+    while not (run.checkpoints_path / f"epoch-{epoch:04d}").exists():
         assert time.time() < deadline and run.status()["state"] not in TERMINAL
         time.sleep(0.05)
     launcher.stop(run)

@@ -60,21 +60,28 @@ class BatchPlan:
     ``updates_before``. A fixed run has one such stretch from step 0; an adaptive run starts a
     new one at each change (:meth:`switch`). The stretch is kept in a variable, which the
     compiled step reads (``steps_per_update``, :func:`accumulate`) and a checkpoint saves
-    (:attr:`variables`), so a resumed run counts on from where it stopped. ``adaptive``: whether
-    the batch may change (its events then say which it is)."""
+    (:attr:`variables`), so a resumed run counts on from where it stopped; host reads (every
+    step, by the callbacks) use a copy, which :meth:`reload` takes from the variable once it is
+    assigned from outside (a restored checkpoint). ``adaptive``: whether the batch may change
+    (its events then say which it is)."""
 
     def __init__(
         self, per_worker: int, world: int, steps_per_update: int = 1, adaptive: bool = False
     ):
         self.per_worker, self.world, self.adaptive = int(per_worker), int(world), adaptive
+        self._current = (0, int(steps_per_update), 0)
         self.stretch = tf.Variable(
-            [0, int(steps_per_update), 0], dtype=tf.int64, trainable=False, name="batch_plan"
+            self._current, dtype=tf.int64, trainable=False, name="batch_plan"
         )
         self._earlier: list[tuple[int, int, int]] = []
 
+    def reload(self) -> None:
+        """Take the stretch from its variable, after a checkpoint (or a broadcast) set it."""
+        self._current = tuple(int(v) for v in self.stretch.numpy())
+
     @property
     def steps_per_update(self) -> int:
-        return int(self.stretch[1].numpy())
+        return self._current[1]
 
     @property
     def global_batch(self) -> int:
@@ -120,14 +127,15 @@ class BatchPlan:
                 f"cannot switch to a global batch of {global_batch} at step {step}: it must be a "
                 f"multiple of {step_batch} examples per step, at the end of an update"
             )
-        self._earlier.append(self._stretch(None))
-        self.stretch.assign([step, global_batch // step_batch, round(self.updates(step))])
+        self._earlier.append(self._current)
+        self._current = (step, global_batch // step_batch, round(self.updates(step)))
+        self.stretch.assign(self._current)
 
     def _stretch(self, step: int | None) -> tuple[int, int, int]:
         """``(start, steps_per_update, updates_before)`` of the stretch holding ``step`` (the
         current one for ``None``, or a step at or after its start). Earlier stretches are the
         ones this process switched from; a resumed run starts with its checkpoint's."""
-        current = tuple(int(v) for v in self.stretch.numpy())
+        current = self._current
         if step is None or step >= current[0]:
             return current
         return max((s for s in self._earlier if s[0] <= step), default=current)

@@ -52,6 +52,13 @@ HOSTS = re.compile(r"^[A-Za-z0-9_.-]+:[1-9][0-9]*(,[A-Za-z0-9_.-]+:[1-9][0-9]*)*
 SCHEDULES = ("constant", "poly", "polynomial", "cosine", "exponential", "multifactor")
 
 
+def _refuse_first(what: str, refusals) -> None:
+    """Raise ``ValueError("<what> needs <why>")`` for the first ``(refused, why)`` that is."""
+    for refused, why in refusals:
+        if refused:
+            raise ValueError(f"{what} needs {why}")
+
+
 class ConfigError(ValueError):
     """A config that cannot run; the message lists every bad field."""
 
@@ -499,9 +506,7 @@ class ExperimentConfig(_Section):
                 f"workers = {step_batch}, the examples of one step",
             ),
         )
-        for refused, why in refusals:
-            if refused:
-                raise ValueError(f"batch.adaptive needs {why}")
+        _refuse_first("batch.adaptive", refusals)
         return self
 
     @model_validator(mode="after")
@@ -598,9 +603,7 @@ class ExperimentConfig(_Section):
                 "run's, at lr_scaling.base_batch",
             ),
         )
-        for refused, why in refusals:
-            if refused:
-                raise ValueError(f"lr_scaling.rule='adascale' needs {why}")
+        _refuse_first("lr_scaling.rule='adascale'", refusals)
         batch = self.global_batch()
         if batch < self.lr_scaling.base_batch:
             raise ValueError(

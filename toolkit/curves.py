@@ -142,3 +142,11 @@ def bytes_axis(events: pd.DataFrame, steps_per_update: int | pd.Series = 1) -> p
     total = np.cumsum(train["comm/bytes_sent"].to_numpy(dtype=float) * updates)
     at = pd.to_numeric(events["step"], errors="coerce").to_numpy(dtype=float)
     return pd.Series(np.interp(at, steps, total, left=0.0), index=events.index)
+
+
+def updates_by_epoch(evals, step_batch: int):
+    """The updates an adaptive run had done at each of its ``eval`` events (a DataFrame with
+    ``step`` and ``global_batch``, one per epoch, in order): each epoch's steps over its steps per
+    update, ``global_batch / step_batch`` (``step_batch``: the examples of one step)."""
+    steps = evals["step"].diff().fillna(evals["step"])
+    return (steps * step_batch / evals["global_batch"]).cumsum()

@@ -59,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from toolkit import config as config_lib
 from toolkit import files, launch, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig
+from toolkit.curves import updates_by_epoch
 from toolkit.events import read_events
 from toolkit.rundir import LIVE, RunDir, list_runs, runs_root, summary
 from toolkit.slots import capacity, check_fits, positions, slots_of
@@ -641,9 +642,7 @@ def _adascale_updates(config, history: pd.DataFrame, evals: pd.DataFrame) -> int
     per_update = config.steps_per_update()
     if "global_batch" not in evals:
         return int(history["step"].max()) // per_update
-    steps = evals["step"].diff().fillna(evals["step"])
-    step_batch = config.global_batch() // per_update
-    return round((steps * step_batch / evals["global_batch"]).sum())
+    return round(updates_by_epoch(evals, config.global_batch() // per_update).iloc[-1])
 
 
 def _read_events(run_dir: RunDir) -> pd.DataFrame:

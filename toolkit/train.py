@@ -214,6 +214,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
             )
             _restore_residuals(optimizer, latest, world)
             distributed.broadcast_values(_state(adascale, plan))
+            plan.reload()
         if meter is not None:  # measurements stay at the multiples of the interval
             meter.continue_from(int(plan.updates(position.step)))
         if run:
