@@ -1,31 +1,37 @@
 #!/usr/bin/env python
-"""Study v2's AdaScale tables: AdaScale against scale, beside the study's fixed-batch recipes,
-and the adaptive batch against both.
+"""Study v2's tables: AdaScale and the adaptive batch against scale, beside fixed-batch
+recipes, on two tasks.
 
-    python -m toolkit --runs RUNS sweep experiments/study/adascale.yaml   # 18 runs
-    python -m toolkit --runs RUNS sweep experiments/study/adaptive.yaml   # 6 runs
-    python experiments/critical_batch.py                                  # the calibration
+    python -m toolkit --runs RUNS sweep experiments/study/adascale.yaml   # first task: 18 runs
+    python -m toolkit --runs RUNS sweep experiments/study/adaptive.yaml   # first task: 9 runs
+    python -m toolkit --runs RUNS sweep experiments/study/scale_80k.yaml  # second task: 51 runs
+    python experiments/critical_batch.py [...]                            # each calibration
     python experiments/adascale_study.py --runs RUNS                      # this script
 
+The first task is the study's MNIST-1D 20k (16,000 training examples, baseline B=32 for 15
+epochs, steps counted to test loss 0.6); the second is MNIST-1D 80k (64,000, 8 epochs, test loss
+0.3), chosen because its measured noise scale puts ``B_crit`` above 32x its baseline batch.
+
 Per method and global batch, over the seeds: final test accuracy (mean ± std), the updates and
-epochs each run took (outcomes: AdaScale ends when its clock has done the base run's 15 epochs),
+epochs each run took (outcomes: AdaScale ends when its clock has done the base run's updates),
 the mean gain against its most, ``S``, wall time, and two step counts set against McCandlish et
 al.'s model ``S(B) = S_min·(1 + B_crit/B)``:
 
-* the steps to a test loss of 0.6, read from the per-epoch evaluations (linear in the log of
-  the loss between the two that straddle it), against ``S(B)`` at the calibrated loss-0.6 fit
-  of ``experiments/critical_batch/runs.csv`` (its steps are a fixed rate's, the best of a grid);
-* the run's own updates, against the base run's 7,500 scaled by ``S(B)/S(32)``;
+* the steps to the task's test loss, read from the per-epoch evaluations (linear in the log of
+  the loss between the two that straddle it), against ``S(B)`` at the task's calibrated fit at
+  that loss (its steps are a fixed rate's, the best of a grid);
+* the run's own updates, against the base run's scaled by ``S(B)/S(32)``;
 
 and the updates to the first evaluation within a point of the baseline's final accuracy.
 
-The study's fixed-batch rows (``experiments/study/results.csv``) are shown beside them. Writes
-``experiments/study/adascale.csv`` and ``adascale.md``. A sweep whose runs are not under
-``--runs`` is read from its CSV of an earlier measurement.
+The first task's fixed-batch rows come from the study (``experiments/study/results.csv``); the
+second task's from its own sweep. Writes ``adascale.md``, ``adaptive.md`` and ``scale_80k.md``
+with their rows (``.csv``) under ``--out``. A sweep whose runs are not under ``--runs`` is read
+from its CSV of an earlier measurement.
 
-The adaptive batch's table (``adaptive.csv``, ``adaptive.md``) gives, per largest batch, the same
-outcomes, the batch each run ended at, and its updates to the baseline's accuracy against the
-fewest any fixed-batch AdaScale run took: does growing the batch reach it in fewer updates?
+The adaptive batch's table gives, per largest batch, the same outcomes, the batch each run ended
+at, and its updates to the baseline's accuracy against the fewest any fixed-batch AdaScale run
+took: does growing the batch reach it in fewer updates?
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,17 +57,34 @@ from toolkit.events import read_events  # noqa: E402
 from toolkit.rundir import resolve  # noqa: E402
 
 STUDY_DIR = ROOT / "experiments" / "study"
-ADASCALE, ADAPTIVE = STUDY_DIR / "adascale.yaml", STUDY_DIR / "adaptive.yaml"
-LABELS = {"adascale_sgd": "AdaScale SGD", "adascale_lars": "AdaScale LARS"}
-FIXED = {  # the study's fixed-batch recipes shown beside AdaScale
+LABELS = {
     "sgd": "SGD baseline (B=32)",
     "sgd_linear_warmup": "SGD + linear scaling + warmup",
     "lars_sqrt": "LARS + sqrt scaling",
     "lbsgd_lars": "LBSGD lars",
+    "adascale_sgd": "AdaScale SGD",
+    "adascale_lars": "AdaScale LARS",
+    "adaptive_sgd": "Adaptive SGD",
 }
-NUM_TRAIN, BASE_BATCH, BASE_UPDATES = 16_000, 32, 15 * 16_000 // 32
-TARGET_LOSS = 0.6
-BASELINE = "sgd"  # the study's B=32 SGD run, whose final accuracy less a point is the target
+ADASCALE_METHODS = ("adascale_sgd", "adascale_lars")
+BASE_BATCH = 32
+BASELINE = "sgd"  # the task's B=32 SGD run, whose final accuracy less a point is the target
+
+
+@dataclass(frozen=True)
+class Task:
+    """One study task: its training-set size, its B=32 baseline's updates and epochs, the test
+    loss its steps are counted to, and its calibration runs (``critical_batch.py``)."""
+
+    num_train: int
+    base_updates: int
+    epochs: int
+    target_loss: float
+    calibration: Path
+
+
+FIRST = Task(16_000, 7_500, 15, 0.6, ROOT / "experiments" / "critical_batch" / "runs.csv")
+SECOND = Task(64_000, 16_000, 8, 0.3, ROOT / "experiments" / "critical_batch_80k" / "runs.csv")
 
 
 def steps_to_loss(evals: pd.DataFrame, target: float) -> float:
@@ -77,25 +101,30 @@ def steps_to_loss(evals: pd.DataFrame, target: float) -> float:
     return steps[i - 1] + (steps[i] - steps[i - 1]) * (high - np.log(target)) / (high - low)
 
 
-def run_rows(sweep_file: Path, runs_root: Path | None, accuracy: float) -> pd.DataFrame:
+def run_rows(task: Task, sweep_file: Path, runs_root: Path | None, accuracy: float | None):
     """One row per ended run of ``sweep_file``: its cell, outcome, updates, epochs, mean gain,
-    updates to the target loss and to the first evaluation at ``accuracy`` or better. An
-    adaptive batch's row has its largest batch as ``global_batch`` and the batch it ended at;
-    its updates are counted epoch by epoch, at the batch each evaluation says it had."""
-    table = sweep.results(sweep.load(sweep_file), runs_root)
+    updates to the task's target loss and to the first evaluation at ``accuracy`` or better
+    (``None``: the sweep's own baseline's final accuracy less a point).
+    An adaptive batch's row has its largest batch as ``global_batch`` and the batch it ended
+    at; its updates are counted epoch by epoch, at the batch each evaluation says it had."""
+    plan = sweep.load(sweep_file)
+    results = sweep.results(plan, runs_root)
+    if accuracy is None:  # the baseline is in this sweep
+        baseline = results[(results.method == BASELINE) & (results.state == "completed")]
+        accuracy = baseline.final_test_accuracy.mean() - 0.01
     rows = []
-    for cell in table.to_dict("records"):
+    for spec, cell in zip(plan.cells, results.to_dict("records"), strict=True):
         if cell["state"] not in ("completed", "failed", "stopped"):
             continue  # not ended yet
         events = read_events(resolve(cell["run_id"], runs_root).events_path)
         train, evals = events[events.phase == "train"], events[events.phase == "eval"].copy()
-        batch = int(cell["global_batch"])
-        row, step_batch = {"global_batch": batch, "scale": batch / BASE_BATCH}, batch
-        evals["updates"] = evals.step  # a step per update: one worker, no accumulation
-        if "global_batch" in evals:  # adaptive (adaptive.yaml): every step takes 32 examples
-            step_batch = BASE_BATCH
+        batch, per_update = int(cell["global_batch"]), spec.config.steps_per_update()
+        step_batch = batch // per_update  # examples per step (LBSGD: its device batch)
+        row = {"global_batch": batch, "scale": batch / BASE_BATCH}
+        evals["updates"] = evals.step / per_update
+        if "global_batch" in evals:  # adaptive: every step takes the same examples
             evals["updates"] = updates_by_epoch(evals, step_batch)
-            row = {"global_batch": cell["batch.adaptive.max"], "smallest": batch}
+            row = {"global_batch": spec.config.batch.adaptive.max, "smallest": batch}
             row["final_batch"] = int(evals.global_batch.iloc[-1])
         rows.append(
             {
@@ -104,9 +133,9 @@ def run_rows(sweep_file: Path, runs_root: Path | None, accuracy: float) -> pd.Da
                 "seed": cell["seed"],
                 "final_test_accuracy": cell["final_test_accuracy"],
                 "updates": round(evals.updates.iloc[-1]),
-                "epochs": train.step.max() * step_batch / NUM_TRAIN,
-                "mean_gain": train.gain.mean(),
-                "steps_to_loss": steps_to_loss(evals.assign(step=evals.updates), TARGET_LOSS),
+                "epochs": train.step.max() * step_batch / task.num_train,
+                "mean_gain": train.gain.mean() if "gain" in train else math.nan,
+                "steps_to_loss": steps_to_loss(evals.assign(step=evals.updates), task.target_loss),
                 "steps_to_accuracy": evals.updates[evals.accuracy >= accuracy].min(),
                 "wall_s": cell["wall_s"],
             }
@@ -123,7 +152,7 @@ def pm(values: pd.Series, scale: float = 1, digits: int = 0) -> str:
     return f"{values.mean():.{digits}f}{spread}"
 
 
-def table(rows: pd.DataFrame, fixed: pd.DataFrame, fit: dict, accuracy: float) -> str:
+def table(task: Task, rows: pd.DataFrame, fixed: pd.DataFrame, fit: dict, accuracy: float):
     """The markdown table, AdaScale's rows and the fixed recipes' at the same batches."""
     s_min, b_crit = fit["s_min"], fit["b_crit"]
 
@@ -132,31 +161,38 @@ def table(rows: pd.DataFrame, fixed: pd.DataFrame, fit: dict, accuracy: float) -
 
     lines = [
         f"| method | global batch | final test acc. % | updates | epochs | mean gain (of S) | "
-        f"steps to test loss {TARGET_LOSS} (model) | updates vs model | "
+        f"steps to test loss {task.target_loss} (model) | updates vs model | "
         f"updates to {100 * accuracy:.1f}% | wall s |",
         "|---" * 10 + "|",
     ]
     for (method, batch), part in rows.groupby(["method", "global_batch"], sort=False):
         steps = part.steps_to_loss
-        whole = BASE_UPDATES * predicted(batch) / predicted(BASE_BATCH)
+        whole = task.base_updates * predicted(batch) / predicted(BASE_BATCH)
         lines.append(
             f"| {LABELS[method]} | {batch:,} | {pm(part.final_test_accuracy, 100, 1)} | "
-            f"{pm(part.updates, 1, 0)} | {pm(part.epochs, 1, 0)} | "
+            f"{pm(part.updates)} | {pm(part.epochs)} | "
             f"{part.mean_gain.mean():.1f} (of {batch // BASE_BATCH}) | "
-            f"{pm(steps, 1, 0)} ({predicted(batch):.0f}; ×{steps.mean() / predicted(batch):.2f}) | "
-            f"×{part.updates.mean() / whole:.2f} of {whole:,.0f} | "
-            f"{pm(part.steps_to_accuracy, 1, 0)} ({part.steps_to_accuracy.notna().sum()}/"
-            f"{len(part)} reached) | {part.wall_s.mean():.0f} |"
+            f"{pm(steps)} ({predicted(batch):.0f}; ×{steps.mean() / predicted(batch):.2f}) | "
+            f"×{part.updates.mean() / whole:.2f} of {whole:,.0f} | {reached(part)} | "
+            f"{part.wall_s.mean():.0f} |"
         )
     for (method, batch), part in fixed.groupby(["method", "global_batch"], sort=False):
+        steps = reached(part) if "steps_to_accuracy" in part else "—"
         lines.append(
-            f"| {FIXED[method]} | {batch:,} | {pm(part.final_test_accuracy, 100, 1)} | "
-            f"{part.updates.max():,.0f} | 15 | — | — | — | — | {part.wall_s.mean():.0f} |"
+            f"| {LABELS[method]} | {batch:,} | {pm(part.final_test_accuracy, 100, 1)} | "
+            f"{part.updates.max():,.0f} | {task.epochs} | — | — | — | {steps} | "
+            f"{part.wall_s.mean():.0f} |"
         )
     return "\n".join(lines)
 
 
-def adaptive_table(rows: pd.DataFrame, fixed: pd.DataFrame, accuracy: float) -> str:
+def reached(part: pd.DataFrame) -> str:
+    """The updates to the target accuracy over the runs that reached it, and how many did."""
+    steps = part.steps_to_accuracy
+    return f"{pm(steps)} ({steps.notna().sum()}/{len(part)} reached)"
+
+
+def adaptive_table(task: Task, rows: pd.DataFrame, fixed: pd.DataFrame, accuracy: float) -> str:
     """The adaptive batch's markdown table, per largest batch, against the fewest updates to
     ``accuracy`` any fixed batch of AdaScale SGD (``fixed``) took."""
     means = fixed[fixed.method == "adascale_sgd"].groupby("global_batch").steps_to_accuracy.mean()
@@ -164,61 +200,109 @@ def adaptive_table(rows: pd.DataFrame, fixed: pd.DataFrame, accuracy: float) -> 
 
     lines = [
         f"| method | global batch | final test acc. % | updates | epochs | ended at batch | "
-        f"mean gain | updates to test loss {TARGET_LOSS} | updates to {100 * accuracy:.1f}% "
+        f"mean gain | updates to test loss {task.target_loss} | updates to {100 * accuracy:.1f}% "
         f"(fewest fixed: {fewest:.0f} at {at:,}) | wall s |",
         "|---" * 10 + "|",
     ]
     for (smallest, largest), part in rows.groupby(["smallest", "global_batch"]):
-        reached = part.steps_to_accuracy
+        steps = part.steps_to_accuracy
         lines.append(
             f"| Adaptive SGD | {smallest:,} to {largest:,} | "
             f"{pm(part.final_test_accuracy, 100, 1)} | "
             f"{pm(part.updates)} | {pm(part.epochs)} | "
             f"{', '.join(map(str, part.final_batch))} | {part.mean_gain.mean():.1f} | "
-            f"{pm(part.steps_to_loss)} | {pm(reached)} (×{reached.mean() / fewest:.2f}; "
-            f"{reached.notna().sum()}/{len(part)} reached) | {part.wall_s.mean():.0f} |"
+            f"{pm(part.steps_to_loss)} | {pm(steps)} (×{steps.mean() / fewest:.2f}; "
+            f"{steps.notna().sum()}/{len(part)} reached) | {part.wall_s.mean():.0f} |"
         )
     return "\n".join(lines)
 
 
-def measured(sweep_file: Path, runs_root: Path | None, accuracy: float, out: Path):
-    """The rows of ``sweep_file``'s runs under ``runs_root``, written to ``out/<name>.csv``;
-    that file's rows where none of its runs is there (an earlier measurement)."""
-    rows = run_rows(sweep_file, runs_root, accuracy)
-    path = out / f"{sweep_file.stem}.csv"
+def measured(path: Path, measure) -> pd.DataFrame:
+    """``measure()``'s rows, written to ``path``; that file's rows where it finds none (the
+    runs are not under ``--runs``: an earlier measurement)."""
+    rows = measure()
     if rows.empty:
         return pd.read_csv(path)
-    out.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     rows.to_csv(path, index=False)
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=Path, help="the runs root of the sweep (default $LBL_RUNS)")
-    parser.add_argument("--out", type=Path, default=STUDY_DIR, help="results folder")
-    args = parser.parse_args(argv)
+def calibrated(task: Task) -> dict:
+    """McCandlish's fit at the task's target loss, from its calibration runs."""
+    calibration = pd.read_csv(task.calibration)
+    if "target" not in calibration:  # written before it measured several targets: 0.6 alone
+        calibration["target"] = task.target_loss
+    return critical_batch.measure(calibration[calibration.target == task.target_loss])
 
+
+def fitted(task: Task, fit: dict) -> str:
+    low, high = fit["b_crit_band"]
+    return (
+        f"McCandlish's model at test loss {task.target_loss}: S_min = {fit['s_min']:.0f}, "
+        f"B_crit = {fit['b_crit']:.0f} ({low:.0f}–{high:.0f})"
+    )
+
+
+def first_task(runs: Path | None, out: Path) -> str:
+    """AdaScale's and the adaptive batch's tables on the first task, beside the study's
+    fixed-batch recipes; written to ``adascale.md`` and ``adaptive.md``."""
     study = pd.read_csv(STUDY_DIR / "results.csv")
     accuracy = study[study.method == BASELINE].final_test_accuracy.mean() - 0.01
-    rows = measured(ADASCALE, args.runs, accuracy, args.out)
-    adaptive = measured(ADAPTIVE, args.runs, accuracy, args.out)
-    calibration = pd.read_csv(ROOT / "experiments" / "critical_batch" / "runs.csv")
-    if "target" not in calibration:  # written before it measured several targets: 0.6 alone
-        calibration["target"] = TARGET_LOSS
-    fit = critical_batch.measure(calibration[calibration.target == TARGET_LOSS])
-    batches = set(rows.global_batch) | {BASE_BATCH}
-    fixed = study[study.method.isin(FIXED) & study.global_batch.isin(batches)]
-    fixed = fixed[(fixed.method != "lars_sqrt") | (fixed.global_batch > BASE_BATCH)]
-    shown = table(rows, fixed, fit, accuracy)
-    said = (
-        f"McCandlish's model at test loss {TARGET_LOSS}: S_min = {fit['s_min']:.0f}, "
-        f"B_crit = {fit['b_crit']:.0f} ({fit['b_crit_band'][0]:.0f}–{fit['b_crit_band'][1]:.0f})"
+    rows, adaptive = (
+        measured(
+            out / f"{name}.csv",
+            lambda n=name: run_rows(FIRST, STUDY_DIR / f"{n}.yaml", runs, accuracy),
+        )
+        for name in ("adascale", "adaptive")
     )
-    grown = adaptive_table(adaptive, rows, accuracy)
-    print(shown, "\n\n" + said + "\n\n" + grown)
-    (args.out / "adascale.md").write_text(shown + "\n\n" + said + "\n")
-    (args.out / "adaptive.md").write_text(grown + "\n")
+    batches = set(rows.global_batch) | {BASE_BATCH}
+    fixed = study[study.method.isin(LABELS) & study.global_batch.isin(batches)]
+    fixed = fixed[(fixed.method != "lars_sqrt") | (fixed.global_batch > BASE_BATCH)]
+    shown = table(FIRST, rows, fixed, calibrated(FIRST), accuracy)
+    shown += "\n\n" + fitted(FIRST, calibrated(FIRST))
+    grown = adaptive_table(FIRST, adaptive, rows, accuracy)
+    (out / "adascale.md").write_text(shown + "\n")
+    (out / "adaptive.md").write_text(grown + "\n")
+    return shown + "\n\n" + grown
+
+
+def second_task(runs: Path | None, out: Path) -> str:
+    """Every recipe against scale on the second task, the adaptive batch, and ``B_simple``
+    through its baseline; written to ``scale_80k.md``."""
+    sweep_file = STUDY_DIR / "scale_80k.yaml"
+    rows = measured(out / "scale_80k.csv", lambda: run_rows(SECOND, sweep_file, runs, None))
+    noise = measured(out / "scale_80k_noise.csv", lambda: baseline_noise(sweep_file, runs))
+    accuracy = rows[rows.method == BASELINE].final_test_accuracy.mean() - 0.01
+    scaled = rows.method.isin(ADASCALE_METHODS)
+    adaptive = rows.method == "adaptive_sgd"
+    fit = calibrated(SECOND)
+    shown = "\n\n".join(
+        [
+            table(SECOND, rows[scaled], rows[~scaled & ~adaptive], fit, accuracy),
+            fitted(SECOND, fit),
+            adaptive_table(SECOND, rows[adaptive], rows[scaled], accuracy),
+            critical_batch.b_simple_table(noise),
+        ]
+    )
+    (out / "scale_80k.md").write_text(shown + "\n")
+    return shown
+
+
+def baseline_noise(sweep_file: Path, runs: Path | None) -> pd.DataFrame:
+    """``B_simple`` epoch by epoch over the baseline runs' own ``gns`` events."""
+    table = sweep.results(sweep.load(sweep_file), runs)
+    done = table[(table.method == BASELINE) & (table.state == "completed")]
+    events = [read_events(resolve(run_id, runs).events_path) for run_id in done.run_id]
+    return critical_batch.b_simple_by_epoch(events) if events else pd.DataFrame()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, help="the runs root of the sweeps (default $LBL_RUNS)")
+    parser.add_argument("--out", type=Path, default=STUDY_DIR, help="results folder")
+    args = parser.parse_args(argv)
+    print(first_task(args.runs, args.out), "\n\n" + second_task(args.runs, args.out))
     return 0
 
 

@@ -24,10 +24,13 @@ at that loss. This script measures both on the study's model and data:
 
     .venv/bin/python experiments/critical_batch.py            # ~15 minutes on 2 cores
     .venv/bin/python experiments/critical_batch.py --smoke    # seconds
+    .venv/bin/python experiments/critical_batch.py --num-samples 80000 --targets 0.5 0.4 0.3 \
+        --batches 64 256 1024 4096 --rates 0.1 0.2 0.4 --max-steps 12000 \
+        --out experiments/critical_batch_80k                   # study v2's second task, ~40 min
 
-Writes ``experiments/critical_batch/runs.csv`` (one row per run) and prints the summary that
-``docs/study.md`` quotes, then ``B_simple`` epoch by epoch through the study's SGD baseline
-(rate 0.1 with cosine decay, batch 32), from the run's own ``gns`` events.
+Writes ``runs.csv`` under ``--out`` (one row per run) and prints the summary that
+``docs/study.md`` quotes; on the first task's data, then ``B_simple`` epoch by epoch through the
+study's SGD baseline (rate 0.1 with cosine decay, batch 32), from the run's own ``gns`` events.
 """
 
 from __future__ import annotations
@@ -48,10 +51,11 @@ import pandas as pd  # noqa: E402
 BATCHES = (16, 32, 64, 128, 256, 512, 1024)
 RATES = (0.025, 0.05, 0.1, 0.2, 0.4)
 SEEDS = (0, 1)
+NUM_SAMPLES = 20_000  # the first task's: 16,000 train, 4,000 test
 HELD_OUT = 2000
 PROBE_HALF = 64
-MAX_EXAMPLES = 40 * 16_000  # 40 epochs of the training set
-STUCK_EXAMPLES, STUCK_LOSS = 5 * 16_000, 2.2
+MAX_EPOCHS = 40
+STUCK_EPOCHS, STUCK_LOSS = 5, 2.2
 
 
 def run(batch: int, rate: float, seed: int, targets, max_steps: int, dataset) -> list[dict]:
@@ -83,10 +87,11 @@ def run(batch: int, rate: float, seed: int, targets, max_steps: int, dataset) ->
     rng = np.random.default_rng(seed)
     order, position = rng.permutation(len(dataset.x_train)), 0
     every = max(1, 512 // batch)
+    most_examples, stuck_examples = (n * len(order) for n in (MAX_EPOCHS, STUCK_EPOCHS))
     loss, started = float("inf"), time.perf_counter()
     reached = dict.fromkeys(targets, float("inf"))
     measured = {t: [] for t in targets}
-    for step in range(1, min(max_steps, MAX_EXAMPLES // batch) + 1):
+    for step in range(1, min(max_steps, most_examples // batch) + 1):
         if position + batch > len(order):
             order, position = rng.permutation(len(dataset.x_train)), 0
         rows = order[position : position + batch]
@@ -94,7 +99,7 @@ def run(batch: int, rate: float, seed: int, targets, max_steps: int, dataset) ->
         model.train_on_batch(dataset.x_train[rows], dataset.y_train[rows])
         if step % every == 0 or step < every:
             loss = float(held_loss())
-            if not np.isfinite(loss) or (step * batch > STUCK_EXAMPLES and loss > STUCK_LOSS):
+            if not np.isfinite(loss) or (step * batch > stuck_examples and loss > STUCK_LOSS):
                 break  # diverged, or still at chance (ln 10 = 2.30) after 5 epochs
             for target in targets:
                 if loss <= target and reached[target] == float("inf"):
@@ -232,14 +237,39 @@ def noise_through_training(batch: int = 32, rate: float = 0.1, epochs: int = 15)
     )
     with tempfile.TemporaryDirectory() as root:
         events = read_events(train(config, runs_root=root, verbose=0).events_path)
-    gns, evals = events[events.phase == "gns"], events[events.phase == "eval"]
+    return b_simple_table(b_simple_by_epoch([events]))
+
+
+def b_simple_by_epoch(runs: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per epoch of one or more runs' events: the mean test loss at its end and ``B_simple``,
+    the ratio of the mean ``tr Σ`` to the mean ``|G|²`` over every ``gns`` event in it."""
+    rows = []
+    for epoch in sorted({e for events in runs for e in events[events.phase == "eval"].epoch}):
+        evals = pd.concat([e[(e.phase == "eval") & (e.epoch == epoch)] for e in runs])
+        gns = pd.concat(
+            [e[(e.phase == "gns") & (e.epoch > epoch - 1) & (e.epoch <= epoch)] for e in runs]
+        )
+        rows.append(
+            {
+                "epoch": epoch,
+                "test_loss": evals.loss.mean(),
+                "trace_sigma": gns.trace_sigma_step.mean(),
+                "grad_sq": gns.grad_sq_step.mean(),
+                "measurements": len(gns),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def b_simple_table(noise: pd.DataFrame) -> str:
+    """:func:`b_simple_by_epoch`'s rows as markdown (``n/a`` where the mean ``|G|²`` is not
+    positive: halves too small to resolve it)."""
     lines = ["| epoch | test loss | B_simple (ratio of means over the epoch) |", "|---|---|---|"]
-    for row in evals.itertuples():
-        part = gns[(gns.epoch > row.epoch - 1) & (gns.epoch <= row.epoch)]
-        grad_sq = part.grad_sq_step.mean()
-        ratio = part.trace_sigma_step.mean() / grad_sq
-        shown = f"{ratio:,.0f}" if grad_sq > 0 else "n/a (mean ‖G‖² ≤ 0)"
-        lines.append(f"| {row.epoch:.0f} | {row.loss:.3f} | {shown} |")
+    for row in noise.itertuples():
+        ratio = (
+            f"{row.trace_sigma / row.grad_sq:,.0f}" if row.grad_sq > 0 else "n/a (mean ‖G‖² ≤ 0)"
+        )
+        lines.append(f"| {row.epoch:.0f} | {row.test_loss:.3f} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -249,20 +279,23 @@ def main() -> int:
         "--targets", type=float, nargs="+", default=[1.0, 0.8, 0.6], help="held-out losses"
     )
     parser.add_argument("--max-steps", type=int, default=8000)
+    parser.add_argument("--num-samples", type=int, default=NUM_SAMPLES, help="MNIST-1D's size")
+    parser.add_argument("--batches", type=int, nargs="+", default=BATCHES)
+    parser.add_argument("--rates", type=float, nargs="+", default=RATES)
+    parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "critical_batch")
     parser.add_argument("--smoke", action="store_true", help="a tiny grid, for tests")
     args = parser.parse_args()
 
     from toolkit import data
 
-    dataset = data.load("mnist1d", seed=0, num_samples=20000)
-    batches, rates, seeds = (BATCHES, RATES, SEEDS)
+    dataset = data.load("mnist1d", seed=0, num_samples=args.num_samples)
     if args.smoke:
-        batches, rates, seeds, args.targets = (32, 128, 512), (0.1, 0.2), (0, 1), [1.8, 1.5]
+        args.batches, args.rates, args.targets = (32, 128, 512), (0.1, 0.2), [1.8, 1.5]
     rows = []
-    for batch in batches:
-        for rate in rates:
-            for seed in seeds:
+    for batch in args.batches:
+        for rate in args.rates:
+            for seed in args.seeds:
                 targets = sorted(args.targets, reverse=True)
                 rows += run(batch, rate, seed, targets, args.max_steps, dataset)
                 reached = ", ".join(f"{r['target']}: {r['steps']}" for r in rows[-len(targets) :])
@@ -275,7 +308,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     runs.to_csv(args.out / ("smoke.csv" if args.smoke else "runs.csv"), index=False)
     print("\n" + summarize(runs))
-    if not args.smoke:
+    if not args.smoke and args.num_samples == NUM_SAMPLES:
         print("\nB_simple through the study's SGD baseline (B=32, lr 0.1 cosine, 15 epochs):")
         print(noise_through_training())
     return 0

@@ -129,6 +129,23 @@ def test_the_study_sweeps_expand_to_their_93_and_11_cells():
     assert root_sqrt.scaled_learning_rate() == pytest.approx(0.3 * math.sqrt(1024 / 32))
 
 
+def test_the_second_study_task_sweep_scales_each_recipe_from_its_b32_rate():
+    grid = sweep.load(ROOT / "experiments" / "study" / "scale_80k.yaml")
+    assert len(grid.cells) == 51
+    cells = {
+        (c.coordinates["method"], c.coordinates.get("batch.global_size")): c for c in grid.cells
+    }
+    base = cells[("sgd", 32)].config
+    assert base.dataset.params["num_samples"] == 80000 and base.global_batch() == 32
+    warm = cells[("sgd_linear_warmup", 1024)].config
+    assert warm.scaled_learning_rate() == pytest.approx(0.1 * 1024 / 32)
+    assert cells[("lbsgd_lars", 4096)].config.optimizer.params["batch_scale"] == 32
+    adascale = cells[("adascale_lars", 256)].config
+    assert adascale.lr_scaling.rule == "adascale" and adascale.scaled_learning_rate() == 0.3
+    adaptive = cells[("adaptive_sgd", None)].config.batch.adaptive
+    assert (adaptive.min, adaptive.max) == (256, 4096)
+
+
 # ------------------------------------------------------------------------------ bad sweeps
 
 
