@@ -85,10 +85,11 @@ class Smoother:
 # --- The pre-flight probe: "what batch should I use?" ------------------------------------------
 
 
-CALIBRATION = (3.5, 3.1, 4.1)
-"""``B_crit / B_simple`` and its range as measured on the study's MNIST-1D CNN (docs/study.md,
-``experiments/critical_batch.py``): 3.13, 4.13 and 3.28 at held-out losses 1.0, 0.8 and 0.6,
-whose bands overlap. One model's factor: a probe reports the calibrated ``B_crit`` saying so."""
+CALIBRATION = (2.8, 1.6, 4.1)
+"""``B_crit / B_simple``, the median and range of six measurements on the study's MNIST-1D CNN
+(docs/study.md, ``experiments/critical_batch.py``): 3.13, 4.13 and 3.28 at held-out losses 1.0,
+0.8 and 0.6 with 16,000 training examples; 1.56, 2.39 and 2.01 at 0.5, 0.4 and 0.3 with 64,000.
+Not one constant even on one model: a probe reports the calibrated ``B_crit`` saying so."""
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,9 @@ class ProbeResult:
             f"Your global batch {self.global_batch:,} is {where} it: doubling it would divide "
             f"the steps to a given loss by about {doubling:.2f}.",
             f"Calibrated B_crit ≈ {CALIBRATION[0] * b:,.0f} ({CALIBRATION[1] * b:,.0f}–"
-            f"{CALIBRATION[2] * b:,.0f}): B_simple × {CALIBRATION[0]:g}, the factor measured on "
-            "the lab's MNIST-1D CNN at three losses (docs/study.md); on another model, "
-            "calibrate it there.",
+            f"{CALIBRATION[2] * b:,.0f}): B_simple × {CALIBRATION[0]:g}, the median factor "
+            "measured on the lab's MNIST-1D CNN at six losses on two data sizes (docs/study.md); "
+            "it varied 1.6–4.1 there, so calibrate it on your model.",
             f"Up to about {b / 4:,.0f}, doubling the batch nearly halves the steps (≥ 1.8×); "
             f"around {b:,.0f} it saves about a quarter; beyond {4 * b:,.0f} it saves under "
             "10%: extra batch there buys little.",
