@@ -113,11 +113,8 @@ def bare_fit(config, matched: bool = False) -> None:
         jit_compile=False,
         steps_per_execution=steps_per_execution(config, spe, 1) if matched else 1,
     )
-    train_data = train_batches(config, dataset, 0)
-    for epoch in range(1, config.epochs):
-        train_data = train_data.concatenate(train_batches(config, dataset, epoch))
     model.fit(
-        train_data,
+        train_batches(config, dataset, 0, last=config.epochs),
         epochs=config.epochs,
         steps_per_epoch=spe,
         validation_data=test_batches(dataset),

@@ -62,19 +62,26 @@ def load_dataset(config: ExperimentConfig) -> data.Dataset:
 
 
 def train_batches(
-    config: ExperimentConfig, dataset: data.Dataset, epoch: int, world_size: int = 1, rank: int = 0
+    config: ExperimentConfig,
+    dataset: data.Dataset,
+    epoch: int,
+    world_size: int = 1,
+    rank: int = 0,
+    last: int | None = None,
 ) -> tf.data.Dataset:
-    """Worker ``rank``'s batches of ``epoch``: its shard of the training set in the epoch's
-    seeded order, :func:`steps_per_epoch` batches of its per-worker size."""
-    return data.epoch_dataset(
+    """Worker ``rank``'s batches of epochs ``epoch`` to ``last`` (default: ``epoch`` alone):
+    its shard of the training set in each epoch's seeded order, :func:`steps_per_epoch`
+    batches of its per-worker size, built lazily (:func:`toolkit.data.epochs_dataset`)."""
+    return data.epochs_dataset(
         dataset.x_train,
         dataset.y_train,
         batch_size=config.per_worker_batch(world_size),
-        epoch=epoch,
+        epochs=range(epoch, epoch + 1 if last is None else last),
+        steps_per_epoch=steps_per_epoch(config, len(dataset.x_train), world_size),
         seed=config.seed,
         num_shards=world_size,
         shard_index=rank,
-    ).take(steps_per_epoch(config, len(dataset.x_train), world_size))
+    )
 
 
 def test_batches(dataset: data.Dataset) -> tf.data.Dataset:

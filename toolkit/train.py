@@ -405,9 +405,7 @@ def _epochs(
     by default the config's last), in order, without the first ``skip`` batches (a resumed
     epoch's done part)."""
     last = (last or config.epochs) if count is None else first + count
-    rank = distributed.rank()
-    parts = [train_batches(config, dataset, e, world, rank) for e in range(first, last)]
-    return functools.reduce(lambda a, b: a.concatenate(b), parts).skip(skip)
+    return train_batches(config, dataset, first, world, distributed.rank(), last).skip(skip)
 
 
 def _verbosity(verbose: int | str) -> int:
