@@ -252,7 +252,8 @@ def epochs_dataset(
     ``.skip(steps_done)``).
     """
     _check_shard(num_shards, shard_index)  # now: the orders are drawn later
-    inputs, labels = tf.constant(x), tf.constant(y)
+    with tf.device("/CPU:0"):  # tf.data reads it on the host, also where a GPU is
+        inputs, labels = tf.constant(x), tf.constant(y)
     per_shard = shard_size(len(x), num_shards)
 
     def draw(epoch) -> np.ndarray:
