@@ -132,6 +132,7 @@ def run_rows(task: Task, sweep_file: Path, runs_root: Path | None, accuracy: flo
                 **row,
                 "seed": cell["seed"],
                 "final_test_accuracy": cell["final_test_accuracy"],
+                "diverged": cell["diverged"],
                 "updates": round(evals.updates.iloc[-1]),
                 "epochs": train.step.max() * step_batch / task.num_train,
                 "mean_gain": train.gain.mean() if "gain" in train else math.nan,
@@ -169,21 +170,34 @@ def table(task: Task, rows: pd.DataFrame, fixed: pd.DataFrame, fit: dict, accura
         steps = part.steps_to_loss
         whole = task.base_updates * predicted(batch) / predicted(BASE_BATCH)
         lines.append(
-            f"| {LABELS[method]} | {batch:,} | {pm(part.final_test_accuracy, 100, 1)} | "
+            f"| {LABELS[method]} | {batch:,} | {accuracy_of(part)} | "
             f"{pm(part.updates)} | {pm(part.epochs)} | "
             f"{part.mean_gain.mean():.1f} (of {batch // BASE_BATCH}) | "
-            f"{pm(steps)} ({predicted(batch):.0f}; ×{steps.mean() / predicted(batch):.2f}) | "
+            f"{pm(steps)} ({ratio(steps.mean(), predicted(batch))}model {predicted(batch):.0f}) | "
             f"×{part.updates.mean() / whole:.2f} of {whole:,.0f} | {reached(part)} | "
             f"{part.wall_s.mean():.0f} |"
         )
     for (method, batch), part in fixed.groupby(["method", "global_batch"], sort=False):
-        steps = reached(part) if "steps_to_accuracy" in part else "—"
+        known = "steps_to_accuracy" in part  # the first task's study did not record them
+        to_loss = f"{pm(part.steps_to_loss)} (model {predicted(batch):.0f})" if known else "—"
         lines.append(
-            f"| {LABELS[method]} | {batch:,} | {pm(part.final_test_accuracy, 100, 1)} | "
-            f"{part.updates.max():,.0f} | {task.epochs} | — | — | — | {steps} | "
+            f"| {LABELS[method]} | {batch:,} | {accuracy_of(part)} | "
+            f"{part.updates.max():,.0f} | {task.epochs} | — | {to_loss} | — | "
+            f"{reached(part) if known else '—'} | "
             f"{part.wall_s.mean():.0f} |"
         )
     return "\n".join(lines)
+
+
+def ratio(value: float, of: float) -> str:
+    """``×value/of; ``, or nothing where ``value`` is not known."""
+    return "" if math.isnan(value) else f"×{value / of:.2f}; "
+
+
+def accuracy_of(part: pd.DataFrame) -> str:
+    """The final test accuracy in % over the runs that completed, and how many diverged."""
+    diverged = part.diverged.sum() if "diverged" in part else 0
+    return pm(part.final_test_accuracy, 100, 1) + (f" ({diverged} diverged)" if diverged else "")
 
 
 def reached(part: pd.DataFrame) -> str:
@@ -204,14 +218,15 @@ def adaptive_table(task: Task, rows: pd.DataFrame, fixed: pd.DataFrame, accuracy
         f"(fewest fixed: {fewest:.0f} at {at:,}) | wall s |",
         "|---" * 10 + "|",
     ]
-    for (smallest, largest), part in rows.groupby(["smallest", "global_batch"]):
+    for (smallest, largest), part in rows.astype({"smallest": int}).groupby(
+        ["smallest", "global_batch"]
+    ):
         steps = part.steps_to_accuracy
         lines.append(
-            f"| Adaptive SGD | {smallest:,} to {largest:,} | "
-            f"{pm(part.final_test_accuracy, 100, 1)} | "
+            f"| Adaptive SGD | {smallest:,} to {largest:,} | {accuracy_of(part)} | "
             f"{pm(part.updates)} | {pm(part.epochs)} | "
-            f"{', '.join(map(str, part.final_batch))} | {part.mean_gain.mean():.1f} | "
-            f"{pm(part.steps_to_loss)} | {pm(steps)} (×{steps.mean() / fewest:.2f}; "
+            f"{', '.join(str(int(b)) for b in part.final_batch)} | {part.mean_gain.mean():.1f} | "
+            f"{pm(part.steps_to_loss)} | {pm(steps)} ({ratio(steps.mean(), fewest)}"
             f"{steps.notna().sum()}/{len(part)} reached) | {part.wall_s.mean():.0f} |"
         )
     return "\n".join(lines)

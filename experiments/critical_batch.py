@@ -26,7 +26,7 @@ at that loss. This script measures both on the study's model and data:
     .venv/bin/python experiments/critical_batch.py --smoke    # seconds
     .venv/bin/python experiments/critical_batch.py --num-samples 80000 --targets 0.5 0.4 0.3 \
         --batches 64 256 1024 4096 --rates 0.1 0.2 0.4 --max-steps 12000 \
-        --out experiments/critical_batch_80k                   # study v2's second task, ~40 min
+        --out experiments/critical_batch_80k                   # study v2's second task, ~15 min
 
 Writes ``runs.csv`` under ``--out`` (one row per run) and prints the summary that
 ``docs/study.md`` quotes; on the first task's data, then ``B_simple`` epoch by epoch through the
