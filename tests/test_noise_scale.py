@@ -263,6 +263,23 @@ def test_run_detail_shows_the_noise_scale_against_the_batch(with_gns, tmp_path, 
 # --- The probe ----------------------------------------------------------------------------------
 
 
+def test_a_band_with_unbounded_resamples_is_unbounded_without_a_warning():
+    import warnings
+
+    from toolkit.config import from_mapping
+    from toolkit.noise_scale import summarize
+
+    n = 40  # |G|² measured as 2 and -1.8 in turn: a mean of 0.1, but many resamples' <= 0
+    gns = pd.DataFrame({"grad_sq_step": np.resize([2.0, -1.8], n), "trace_sigma_step": 1.0})
+    config = from_mapping({"batch": {"per_worker": 32}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "invalid value encountered in subtract"
+        result = summarize(gns, "probe-x", config, world_size=1)
+    assert result.b_simple == pytest.approx(10.0)
+    low, high = result.band
+    assert 0 < low < 10 and high == np.inf
+
+
 def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
     import pandas as pd
 

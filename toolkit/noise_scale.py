@@ -164,7 +164,8 @@ def summarize(gns, run_id: str, config, world_size: int) -> ProbeResult:
     rows = np.random.default_rng(0).integers(0, len(late), size=(1000, len(late)))
     means = grad_sq[rows].mean(axis=1)
     ratios = np.where(means > 0, trace[rows].mean(axis=1) / np.where(means > 0, means, 1), np.inf)
-    low, high = np.percentile(ratios, [10, 90])
+    # the empirical quantile, not an interpolation, which would subtract inf from inf
+    low, high = np.percentile(ratios, [10, 90], method="inverted_cdf")
     global_batch = config.global_batch(world_size)
     suggested = _suggested_batch(b_simple, world_size)
     at_suggested = config.model_copy(
