@@ -62,7 +62,59 @@ def test_presets_are_valid(path):
         (["surprise=1"], "surprise: Extra inputs are not permitted"),
         (
             ["allreduce.compression=dgc"],
-            "allreduce.compression: Input should be 'none', 'fp16', 'topk' or 'threshold'",
+            "allreduce.compression: Input should be 'none', 'fp16', 'topk', 'threshold' or '2bit'",
+        ),
+        (
+            ["allreduce.dgc=true"],
+            "allreduce.dgc needs allreduce.compression one of ('topk', 'threshold', '2bit') "
+            "(got 'none')",
+        ),
+        (
+            ["allreduce.compression=fp16", "allreduce.local_clipnorm=1"],
+            "allreduce.local_clipnorm needs allreduce.compression one of",
+        ),
+        (
+            ["allreduce.compression=2bit", "allreduce.value_dtype=float16"],
+            "allreduce.value_dtype='float16' needs allreduce.compression topk or threshold "
+            "(got '2bit')",
+        ),
+        (
+            ["allreduce.compression=threshold", "allreduce.sparsity_warmup_epochs=2"],
+            "allreduce.sparsity_warmup_epochs warms topk's ratio up: it needs "
+            "allreduce.compression topk (got 'threshold')",
+        ),
+        (
+            ["allreduce.compression=topk", "allreduce.momentum_masking=true"],
+            "allreduce.momentum_masking clears the velocity that momentum correction keeps: "
+            "it needs allreduce.momentum_correction",
+        ),
+        (
+            ["allreduce.compression=topk", "allreduce.dgc=true", "allreduce.residual=false"],
+            "allreduce.momentum_correction accumulates the velocity in the residual: it needs "
+            "allreduce.residual true",
+        ),
+        (
+            ["allreduce.compression=topk", "allreduce.momentum_correction=true"],
+            "allreduce.momentum_correction: momentum correction needs momentum > 0 (got "
+            "optimizer 'sgd' with params {})",
+        ),
+        (
+            [
+                "allreduce.compression=2bit",
+                "allreduce.dgc=true",
+                "optimizer.params={momentum: 0.9, nesterov: true}",
+            ],
+            "allreduce.momentum_correction: momentum correction needs nesterov off",
+        ),
+        (
+            ["allreduce.compression=topk", "allreduce.dgc=true", "optimizer.name=adam"],
+            "allreduce.momentum_correction moves the optimizer's momentum into the allreduce: "
+            "it needs optimizer.name sgd, lars or lbsgd (got 'adam')",
+        ),
+        (
+            ["allreduce.compression=topk", "allreduce.dense_norm=true"],
+            "allreduce.dense_norm replaces the gradient norm of trust ratios: it needs "
+            "optimizer.name lars, or lbsgd with warmup_strategy lars (got 'sgd')",
         ),
         (["allreduce.ratio=0"], "allreduce.ratio: Input should be greater than 0"),
         (["allreduce.ratio=1.5"], "allreduce.ratio: Input should be less than or equal to 1"),

@@ -92,10 +92,10 @@ def test_fp16_compression_stays_close_but_is_applied(two_workers):
     assert any(not np.array_equal(a, b) for a, b in zip(fp16, full))
 
 
-def fused(options: dict) -> list[list[int]]:
-    """SINGA's fusion of the float32 WIRE_SHAPES, in order, up to ``fusion_threshold_mb``."""
+def fused(options: dict, shapes=WIRE_SHAPES) -> list[list[int]]:
+    """SINGA's fusion of float32 ``shapes``, in order, up to ``fusion_threshold_mb``."""
     limit = options.get("fusion_threshold_mb", 64) * 2**20
-    sizes = [int(np.prod(shape)) for shape in WIRE_SHAPES]
+    sizes = [int(np.prod(shape)) for shape in shapes]
     buckets, current = [], []
     for i, n in enumerate(sizes):
         if current and 4 * (sum(sizes[j] for j in current) + n) > limit:
@@ -150,84 +150,156 @@ def test_several_steps_per_execution_train_as_one_step_per_execution(two_workers
             np.testing.assert_array_equal(got, want)
 
 
-def simulate_sparse(
+DGC_PRESET = {  # Deep Gradient Compression's techniques as `dgc: true` documents them
+    "momentum_correction": True,
+    "momentum_masking": True,
+    "local_clipnorm": 5.0,
+    "sparsity_warmup_epochs": 4,
+    "dense_1d": True,
+}
+
+
+def mxnet_2bit_pack(codes: np.ndarray) -> np.ndarray:
+    """MXNet's layout, byte by byte: entry ``i`` of a 16-entry block sets bits ``0xc0 >> 2(i%4)``
+    (``+t``, code 11) or ``0x80 >> 2(i%4)`` (``-t``, code 10) of byte ``i // 4``."""
+    padded = np.zeros(-(-len(codes) // 16) * 16, np.uint8)
+    padded[: len(codes)] = codes
+    out = np.zeros(len(padded) // 4, np.uint8)
+    for i, code in enumerate(padded):
+        out[i // 4] |= {3: 0xC0, 2: 0x80, 0: 0}[int(code)] >> (2 * (i % 4))
+    return out.view(np.int32)
+
+
+def simulate_workers(
     options: dict,
     workers: int = 2,
-    sent_counts: list | None = None,
+    traffic: list | None = None,
     steps_run=range(WIRE_STEPS),
     grads=wire_grads,
     residuals: list[np.ndarray] | None = None,
 ):
-    """A numpy simulation of ``workers`` workers sparsifying as SINGA's ``DistOpt`` does: per
-    step, per bucket of the flattened gradients (fused in order up to the fusion threshold),
-    each worker adds its residual, sends the top ``ceil(ratio * n)`` entries by magnitude (or
-    those at or above the k-th largest of every ``1/topk_sample``-th entry, or those
-    ``>= threshold``) and keeps the rest as its residual (or drops it); the reduced gradient
-    is the sum of what was sent over ``workers``. Returns each step's gradients. Worker
-    ``rank``'s gradients at ``step`` are ``grads(rank, step)``; ``residuals`` (flat, per
-    worker: zeros if not given) are where the workers start, updated in place."""
-    buckets = fused(options)
-    sizes = [int(np.prod(shape)) for shape in WIRE_SHAPES]
+    """A numpy simulation of ``workers`` workers compressing their gradients. Per step, each
+    worker (Deep Gradient Compression's Algorithm 1, with each technique a switch):
+
+    1. clips its gradients to the global norm ``local_clipnorm / sqrt(workers)``;
+    2. with momentum correction, ``u = m u + g`` and ``u`` is what it accumulates, else ``g``;
+    3. sends 1-D variables dense (``dense_1d``); per bucket of the others (fused in order up to
+       the fusion threshold), adds its residual and sends: the top ``k`` entries by magnitude
+       (``k = ceil(density n)``, the density ``ratio ** ((e + 1) / (W + 1))`` in epoch
+       ``e < W`` of a warm-up, then ``ratio``), or those at or above the k-th largest of every
+       ``1/topk_sample``-th entry, or those ``>= threshold`` (SINGA); or MXNet's 2bit: ``+t``
+       where the sum is ``>= t``, ``-t`` where it is ``<= -t``, else 0. Values may travel as
+       float16 (clipped to its range);
+    4. keeps what it did not send as its residual (or drops it), and with masking clears the
+       velocity of what it sent.
+
+    The reduced gradient is the sum over workers of what was sent, over ``workers``. Returns each
+    step's reduced gradients; adds each worker's bytes to ``traffic[rank]``. Worker ``rank``'s
+    gradients at ``step`` are ``grads(rank, step)``; ``residuals`` (flat, per worker: zeros if
+    not given) are where the workers start, updated in place."""
+    on = {**(DGC_PRESET if options.get("dgc") else {}), **options}
+    mode, sizes = options["compression"], [int(np.prod(shape)) for shape in WIRE_SHAPES]
+    offsets = np.cumsum([0, *sizes])
+    dense = [i for i, s in enumerate(WIRE_SHAPES) if on.get("dense_1d") and len(s) <= 1]
+    squeezed = [i for i in range(len(WIRE_SHAPES)) if i not in dense]
+    buckets = [[squeezed[j] for j in b] for b in fused(options, [WIRE_SHAPES[i] for i in squeezed])]
     if residuals is None:
         residuals = [np.zeros(sum(sizes), "float32") for _ in range(workers)]
-    offsets = np.cumsum([0, *sizes])
+    velocities = [np.zeros(sum(sizes), "float32") for _ in range(workers)]
+    momentum = options.get("momentum", 0.0) if on.get("momentum_correction") else None
+    warmup = on.get("sparsity_warmup_epochs", 0)
     steps = []
     for step in steps_run:
         total = np.zeros(sum(sizes), "float32")
         for rank in range(workers):
             flat = np.concatenate([g.ravel() for g in grads(rank, step)])
-            if options.get("residual", True):
-                flat = flat + residuals[rank]
+            if on.get("local_clipnorm"):
+                limit = np.float32(on["local_clipnorm"] / np.sqrt(workers))
+                flat = flat * limit / max(np.sqrt(np.sum(flat.astype("float64") ** 2)), limit)
+            if momentum is not None:
+                velocities[rank] = np.float32(momentum) * velocities[rank] + flat
+                flat = velocities[rank].copy()
+            for i in dense:
+                part = slice(offsets[i], offsets[i + 1])
+                total[part] += flat[part]
+                if traffic is not None:
+                    traffic[rank] += 4 * sizes[i]
             for bucket in buckets:
-                part = slice(offsets[bucket[0]], offsets[bucket[-1] + 1])
-                values = flat[part]
-                stride = round(1 / options.get("topk_sample", 1.0))
-                if options["compression"] == "topk" and stride > 1:  # DGC: a sample's k-th
-                    sample = np.sort(np.abs(values[::stride]))[::-1]
-                    kth = sample[max(1, int(np.ceil(options["ratio"] * len(sample)))) - 1]
-                    chosen = np.nonzero(np.abs(values) >= kth)[0]
-                elif options["compression"] == "topk":
-                    k = max(1, int(np.ceil(options["ratio"] * len(values))))
-                    chosen = np.argsort(-np.abs(values), kind="stable")[:k]
-                else:
-                    chosen = np.nonzero(np.abs(values) >= options["threshold"])[0]
+                part = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in bucket])
+                values = flat[part] + (
+                    residuals[rank][part] if options.get("residual", True) else 0
+                )
                 sent = np.zeros_like(values)
-                sent[chosen] = values[chosen]
-                if sent_counts is not None:
-                    sent_counts.append(len(chosen))
+                if mode == "2bit":
+                    t = np.float32(options["threshold"])
+                    sent[values >= t], sent[values <= -t] = t, -t
+                    chosen = np.nonzero(sent)[0]
+                    nbytes = 4 * -(-len(values) // 16)
+                else:
+                    chosen = select(options, values, step, warmup)
+                    wire = values[chosen]
+                    if options.get("value_dtype") == "float16":
+                        largest = np.finfo(np.float16).max
+                        wire = np.clip(wire, -largest, largest).astype("float16").astype("float32")
+                    sent[chosen] = wire
+                    nbytes = len(chosen) * (6 if options.get("value_dtype") == "float16" else 8)
+                if traffic is not None:
+                    traffic[rank] += nbytes
                 total[part] += sent
                 residuals[rank][part] = values - sent
+                if on.get("momentum_masking"):
+                    velocities[rank][part[chosen]] = 0
         mean = total / np.float32(workers)
         steps.append([mean[a:b].reshape(s) for a, b, s in zip(offsets, offsets[1:], WIRE_SHAPES)])
     return steps
 
 
+def select(options: dict, values: np.ndarray, step: int, warmup: int) -> np.ndarray:
+    """The positions of ``values`` that topk (with its warm-up, one update an epoch here, or
+    ``updates_per_epoch``) or threshold sends."""
+    if options["compression"] == "threshold":
+        return np.nonzero(np.abs(values) >= options["threshold"])[0]
+    epoch = step // options.get("updates_per_epoch", 1)
+    density = (
+        options["ratio"] ** ((epoch + 1) / (warmup + 1)) if epoch < warmup else options["ratio"]
+    )
+    stride = round(1 / options.get("topk_sample", 1.0))
+    if stride > 1:  # DGC: a sample's k-th
+        sample = np.sort(np.abs(values[::stride]))[::-1]
+        kth = sample[max(1, int(np.ceil(density * len(sample)))) - 1]
+        return np.nonzero(np.abs(values) >= kth)[0]
+    k = max(1, int(np.ceil(density * len(values))))
+    return np.argsort(-np.abs(values), kind="stable")[:k]
+
+
 @pytest.mark.parametrize("scenario", [n for n, o in WIRE.items() if o["compression"] != "fp16"])
-def test_sparsified_allreduce_matches_a_simulation_of_the_workers(two_workers, scenario):
+def test_compressed_allreduce_matches_a_simulation_of_the_workers(two_workers, scenario):
     ranks, _, _ = two_workers
-    for step, expected in enumerate(simulate_sparse(WIRE[scenario])):
+    for step, expected in enumerate(simulate_workers(WIRE[scenario])):
         for npz in ranks:  # every worker applies the same reduced gradient
-            assert_all_close(weights(npz, f"wire_{scenario}_{step}"), expected, rtol=1e-6)
+            assert_all_close(weights(npz, f"wire_{scenario}_{step}"), expected, rtol=1e-5)
     sent = [np.count_nonzero(g) for g in weights(ranks[0], f"wire_{scenario}_0")]
-    assert 0 < sum(sent) < sum(int(np.prod(s)) for s in WIRE_SHAPES)  # sparse, not empty
+    assert 0 < sum(sent) < sum(int(np.prod(s)) for s in WIRE_SHAPES)  # compressed, not empty
 
 
 @pytest.mark.parametrize("scenario", list(WIRE))
 def test_traffic_counts_the_bytes_each_worker_sent(two_workers, scenario):
-    """Per update: sparse modes send a float32 value and an int32 index per selected entry
-    (the mean over the workers), fp16 two bytes per entry; against a dense float32 allreduce."""
+    """Per update, each worker's own bytes: a value (4 or 2 bytes) and an int32 index per
+    selected entry, a 32-bit word per 16 entries (2bit), 4 bytes per dense entry, fp16 two
+    bytes per entry; against a dense float32 allreduce."""
     _, infos, _ = two_workers
     entries = sum(int(np.prod(s)) for s in WIRE_SHAPES)
     options = WIRE[scenario]
     if options["compression"] == "fp16":
-        expected = WIRE_STEPS * 2 * entries
+        expected = [WIRE_STEPS * 2 * entries] * 2
     else:
-        counts = []
-        simulate_sparse(options, sent_counts=counts)
-        expected = 8 * sum(counts) / 2  # a float32 value and an int32 index each
-    for info in infos:
+        expected = [0, 0]
+        simulate_workers(options, traffic=expected)
+    for info, own in zip(infos, expected, strict=True):
         sent, dense = info[f"traffic_{scenario}"]
-        assert sent == pytest.approx(expected, rel=1e-9) and dense == 4 * entries
+        assert sent == pytest.approx(own, rel=1e-9) and dense == 4 * entries
+    if options["compression"] == "threshold":
+        assert expected[0] != expected[1]  # each worker's own count, not their mean
 
 
 @pytest.mark.parametrize("scenario", list(SYNC))
@@ -251,12 +323,12 @@ def test_one_worker_sparsifies_alone_without_collectives():
         keras.optimizers.SGD(1.0), **WIRE["topk_per_tensor"]
     )
     variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
-    for step, expected in enumerate(simulate_sparse(WIRE["topk_per_tensor"], workers=1)):
+    for step, expected in enumerate(simulate_workers(WIRE["topk_per_tensor"], workers=1)):
         for v in variables:
             v.assign(np.zeros(v.shape, "float32"))
         optimizer.apply(wire_grads(0, step), variables)
         assert_all_close([-v.numpy() for v in variables], expected, rtol=1e-6)
-    residuals = distributed.sparse_allreduce(optimizer).state()
+    residuals = distributed.compressed_allreduce(optimizer).state()
     assert [r.shape for r in residuals] == list(WIRE_SHAPES) and any(r.any() for r in residuals)
 
 
@@ -269,7 +341,7 @@ def test_what_was_sent_plus_the_residual_is_every_gradient():
     variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
     for step in range(WIRE_STEPS):
         optimizer.apply(wire_grads(0, step), variables)
-    residuals = distributed.sparse_allreduce(optimizer).state()
+    residuals = distributed.compressed_allreduce(optimizer).state()
     for i, v in enumerate(variables):
         total = sum(wire_grads(0, step)[i] for step in range(WIRE_STEPS))
         np.testing.assert_allclose(-v.numpy() + residuals[i], total, rtol=1e-5, atol=1e-5)

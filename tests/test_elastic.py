@@ -94,7 +94,7 @@ def test_one_worker_restore_undoes_everything_since_the_commit_and_replays_to_th
     smoother.update(3.0, 4.0)
     state.epoch, state.batch = 0, 2
     state.commit()
-    committed, residual = values(model), distributed.sparse_allreduce(model.optimizer).state()
+    committed, residual = values(model), distributed.compressed_allreduce(model.optimizer).state()
     assert any(np.any(r != 0) for r in residual)  # topk left something behind
     assert [len(row) for row in state.residuals] == [len(residual)]
 
@@ -109,7 +109,7 @@ def test_one_worker_restore_undoes_everything_since_the_commit_and_replays_to_th
     committed_smoother.update(3.0, 4.0)
     assert smoother == committed_smoother
     assert all(np.array_equal(a, b) for a, b in zip(values(model), committed, strict=True))
-    restored = distributed.sparse_allreduce(model.optimizer).state()
+    restored = distributed.compressed_allreduce(model.optimizer).state()
     assert all(np.array_equal(a, b) for a, b in zip(restored, residual, strict=True))
     fit_steps(model, 3, first=2)
     assert all(np.array_equal(a, b) for a, b in zip(values(model), ahead, strict=True))
@@ -166,14 +166,14 @@ def test_an_elastic_worker_always_reduces_even_alone(monkeypatch):
     optimizer = distributed.DistributedOptimizer(SGD(0.1))
     assert distributed.traffic(optimizer) is not None  # the allreduce hook is installed
     sparse = distributed.DistributedOptimizer(SGD(0.1), compression="topk")
-    assert callable(distributed.sparse_allreduce(sparse).workers)  # Horovod's, at run time
+    assert callable(distributed.compressed_allreduce(sparse).workers)  # Horovod's, at run time
     for options in ({"compression": "fp16"}, {"sync": "local_sgd"}, {"sync": "partial"}):
         with pytest.raises(ValueError, match="an elastic run averages gradients"):
             distributed.DistributedOptimizer(SGD(0.1), **options)
     monkeypatch.delenv("HOROVOD_ELASTIC")
     assert distributed.traffic(distributed.DistributedOptimizer(SGD(0.1))) is None
     assert (
-        distributed.sparse_allreduce(
+        distributed.compressed_allreduce(
             distributed.DistributedOptimizer(SGD(0.1), compression="topk")
         ).workers
         == 1
@@ -241,7 +241,7 @@ from elastic_worker import (  # noqa: E402
     VANISH_AT,
 )
 from scenarios import GLOBAL_BATCH, WIRE_SHAPES, global_data, make_model, sgd, wire_grads  # noqa: E402
-from test_distributed import simulate_sparse  # noqa: E402
+from test_distributed import simulate_workers  # noqa: E402
 
 
 def elastic_run(out, env, scenario: str, first_hosts: list[str], host: str, *options: str):
@@ -402,13 +402,13 @@ def test_sparse_residuals_survive_a_lost_worker_as_their_mean(sparse_worker):
     ]
 
     residuals = [np.zeros(sum(int(np.prod(s)) for s in WIRE_SHAPES), "float32") for _ in "ab"]
-    together = simulate_sparse(SPARSE, 2, steps_run=range(commit), residuals=residuals)
+    together = simulate_workers(SPARSE, 2, steps_run=range(commit), residuals=residuals)
     alone = [(residuals[0] + residuals[1]) / 2]  # the rule: the departed worker's is shared
 
     def both_halves(rank, step):
         return [(a + b) / 2 for a, b in zip(wire_grads(0, step), wire_grads(1, step))]
 
-    after = simulate_sparse(
+    after = simulate_workers(
         SPARSE, 1, steps_run=range(commit, SPARSE_STEPS), grads=both_halves, residuals=alone
     )
     parameters = [-sum(step[i] for step in together + after) for i in range(len(WIRE_SHAPES))]

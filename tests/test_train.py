@@ -301,10 +301,12 @@ def test_cli_launch_wait_shows_progress_and_the_final_state(runs, subprocess_env
     assert run.tags() == ["one epoch", "smoke"] and run.notes() == "launched by the CLI test"
 
 
-def test_a_sparsified_run_resumes_bit_for_bit_with_every_workers_residual(runs):
-    """topk with error feedback: each worker's residual is training state, saved with the
-    checkpoint and given back to the same worker on resume."""
-    config = from_mapping(SMALL, ["allreduce.compression=topk", "allreduce.ratio=0.05"])
+def test_a_dgc_run_resumes_bit_for_bit_with_every_workers_residual_and_velocity(runs):
+    """topk with DGC's techniques (LARS, whose momentum moves into the allreduce): each
+    worker's residual and velocity are training state, saved with the checkpoint and given
+    back to the same worker on resume; the sparsity warm-up resumes where it was."""
+    dgc = ["compression=topk", "ratio=0.05", "dgc=true", "sparsity_warmup_epochs=2"]
+    config = from_mapping(SMALL, [f"allreduce.{option}" for option in dgc])
     complete = launcher.launch(config, run_id="sparse-complete")
     assert wait(complete)["state"] == "completed", complete.stdout_path.read_text()[-3000:]
     run = launcher.launch(config, run_id="sparse-interrupted")
@@ -323,13 +325,23 @@ def test_a_sparsified_run_resumes_bit_for_bit_with_every_workers_residual(runs):
                 np.testing.assert_array_equal(got[key], want[key])
     with np.load(run.checkpoints_path / "epoch-0003" / "residuals.npz") as saved:
         assert int(saved["workers"]) == 2
+        state = [saved[f"rank0_{i}"] for i in range(len(saved.files) // 2)]
         kernel = [saved[f"rank{r}_0"] for r in range(2)]  # the first conv kernel's residual
-        assert kernel[0].any() and not np.array_equal(kernel[0], kernel[1])  # per worker
+    assert kernel[0].any() and not np.array_equal(kernel[0], kernel[1])  # per worker
+    shapes = [a.shape for a in state[: len(state) // 2]]  # residuals, then velocities
+    assert shapes == [a.shape for a in state[len(state) // 2 :]]
     assert a[a.phase == "eval"].accuracy.iloc[-1] > 0.2  # 5% of the entries: it still learns
-    traffic = a[a.phase == "train"][["comm/bytes_sent", "comm/compression_ratio"]]
+    traffic = a[a.phase == "train"][["epoch", "comm/bytes_sent", "comm/compression_ratio"]]
     assert traffic.notna().all().all()
-    # 5% of the entries, each a float32 value and an int32 index, against float32: 4 / (0.05 x 8)
-    np.testing.assert_allclose(traffic["comm/compression_ratio"], 4 / (0.05 * 8), rtol=0.02)
+    # after the warm-up (resumed in its middle): 5% of the matrices' entries (a float32 value
+    # and an int32 index each, one bucket), and the 1-D variables dense
+    squeezed = sum(int(np.prod(s)) for s in shapes if len(s) > 1)
+    dense = sum(int(np.prod(s)) for s in shapes if len(s) <= 1)
+    sent = 8 * int(np.ceil(0.05 * squeezed)) + 4 * dense
+    after = traffic[traffic.epoch > 2.2]
+    np.testing.assert_allclose(after["comm/bytes_sent"], sent)
+    np.testing.assert_allclose(after["comm/compression_ratio"], 4 * (squeezed + dense) / sent)
+    assert (traffic[traffic.epoch < 1.9]["comm/bytes_sent"] > sent).all()  # warming up
 
 
 @pytest.mark.parametrize("mode", ["partial", "local_sgd"])

@@ -1,4 +1,5 @@
-"""What the allreduce puts on the wire, beyond plain float32 (SINGA's ``DistOpt`` modes).
+"""What the allreduce puts on the wire, beyond plain float32 (SINGA's ``DistOpt`` modes, MXNet's
+2-bit compression and Deep Gradient Compression's techniques).
 
 - :class:`Float16`: gradients cast to float16 for the allreduce and back. A finite value beyond
   ``clip`` is clipped to it *before* the cast, as SINGA's
@@ -6,30 +7,55 @@
   ``inf``; a gradient that is already ``inf`` or ``NaN`` stays so (a divergence stays visible).
   Horovod sums the float16 values, so the default clip (in :mod:`toolkit.distributed`) is
   65504, float16's largest, over the number of workers.
-- :class:`SparseAllreduce`: each worker sends only part of its gradient, as (values, indices),
-  and the workers' parts are summed into a dense gradient and averaged. The gradients are
-  flattened and fused in variable order into buckets of at most ``fusion_threshold_bytes``
-  (a larger tensor is a bucket of its own), as SINGA fuses them; selection is per bucket:
+- :class:`CompressedAllreduce`: each worker sends an encoding of its gradient that Horovod
+  cannot sum, so the encodings travel by ``grouped_allgather`` (one call per payload dtype, as
+  Horovod itself carries ``IndexedSlices``) and every worker decodes and averages them. The
+  gradients are flattened and fused in variable order into buckets of at most
+  ``fusion_threshold_bytes`` (a larger tensor is a bucket of its own), as SINGA fuses them,
+  and each bucket is encoded by a codec:
 
-  - ``topk``: the ``ceil(ratio * n)`` entries of largest magnitude (at least one). A full
-    top-k over millions of entries costs more than a dense allreduce on one machine; with
-    ``topk_sample=s`` (Deep Gradient Compression's sampling) the k-th largest magnitude is
-    read off every ``round(1/s)``-th entry instead (deterministic, so resumes stay exact)
-    and the entries at or above it are sent: about ``k`` of them;
-  - ``threshold``: the entries with ``|g| >= threshold`` (a count that varies per worker and
-    step).
+  - :class:`Sparse` ``topk``: the ``ceil(ratio * n)`` entries of largest magnitude (at least
+    one), as (value, index) pairs. A full top-k over millions of entries costs more than a
+    dense allreduce on one machine; with ``topk_sample=s`` (DGC's sampling) the k-th largest
+    magnitude is read off every ``round(1/s)``-th entry instead (deterministic, so resumes stay
+    exact) and the entries at or above it are sent: about ``k`` of them;
+  - :class:`Sparse` ``threshold``: the entries with ``|g| >= threshold`` (a count that varies
+    per worker and step). Indices are int32 (int64 for a bucket of 2**31 entries or more);
+    values are float32, or float16 (``value_dtype``: 6 bytes an entry instead of 8, finite
+    values clipped to float16's range);
+  - :class:`TwoBit` (MXNet's ``GradientCompression`` ``2bit``): an entry at or above
+    ``+threshold`` sends ``+threshold``, one at or below ``-threshold`` sends
+    ``-threshold``, any other sends 0; two bits each, 16 to a 32-bit word, 1/16 of float32.
 
-  Indices are int32 (int64 for a bucket of 2**31 entries or more). Horovod's allreduce
-  cannot add index sets that differ between workers, so (values, indices)
-  travel by ``grouped_allgather`` (two calls: one for the values, one for the indices), as
-  Horovod itself carries ``IndexedSlices``.
-  With ``residual=True`` (SINGA's ``corr``, the error feedback of Deep Gradient Compression)
-  each worker keeps what it did not send and adds it to its next gradient before selecting;
-  with ``False`` it is dropped. The residual is training state, and per worker:
-  :meth:`SparseAllreduce.state` and :meth:`SparseAllreduce.restore` carry it through a
-  checkpoint (training gathers every worker's into it), and :func:`reshard_residuals` deals
-  the workers' residuals out to another number of workers (a resume on another world, an
-  elastic reset).
+  **Error feedback.** With ``residual=True`` (SINGA's ``corr``, MXNet's residual, DGC's
+  accumulation) each worker keeps what it did not send, the encoding's error included, and
+  adds it to its next gradient before encoding; with ``False`` it is dropped.
+
+  **Deep Gradient Compression's techniques** (Lin et al., ICLR 2018, Algorithm 1), each a
+  switch:
+
+  - *momentum correction* (``momentum``): the optimizer's momentum moves here. Each worker
+    keeps a velocity ``u = m * u + g`` and accumulates ``u``, not ``g``, into its residual;
+    the optimizer then applies the averaged sent velocities without momentum;
+  - *momentum factor masking* (``masking``): the velocity of every entry that was sent is
+    cleared;
+  - *local gradient clipping* (``local_clipnorm``): each worker clips its own gradient to the
+    global norm ``local_clipnorm / sqrt(workers)`` before accumulating it;
+  - *sparsity warm-up* (``Sparse(warmup_epochs=W)``, topk only): in epoch ``e < W`` the
+    fraction sent is ``ratio ** ((e + 1) / (W + 1))``, then ``ratio`` (with ratio 0.001 and
+    W = 4: 25%, 6.3%, 1.6%, 0.4%, then 0.1%, the paper's schedule).
+
+  ``dense_1d``: variables of at most one dimension (biases, normalisation scales) skip the
+  codec and are averaged dense (float32) in one ``grouped_allreduce``, as DGC's reference
+  implementation does; they keep no residual, and their velocity is never masked.
+  ``on_dense_norms``, if given, is called in the graph with each variable's dense gradient
+  norm (what entered the accumulation: ``u`` or ``g``), as ``sqrt`` of the workers' mean
+  ``‖·‖²`` (one vector in the same allreduce): LARS's trust ratio under sparsity.
+
+  Residuals and velocities are training state, and per worker: :meth:`CompressedAllreduce.state`
+  and :meth:`CompressedAllreduce.restore` carry them through a checkpoint (training gathers
+  every worker's into it), and :func:`reshard_residuals` deals the workers' state out to another
+  number of workers (a resume on another world, an elastic reset).
 
 :class:`Traffic` counts the bytes a worker sends, against the dense float32 allreduce of the
 same gradients.
@@ -42,22 +68,55 @@ cast.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import tensorflow as tf
 
+from toolkit.schedules import value_at
+
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 SPARSE = ("topk", "threshold")
-Residuals = list[list[np.ndarray]]  # per worker, in rank order: that worker's, per gradient
+COMPRESSED = (*SPARSE, "2bit")  # encoded, allgathered, with error feedback
+VALUE_DTYPES = ("float32", "float16")
+Residuals = list[list[np.ndarray]]  # per worker, in rank order: that worker's state
+DGC_OFF = {
+    "momentum_correction": False,
+    "momentum_masking": False,
+    "local_clipnorm": 0.0,
+    "sparsity_warmup_epochs": 0,
+    "dense_1d": False,
+}
+DGC_PRESET = {
+    "momentum_correction": True,
+    "momentum_masking": True,
+    "local_clipnorm": 5.0,
+    "sparsity_warmup_epochs": 4,
+    "dense_1d": True,
+}
+"""Deep Gradient Compression's techniques as ``dgc: true`` sets them: the paper's four-epoch
+warm-up; its reference implementation's dense 1-D variables; the clipping norm is the lab's
+choice (the paper clips at the dense run's threshold scaled by ``workers ** -0.5``)."""
+
+
+def dgc_switches(options: Mapping) -> dict:
+    """Each of DGC's techniques (:data:`DGC_OFF`'s keys) as ``options`` give it, or where they
+    do not (``None``, absent), as :data:`DGC_PRESET` has it if ``options["dgc"]``, else off.
+    The preset warms up ``topk`` only (``options["compression"]``)."""
+    default = DGC_OFF
+    if options.get("dgc"):
+        default = {**DGC_PRESET, "sparsity_warmup_epochs": 0}
+        if options.get("compression") == "topk":
+            default = DGC_PRESET
+    return {k: default[k] if options.get(k) is None else options[k] for k in DGC_OFF}
 
 
 class Traffic:
     """The bytes one worker sent to average gradients or parameters, counted in the training
     graph: ``sent`` (a float64 variable, cumulative since the process started) and
     ``dense_bytes``, what one dense float32 allreduce of every gradient sends (known once the
-    step has been traced). For the sparse modes, ``sent`` is the mean over the workers (the
-    threshold's count varies per worker); values and indices both count."""
+    step has been traced). It is this worker's own count (a threshold's varies per worker);
+    for the encoded modes every payload tensor counts (values and indices, packed words)."""
 
     def __init__(self):
         self.sent = tf.Variable(0.0, dtype=tf.float64, trainable=False)
@@ -110,26 +169,21 @@ class Float16:
         return tf.cast(tensor, dtype) if dtype.is_floating else tensor
 
 
-class SparseAllreduce:
-    """Average gradients over ``workers`` workers by sending each worker's selected entries
-    only (see the module doc). ``allgather`` concatenates a list of tensors over the workers
-    (Horovod's ``grouped_allgather``; with one worker, the identity). ``workers`` is a number,
-    or a function that gives it as the step runs (Horovod's ``size_op``, in an elastic run
-    whose workers come and go). Call it with this worker's gradients, in the same order every
-    step. The residuals are created on the first call."""
+class Sparse:
+    """The codec of ``topk`` and ``threshold``: (value, index) pairs, summed into a dense
+    buffer by index (see the module doc). ``warmup_epochs`` (topk only) needs
+    ``updates_per_epoch``."""
 
     def __init__(
         self,
-        allgather: Callable[[list[tf.Tensor]], list[tf.Tensor]],
-        workers: int | Callable[[], tf.Tensor],
         mode: str,
         *,
         ratio: float = 0.01,
         topk_sample: float = 0.0,
         threshold: float = 1e-3,
-        residual: bool = True,
-        fusion_threshold_bytes: int = 64 * 2**20,
-        traffic: Traffic | None = None,
+        value_dtype: str = "float32",
+        warmup_epochs: int = 0,
+        updates_per_epoch: int | None = None,
     ):
         if mode not in SPARSE:
             raise ValueError(f"sparse mode must be one of {SPARSE}, got {mode!r}")
@@ -139,87 +193,294 @@ class SparseAllreduce:
             raise ValueError(f"topk_sample must be in [0, 1), got {topk_sample!r}")
         if not threshold > 0:
             raise ValueError(f"threshold must be > 0, got {threshold!r}")
-        if fusion_threshold_bytes < 1:
-            raise ValueError(f"fusion threshold must be >= 1 byte, got {fusion_threshold_bytes}")
-        self.allgather, self.workers = allgather, workers
+        if value_dtype not in VALUE_DTYPES:
+            raise ValueError(f"value_dtype must be one of {VALUE_DTYPES}, got {value_dtype!r}")
+        if warmup_epochs and (mode != "topk" or not updates_per_epoch):
+            raise ValueError(
+                "a sparsity warm-up needs mode 'topk' and updates_per_epoch, got "
+                f"mode={mode!r}, updates_per_epoch={updates_per_epoch!r}"
+            )
         self.mode, self.ratio, self.threshold = mode, ratio, threshold
         self.stride = round(1 / topk_sample) if topk_sample else 1
-        self.fusion_threshold_bytes = fusion_threshold_bytes
-        self.residual, self.traffic = residual, traffic
-        self.residuals: list[tf.Variable] | None = None
-        self._restored: list[np.ndarray] | None = None
+        self.wire = tf.float16 if value_dtype == "float16" else tf.float32
+        self.warmup_epochs, self.updates_per_epoch = warmup_epochs, updates_per_epoch
 
-    def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
-        if self.residual and self.residuals is None:
-            start = self._restored or [np.zeros(g.shape, g.dtype.as_numpy_dtype) for g in grads]
-            if [tuple(a.shape) for a in start] != [tuple(g.shape) for g in grads]:
-                raise ValueError("the restored residuals do not match the gradients' shapes")
-            with tf.init_scope():  # created once, outside the traced step
-                self.residuals = [tf.Variable(a, trainable=False) for a in start]
-        groups = fusion_buckets([nbytes([g]) for g in grads], self.fusion_threshold_bytes)
-        largest = max(sum(grads[i].shape.num_elements() for i in group) for group in groups)
-        index_dtype = tf.int32 if largest < 2**31 else tf.int64  # one dtype: one allgather
-        flats, sent, positions = [], [], []
-        for group in groups:
-            flat = tf.concat([tf.reshape(grads[i], [-1]) for i in group], 0)
-            if self.residual:
-                flat += tf.concat([tf.reshape(self.residuals[i], [-1]) for i in group], 0)
-            index = tf.cast(self._select(flat), index_dtype)
-            values = tf.gather(flat, index)
-            if self.residual:
-                left = tf.tensor_scatter_nd_update(flat, index[:, None], tf.zeros_like(values))
-                self._keep(group, left)
-            flats.append(flat)
-            sent.append(values)
-            positions.append(index)
-        all_sent = self.allgather(sent)  # one call per dtype: a group shares one
-        all_positions = self.allgather(positions)
-        workers = self.workers() if callable(self.workers) else self.workers
-        if self.traffic is not None:
-            self.traffic.count_dense(grads)
-            entries = tf.add_n([tf.size(v, tf.int64) for v in all_sent])
-            per_entry = grads[0].dtype.size + index_dtype.size  # a value and its index
-            self.traffic.add(
-                tf.cast(entries * per_entry, tf.float64) / tf.cast(workers, tf.float64)
-            )
-        reduced = []
-        for group, flat, values, index in zip(groups, flats, all_sent, all_positions, strict=True):
-            total = tf.math.unsorted_segment_sum(values, index, tf.size(flat, index_dtype))
-            mean = total / tf.cast(workers, total.dtype)
-            sizes = [grads[i].shape.num_elements() for i in group]
-            for i, part in zip(group, tf.split(mean, sizes), strict=True):
-                reduced.append(tf.reshape(part, grads[i].shape))
-        return reduced
+    def densities(self) -> list[float]:
+        """The fraction sent in each epoch of the warm-up, then after it (the last)."""
+        w = self.warmup_epochs
+        return [self.ratio ** ((e + 1) / (w + 1)) for e in range(w)] + [self.ratio]
 
-    def state(self) -> list[np.ndarray]:
-        """This worker's residuals, in gradient order (none before the first step)."""
-        return [v.numpy() for v in self.residuals or []]
+    def encode(self, flat, update, index_dtype):
+        """``(payload, sent)``: what goes on the wire, and the (index, float32 value) pairs it
+        decodes to, from which the residual and the masking follow."""
+        index = tf.cast(self._select(flat, update), index_dtype)
+        values = tf.gather(flat, index)
+        if self.wire == tf.float16:
+            wire, _ = Float16().compress(values)
+            values = tf.cast(wire, flat.dtype)  # what the others will add: the residual keeps
+        else:  # the rounding error
+            wire = values
+        return (wire, index), (index, values)
 
-    def restore(self, residuals: list[np.ndarray]) -> None:
-        """Continue from ``residuals`` (a :meth:`state`), now or at the first step."""
-        if self.residuals is None:
-            self._restored = [np.asarray(a) for a in residuals] or None
-            return
-        for variable, value in zip(self.residuals, residuals, strict=True):
-            variable.assign(value)
+    def left(self, flat, sent):
+        index, values = sent
+        return tf.tensor_scatter_nd_sub(flat, index[:, None], values)
 
-    def _select(self, flat: tf.Tensor) -> tf.Tensor:
+    def unsent(self, velocity, sent):
+        index, values = sent
+        return tf.tensor_scatter_nd_update(velocity, index[:, None], tf.zeros_like(values))
+
+    def decode_sum(self, payload, size: int):
+        """The sum over the workers of the gathered ``payload``, dense, ``size`` entries."""
+        values, index = payload
+        return tf.math.unsorted_segment_sum(
+            tf.cast(values, tf.float32), index, tf.cast(size, index.dtype)
+        )
+
+    @staticmethod
+    def nbytes(payload) -> tf.Tensor:
+        values, index = payload
+        return tf.size(values, tf.int64) * (values.dtype.size + index.dtype.size)
+
+    def _select(self, flat, update):
         """The positions of ``flat`` this worker sends."""
         magnitude = tf.abs(flat)
         if self.mode == "threshold":
             return tf.where(magnitude >= self.threshold)[:, 0]
         if self.stride > 1 and flat.shape.num_elements() >= self.stride:
             sample = magnitude[:: self.stride]
-            k = max(1, math.ceil(self.ratio * sample.shape.num_elements()))
-            kth = tf.math.top_k(sample, k, sorted=True).values[-1]
+            kth = tf.math.top_k(sample, self._k(sample, update), sorted=True).values[-1]
             return tf.where(magnitude >= kth)[:, 0]
-        k = max(1, math.ceil(self.ratio * flat.shape.num_elements()))
-        return tf.math.top_k(magnitude, k, sorted=False).indices
+        return tf.math.top_k(magnitude, self._k(flat, update), sorted=False).indices
 
-    def _keep(self, group: list[int], left: tf.Tensor) -> None:
-        sizes = [self.residuals[i].shape.num_elements() for i in group]
-        for i, part in zip(group, tf.split(left, sizes), strict=True):
-            self.residuals[i].assign(tf.reshape(part, self.residuals[i].shape))
+    def _k(self, tensor, update):
+        """How many of ``tensor``'s entries to take at ``update`` (0-based)."""
+        n = tensor.shape.num_elements()
+        counts = [max(1, math.ceil(d * n)) for d in self.densities()]
+        if len(counts) == 1:
+            return counts[0]
+        epoch = tf.minimum(update // self.updates_per_epoch, len(counts) - 1)
+        return tf.gather(tf.constant(counts, tf.int32), epoch)
+
+
+class TwoBit:
+    """The codec of MXNet's ``2bit``: each entry sends ``+t``, ``-t`` or 0 as two bits, 16 to a
+    32-bit word. In MXNet's layout: byte ``j`` of a word holds entries ``4j .. 4j+3`` of its 16,
+    the first in the high bits; ``11`` is ``+t``, ``10`` is ``-t``, ``00`` is 0. The entries
+    are padded with zeros to a multiple of 16."""
+
+    SHIFTS = (6, 4, 2, 0)
+
+    def __init__(self, threshold: float):
+        if not threshold > 0:
+            raise ValueError(f"threshold must be > 0, got {threshold!r}")
+        self.threshold = threshold
+
+    def encode(self, flat, update, index_dtype):
+        t = tf.constant(self.threshold, flat.dtype)
+        up, down = flat >= t, flat <= -t
+        sent = tf.where(up, t, tf.where(down, -t, tf.zeros_like(flat)))
+        codes = tf.where(up, 3, tf.where(down, 2, 0))
+        return (self.pack(codes),), sent
+
+    @classmethod
+    def pack(cls, codes: tf.Tensor) -> tf.Tensor:
+        """Two-bit codes (int32, one per entry) as int32 words, 16 codes each."""
+        padding = -codes.shape.num_elements() % 16
+        quads = tf.reshape(tf.pad(codes, [[0, padding]]), [-1, 4])
+        bytes_ = tf.reduce_sum(tf.bitwise.left_shift(quads, cls.SHIFTS), axis=1)
+        return tf.bitcast(tf.reshape(tf.cast(bytes_, tf.uint8), [-1, 4]), tf.int32)
+
+    @classmethod
+    def unpack(cls, words: tf.Tensor) -> tf.Tensor:
+        """The codes of ``words`` (int32, one per entry, padding included)."""
+        bytes_ = tf.cast(tf.reshape(tf.bitcast(words, tf.uint8), [-1, 1]), tf.int32)
+        return tf.reshape(
+            tf.bitwise.bitwise_and(tf.bitwise.right_shift(bytes_, cls.SHIFTS), 3), [-1]
+        )
+
+    @staticmethod
+    def left(flat, sent):
+        return flat - sent
+
+    @staticmethod
+    def unsent(velocity, sent):
+        return tf.where(sent != 0, tf.zeros_like(velocity), velocity)
+
+    def decode_sum(self, payload, size: int):
+        (words,) = payload
+        codes = tf.reshape(self.unpack(words), [-1, math.ceil(size / 16) * 16])[:, :size]
+        t = tf.constant(self.threshold, tf.float32)
+        values = tf.where(codes == 3, t, tf.where(codes == 2, -t, tf.zeros([], tf.float32)))
+        return tf.reduce_sum(values, axis=0)
+
+    @staticmethod
+    def nbytes(payload) -> tf.Tensor:
+        (words,) = payload
+        return tf.size(words, tf.int64) * 4
+
+
+Codec = Sparse | TwoBit
+
+
+class CompressedAllreduce:
+    """Average gradients over ``workers`` workers by sending each worker's encoding of them
+    (``codec``), with error feedback and DGC's techniques (see the module doc).
+
+    ``allgather`` concatenates a list of tensors over the workers (Horovod's
+    ``grouped_allgather``), ``allreduce_mean`` averages one (``grouped_allreduce``); with one
+    worker, both are the identity. ``workers`` is a number, or a function that gives it as the
+    step runs (Horovod's ``size_op``, in an elastic run whose workers come and go). ``updates``
+    is the number of updates done (the optimizer's ``iterations``), read by the sparsity
+    warm-up and a ``momentum`` schedule. Call it with this worker's gradients, in the same
+    order every step; its state is created on the first call."""
+
+    def __init__(
+        self,
+        codec: Codec,
+        allgather: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+        allreduce_mean: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+        workers: int | Callable[[], tf.Tensor],
+        *,
+        residual: bool = True,
+        momentum=None,
+        masking: bool = False,
+        local_clipnorm: float | None = None,
+        dense_1d: bool = False,
+        updates: tf.Variable | None = None,
+        fusion_threshold_bytes: int = 64 * 2**20,
+        traffic: Traffic | None = None,
+        on_dense_norms: Callable[[list[tf.Tensor]], None] | None = None,
+    ):
+        if fusion_threshold_bytes < 1:
+            raise ValueError(f"fusion threshold must be >= 1 byte, got {fusion_threshold_bytes}")
+        if momentum is not None and not residual:
+            raise ValueError("momentum correction accumulates the velocity: it needs residual")
+        if masking and momentum is None:
+            raise ValueError("momentum factor masking clears the velocity: it needs momentum")
+        if local_clipnorm is not None and not local_clipnorm > 0:
+            raise ValueError(f"local_clipnorm must be > 0, got {local_clipnorm!r}")
+        self.codec, self.allgather, self.allreduce_mean = codec, allgather, allreduce_mean
+        self.workers, self.updates = workers, updates
+        self.residual, self.momentum, self.masking = residual, momentum, masking
+        self.local_clipnorm, self.dense_1d = local_clipnorm, dense_1d
+        self.fusion_threshold_bytes = fusion_threshold_bytes
+        self.traffic, self.on_dense_norms = traffic, on_dense_norms
+        self.residuals: list[tf.Variable] | None = None
+        self.velocities: list[tf.Variable] = []
+        self._restored: list[np.ndarray] | None = None
+
+    @property
+    def stateful(self) -> bool:
+        """Whether each worker keeps state (residuals, velocities) that training must save."""
+        return self.residual or self.momentum is not None
+
+    def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        self._build(grads)
+        workers = self.workers() if callable(self.workers) else self.workers
+        update = self.updates if self.updates is not None else tf.constant(0, tf.int64)
+        inputs = self._accumulated(grads, workers, update)
+        dense = [i for i, g in enumerate(grads) if self.dense_1d and g.shape.rank <= 1]
+        reduced = dict(zip(dense, self._dense_mean(inputs, dense), strict=True))
+        groups = self._buckets(grads, [i for i in range(len(grads)) if i not in dense])
+        largest = max((sum(grads[i].shape.num_elements() for i in g) for g in groups), default=0)
+        index_dtype = tf.int32 if largest < 2**31 else tf.int64  # one dtype: one allgather
+        payloads = [self._encode(inputs, group, update, index_dtype) for group in groups]
+        gathered = [self.allgather(list(slot)) for slot in zip(*payloads, strict=True)]
+        if self.traffic is not None:
+            self.traffic.count_dense(grads)
+            own = [self.codec.nbytes(p) for p in payloads]
+            dense_entries = sum(grads[i].shape.num_elements() for i in dense)
+            norms = len(grads) if self.on_dense_norms is not None else 0
+            self.traffic.add(tf.add_n([tf.constant(4 * (dense_entries + norms), tf.int64), *own]))
+        for group, payload in zip(groups, zip(*gathered, strict=True), strict=True):
+            sizes = [grads[i].shape.num_elements() for i in group]
+            total = self.codec.decode_sum(payload, sum(sizes))
+            mean = total / tf.cast(workers, total.dtype)
+            for i, part in zip(group, tf.split(mean, sizes), strict=True):
+                reduced[i] = tf.reshape(part, grads[i].shape)
+        return [reduced[i] for i in range(len(grads))]
+
+    def state(self) -> list[np.ndarray]:
+        """This worker's residuals, then its velocities (with momentum correction), in gradient
+        order (none before the first step)."""
+        return [v.numpy() for v in [*(self.residuals or []), *self.velocities]]
+
+    def restore(self, state: list[np.ndarray]) -> None:
+        """Continue from ``state`` (a :meth:`state`), now or at the first step."""
+        if self.residuals is None:
+            self._restored = [np.asarray(a) for a in state] or None
+            return
+        for variable, value in zip([*self.residuals, *self.velocities], state, strict=True):
+            variable.assign(value)
+
+    def _build(self, grads: list[tf.Tensor]) -> None:
+        if self.residuals is not None:
+            return
+        copies = int(self.residual) + int(self.momentum is not None)  # residuals, velocities
+        fresh = [np.zeros(g.shape, g.dtype.as_numpy_dtype) for g in grads] * copies
+        start = self._restored or fresh
+        if [a.shape for a in start] != [a.shape for a in fresh]:
+            raise ValueError("the restored state does not match the gradients' shapes")
+        with tf.init_scope():  # created once, outside the traced step
+            variables = [tf.Variable(a, trainable=False) for a in start]
+        self.residuals = variables[: len(grads)] if self.residual else []
+        self.velocities = variables[len(grads) :] if self.momentum is not None else []
+
+    def _buckets(self, grads, indices: list[int]) -> list[list[int]]:
+        """``indices`` of ``grads`` fused into buckets, in order."""
+        sizes = [nbytes([grads[i]]) for i in indices]
+        return [[indices[j] for j in b] for b in fusion_buckets(sizes, self.fusion_threshold_bytes)]
+
+    def _accumulated(self, grads, workers, update) -> list[tf.Tensor]:
+        """What each gradient contributes to this update: clipped (locally), then as the new
+        velocity ``u = m * u + g`` under momentum correction."""
+        if self.local_clipnorm is not None:
+            limit = self.local_clipnorm / tf.sqrt(tf.cast(workers, tf.float32))
+            grads, _ = tf.clip_by_global_norm(grads, limit)
+        if self.momentum is None:
+            return list(grads)
+        m = value_at(self.momentum, update)
+        velocities = []
+        for velocity, g in zip(self.velocities, grads, strict=True):
+            u = tf.cast(m, g.dtype) * velocity + g
+            velocity.assign(u)
+            velocities.append(u)
+        return velocities
+
+    def _dense_mean(self, inputs, dense: list[int]) -> list[tf.Tensor]:
+        """The workers' mean of the dense variables' contributions; with ``on_dense_norms``,
+        every variable's dense norm, averaged in the same call."""
+        tensors = [inputs[i] for i in dense]
+        if self.on_dense_norms is not None:
+            tensors.append(tf.stack([tf.reduce_sum(tf.square(s)) for s in inputs]))
+        if not tensors:
+            return []
+        means = self.allreduce_mean(tensors)
+        if self.on_dense_norms is not None:
+            self.on_dense_norms(tf.unstack(tf.sqrt(means.pop())))
+        return means
+
+    def _encode(self, inputs, group: list[int], update, index_dtype):
+        """One bucket's payload; keeps its residual and masks its velocities."""
+        flat = tf.concat([tf.reshape(inputs[i], [-1]) for i in group], 0)
+        if self.residual:
+            flat += tf.concat([tf.reshape(self.residuals[i], [-1]) for i in group], 0)
+        payload, encoded = self.codec.encode(flat, update, index_dtype)
+        if self.residual:
+            self._assign_flat([self.residuals[i] for i in group], self.codec.left(flat, encoded))
+        if self.masking:
+            velocity = tf.concat([tf.reshape(inputs[i], [-1]) for i in group], 0)
+            self._assign_flat(
+                [self.velocities[i] for i in group], self.codec.unsent(velocity, encoded)
+            )
+        return payload
+
+    @staticmethod
+    def _assign_flat(variables: list[tf.Variable], flat: tf.Tensor) -> None:
+        sizes = [v.shape.num_elements() for v in variables]
+        for variable, part in zip(variables, tf.split(flat, sizes), strict=True):
+            variable.assign(tf.reshape(part, variable.shape))
 
 
 def reshard_residuals(residuals: Residuals, world: int) -> Residuals:

@@ -110,7 +110,10 @@ class _Section(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation is not bool:
+        if isinstance(value, bool) and cls.model_fields[info.field_name].annotation not in (
+            bool,
+            bool | None,
+        ):
             raise ValueError("Input should not be a boolean")
         return value
 
@@ -294,24 +297,91 @@ class LoggingConfig(_Section):
 
 class AllreduceConfig(_Section):
     """What the gradient allreduce sends (:mod:`toolkit.compression`): ``none`` (float32),
-    ``fp16`` (clipped before the cast), or SINGA's sparsified modes, ``topk`` (the fraction
+    ``fp16`` (clipped before the cast), SINGA's sparsified modes, ``topk`` (the fraction
     ``ratio`` of entries of largest magnitude; with ``topk_sample``, about that many, the cut
     estimated from a sample as DGC does) and ``threshold`` (entries with
-    ``|g| >= threshold``), per bucket of ``fusion_threshold_mb``, with or without the
-    ``residual`` (error feedback). ``fusion_threshold_mb`` is also Horovod's tensor fusion
-    threshold (``HOROVOD_FUSION_THRESHOLD``, set by training before Horovod starts)."""
+    ``|g| >= threshold``), per bucket of ``fusion_threshold_mb``, or MXNet's ``2bit``
+    (``±threshold`` or 0, two bits an entry), each with or without the ``residual`` (error
+    feedback). ``fusion_threshold_mb`` is also Horovod's tensor fusion threshold
+    (``HOROVOD_FUSION_THRESHOLD``, set by training before Horovod starts).
 
-    compression: Literal["none", "fp16", "topk", "threshold"] = "none"
+    Deep Gradient Compression's techniques, for the encoded modes: ``dgc: true`` turns on
+    every one not given (``momentum_correction``, ``momentum_masking``, ``local_clipnorm``,
+    ``sparsity_warmup_epochs``, ``dense_1d``); ``false``/``0`` turns one off. ``dense_norm``:
+    LARS's trust ratio from the dense gradients' norms."""
+
+    compression: Literal["none", "fp16", "topk", "threshold", "2bit"] = "none"
     ratio: float = Field(0.01, gt=0, le=1, description="topk: fraction of entries sent")
     topk_sample: float = Field(
         0.0, ge=0, lt=1, description="topk: k-th magnitude from this sample (0: exact top-k)"
     )
-    threshold: float = Field(1e-3, gt=0, description="threshold: smallest |g| sent")
-    residual: bool = Field(True, description="topk/threshold: keep what was not sent")
+    threshold: float = Field(
+        1e-3, gt=0, description="threshold: smallest |g| sent; 2bit: the value sent"
+    )
+    residual: bool = Field(True, description="topk/threshold/2bit: keep what was not sent")
+    value_dtype: Literal["float32", "float16"] = Field(
+        "float32", description="topk/threshold: the values' type on the wire"
+    )
     fp16_clip: float | None = Field(
         None, gt=0, le=65504, description="fp16: clip before the cast (default 65504/workers)"
     )
+    dgc: bool = Field(False, description="Deep Gradient Compression's techniques, all on")
+    momentum_correction: bool | None = Field(
+        None, description="DGC: the optimizer's momentum accumulates in the residual"
+    )
+    momentum_masking: bool | None = Field(
+        None, description="DGC: clear the momentum of the entries sent"
+    )
+    local_clipnorm: float | None = Field(
+        None, ge=0, description="DGC: each worker clips its gradient to this / sqrt(workers)"
+    )
+    sparsity_warmup_epochs: int | None = Field(
+        None, ge=0, description="DGC, topk: epochs of ratio ** ((e + 1) / (W + 1))"
+    )
+    dense_1d: bool | None = Field(None, description="1-D variables skip the compression")
+    dense_norm: bool = Field(False, description="LARS: trust ratio from the dense norm")
     fusion_threshold_mb: float = Field(64.0, gt=0, description="fusion and bucket size (MB)")
+
+    @model_validator(mode="after")
+    def _options_fit_the_mode(self):
+        """Each option names the modes it serves, and the option it builds on."""
+        from toolkit.compression import COMPRESSED, dgc_switches
+
+        mode = self.compression
+        on = dgc_switches(self.model_dump())
+        asked = [name for name in ("dgc", "dense_norm") if getattr(self, name)]
+        asked += [name for name, value in on.items() if value and name not in asked]
+        if mode not in COMPRESSED and asked:
+            raise ValueError(
+                f"allreduce.{asked[0]} needs allreduce.compression one of {COMPRESSED} "
+                f"(got {mode!r})"
+            )
+        refusals = (
+            (
+                self.value_dtype != "float32" and mode not in ("topk", "threshold"),
+                f"allreduce.value_dtype={self.value_dtype!r} needs allreduce.compression topk "
+                f"or threshold (got {mode!r})",
+            ),
+            (
+                on["sparsity_warmup_epochs"] and mode != "topk",
+                "allreduce.sparsity_warmup_epochs warms topk's ratio up: it needs "
+                f"allreduce.compression topk (got {mode!r})",
+            ),
+            (
+                on["momentum_masking"] and not on["momentum_correction"],
+                "allreduce.momentum_masking clears the velocity that momentum correction keeps: "
+                "it needs allreduce.momentum_correction",
+            ),
+            (
+                on["momentum_correction"] and not self.residual,
+                "allreduce.momentum_correction accumulates the velocity in the residual: it "
+                "needs allreduce.residual true",
+            ),
+        )
+        for refused, message in refusals:
+            if refused:
+                raise ValueError(message)
+        return self
 
 
 class SyncConfig(_Section):
@@ -523,6 +593,43 @@ class ExperimentConfig(_Section):
                 f"sync.mode={self.sync.mode!r} needs one batch per update: "
                 "batch.accumulation must be 1, and the optimizer not lbsgd"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _optimizer_takes_the_allreduce_options(self, info: ValidationInfo):
+        """Momentum correction moves the optimizer's momentum into the allreduce, and
+        ``dense_norm`` replaces its trust ratios' gradient norm: both need an optimizer that
+        can (checked on the optimizer itself, in the pass that builds it)."""
+        from toolkit.compression import dgc_switches
+
+        allreduce, optimizer = self.allreduce, self.optimizer
+        moves = dgc_switches(allreduce.model_dump())["momentum_correction"]
+        if not (moves or allreduce.dense_norm) or (info.context or {}).get("names_only"):
+            return self
+        if (info.context or {}).get("stored"):
+            return self
+        built = OPTIMIZERS.get(
+            optimizer.name, learning_rate=optimizer.learning_rate, **optimizer.params
+        )
+        if allreduce.dense_norm and not getattr(built, "applies_trust_ratios", False):
+            raise ValueError(
+                "allreduce.dense_norm replaces the gradient norm of trust ratios: it needs "
+                f"optimizer.name lars, or lbsgd with warmup_strategy lars (got {optimizer.name!r})"
+            )
+        if moves:
+            if not hasattr(built, "take_momentum"):
+                raise ValueError(
+                    "allreduce.momentum_correction moves the optimizer's momentum into the "
+                    f"allreduce: it needs optimizer.name sgd, lars or lbsgd (got "
+                    f"{optimizer.name!r})"
+                )
+            try:
+                built.take_momentum()
+            except ValueError as error:
+                raise ValueError(
+                    f"allreduce.momentum_correction: {error} (got optimizer "
+                    f"{optimizer.name!r} with params {optimizer.params})"
+                ) from None
         return self
 
     @model_validator(mode="after")

@@ -67,7 +67,7 @@ except ImportError as error:  # a build without Horovod: one process
     _log.warning("horovod.tensorflow cannot be imported (%s): running as a single process", error)
 
 T = TypeVar("T")
-COMPRESSIONS = ("none", "fp16", *compression_lib.SPARSE)
+COMPRESSIONS = ("none", "fp16", *compression_lib.COMPRESSED)
 _WIRING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Wiring
 
 
@@ -76,7 +76,7 @@ class _Wiring:
     """What :func:`DistributedOptimizer` installed on an optimizer that training reads back."""
 
     traffic: compression_lib.Traffic
-    sparse: compression_lib.SparseAllreduce | None
+    compressed: compression_lib.CompressedAllreduce | None
 
 
 def init() -> None:
@@ -262,6 +262,15 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     topk_sample: float = 0.0,
     threshold: float = 1e-3,
     residual: bool = True,
+    value_dtype: str = "float32",
+    dgc: bool = False,
+    momentum_correction: bool | None = None,
+    momentum_masking: bool | None = None,
+    local_clipnorm: float | None = None,
+    sparsity_warmup_epochs: int | None = None,
+    dense_1d: bool | None = None,
+    dense_norm: bool = False,
+    updates_per_epoch: int | None = None,
     fusion_threshold_mb: float = 64.0,
     sync: str = "full",
     period: int = 1,
@@ -282,8 +291,21 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
       workers, so the sum over the workers cannot overflow to ``inf`` either);
     - ``"topk"``/``"threshold"``: each worker sends the fraction ``ratio`` of entries of largest
       magnitude (``topk_sample``: about that many, the k-th magnitude estimated from a strided
-      sample), or those with ``|g| >= threshold``, per bucket of ``fusion_threshold_mb``;
-      with ``residual`` what it did not send is added to its next gradient.
+      sample), or those with ``|g| >= threshold``, per bucket of ``fusion_threshold_mb``, as
+      (``value_dtype`` value, index) pairs; with ``residual`` what it did not send is added to
+      its next gradient;
+    - ``"2bit"``: MXNet's two-bit quantisation at ``threshold``, 16 entries a 32-bit word,
+      with ``residual``.
+
+    Deep Gradient Compression's techniques, for the three modes above: ``dgc=True`` turns on
+    ``momentum_correction``, ``momentum_masking``, ``local_clipnorm``
+    (:data:`~toolkit.compression.DGC_PRESET`'s), ``sparsity_warmup_epochs`` (topk; needs
+    ``updates_per_epoch``) and ``dense_1d``; each given explicitly wins (``False``/``0``:
+    off). Momentum correction takes the optimizer's momentum (the toolkit's SGD, LARS or
+    LBSGD, not built yet) into the allreduce: the optimizer then applies the averaged sent
+    velocities without momentum, LARS and LBSGD their trust ratios and rates to them.
+    ``dense_norm`` (LARS, LBSGD's ``lars``): their trust ratios take the dense gradients'
+    norms (the workers' mean ``‖g‖²``, one small allreduce), not the sparse update's.
 
     ``sync="partial"`` or ``"local_sgd"`` (:mod:`toolkit.sync`): no gradient is reduced; each
     worker updates from its own gradient, and every ``period`` updates one partition of the
@@ -326,6 +348,15 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         topk_sample=topk_sample,
         threshold=threshold,
         residual=residual,
+        value_dtype=value_dtype,
+        dgc=dgc,
+        momentum_correction=momentum_correction,
+        momentum_masking=momentum_masking,
+        local_clipnorm=local_clipnorm,
+        sparsity_warmup_epochs=sparsity_warmup_epochs,
+        dense_1d=dense_1d,
+        dense_norm=dense_norm,
+        updates_per_epoch=updates_per_epoch,
         fusion_threshold_mb=fusion_threshold_mb,
     )
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
@@ -342,7 +373,9 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         return optimizer
     many = collective_gradients()
     traffic = compression_lib.Traffic()
-    reduce = _reducer(**wire, traffic=traffic)  # checks the values, with any number of workers
+    if _allreduces(optimizer):
+        raise ValueError(f"{optimizer.name} is already a DistributedOptimizer")
+    reduce = _reducer(optimizer, traffic, **wire)  # checks them, whatever the workers
     averaging = None
     if sync != "full":
         averaging = sync_lib.ParameterAveraging(
@@ -352,11 +385,9 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
             fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
             traffic=traffic,
         )
-    if _allreduces(optimizer):
-        raise ValueError(f"{optimizer.name} is already a DistributedOptimizer")
     if backward_passes_per_step > 1:
         _accumulate(optimizer, int(backward_passes_per_step))
-    sparse = reduce if isinstance(reduce, compression_lib.SparseAllreduce) else None
+    compressed = reduce if isinstance(reduce, compression_lib.CompressedAllreduce) else None
     if averaging is not None:
         if hasattr(optimizer, "batch_scale"):
             raise ValueError(f"sync={sync!r}: {type(optimizer).__name__} accumulates gradients")
@@ -364,12 +395,13 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
             _average_after_update(optimizer, averaging)
             if noise_meter is not None:  # the hook only measures: the gradient stays local
                 _allreduce_before_clipping(optimizer, lambda grads: grads, noise_meter, False)
-    elif sparse is not None:  # changes the update, even alone
-        _allreduce_before_clipping(optimizer, sparse, noise_meter if many else None, mean=False)
+    elif compressed is not None:  # changes the update, even alone
+        meter = noise_meter if many else None
+        _allreduce_before_clipping(optimizer, compressed, meter, mean=False)
     elif many:
         _allreduce_before_clipping(optimizer, reduce, noise_meter)
-    if sparse is not None or many:
-        _WIRING[optimizer] = _Wiring(traffic, sparse)
+    if compressed is not None or many:
+        _WIRING[optimizer] = _Wiring(traffic, compressed)
     return optimizer
 
 
@@ -380,14 +412,15 @@ def traffic(optimizer: keras.optimizers.Optimizer) -> compression_lib.Traffic | 
     return wiring.traffic if wiring else None
 
 
-def sparse_allreduce(
+def compressed_allreduce(
     optimizer: keras.optimizers.Optimizer,
-) -> compression_lib.SparseAllreduce | None:
-    """The sparsified allreduce (``topk``/``threshold``) that :func:`DistributedOptimizer`
-    installed on ``optimizer`` (or on the optimizer a ``LossScaleOptimizer`` wraps), whose
-    residuals are training state; ``None`` for any other optimizer."""
+) -> compression_lib.CompressedAllreduce | None:
+    """The compressed allreduce (``topk``/``threshold``/``2bit``) that
+    :func:`DistributedOptimizer` installed on ``optimizer`` (or on the optimizer a
+    ``LossScaleOptimizer`` wraps), whose residuals and velocities are training state; ``None``
+    for any other optimizer."""
     wiring = _wiring(optimizer)
-    return wiring.sparse if wiring else None
+    return wiring.compressed if wiring else None
 
 
 def _wiring(optimizer: keras.optimizers.Optimizer) -> _Wiring | None:
@@ -395,29 +428,82 @@ def _wiring(optimizer: keras.optimizers.Optimizer) -> _Wiring | None:
 
 
 def _reducer(
+    optimizer: keras.optimizers.Optimizer,
+    traffic: compression_lib.Traffic,
+    *,
     compression: str,
     fp16_clip: float | None,
     ratio: float,
     topk_sample: float,
     threshold: float,
     residual: bool,
+    value_dtype: str,
+    dgc: bool,
+    dense_norm: bool,
+    updates_per_epoch: int | None,
     fusion_threshold_mb: float,
-    traffic: compression_lib.Traffic,
+    **techniques,
 ) -> Callable[[list[tf.Tensor]], list[tf.Tensor]]:
     """The function that averages a list of gradients over the workers, as configured, and
-    counts what it sends in ``traffic``."""
-    if compression in compression_lib.SPARSE:
-        return compression_lib.SparseAllreduce(  # an elastic run's world: the step's
-            hvd.grouped_allgather if collective_gradients() else lambda tensors: tensors,
-            hvd.size_op if elastic() else size(),
+    counts what it sends in ``traffic``; a compressed mode's takes the optimizer's momentum
+    under momentum correction."""
+    switches = compression_lib.dgc_switches({"dgc": dgc, "compression": compression, **techniques})
+    if compression not in compression_lib.COMPRESSED:
+        if dgc or dense_norm or value_dtype != "float32" or switches != compression_lib.DGC_OFF:
+            raise ValueError(
+                f"compression={compression!r}: value_dtype, dense_norm and DGC's techniques "
+                f"need a compressed mode, one of {compression_lib.COMPRESSED}"
+            )
+        return _dense_reducer(compression, fp16_clip, traffic)
+    if dense_norm and not getattr(optimizer, "applies_trust_ratios", False):
+        raise ValueError(
+            "dense_norm replaces the gradient norm of trust ratios: it needs LARS or LBSGD "
+            f"with warmup_strategy='lars', got {type(optimizer).__name__}"
+        )
+    momentum = None
+    if switches["momentum_correction"]:
+        if not hasattr(optimizer, "take_momentum"):
+            raise ValueError(
+                "momentum correction moves the optimizer's momentum into the allreduce: it "
+                f"needs the toolkit's SGD, LARS or LBSGD, got {type(optimizer).__name__}"
+            )
+        momentum = optimizer.take_momentum()
+    if compression == "2bit":
+        if value_dtype != "float32":
+            raise ValueError("value_dtype is for topk and threshold: 2bit sends two bits")
+        codec = compression_lib.TwoBit(threshold)
+    else:
+        codec = compression_lib.Sparse(
             compression,
             ratio=ratio,
             topk_sample=topk_sample,
             threshold=threshold,
-            residual=residual,
-            fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
-            traffic=traffic,
+            value_dtype=value_dtype,
+            warmup_epochs=switches["sparsity_warmup_epochs"],
+            updates_per_epoch=updates_per_epoch,
         )
+    collective = collective_gradients()
+    return compression_lib.CompressedAllreduce(
+        codec,
+        hvd.grouped_allgather if collective else _identity,
+        _allreduce_mean_tensors if collective else _identity,
+        hvd.size_op if elastic() else size(),  # an elastic run's world: the step's
+        residual=residual,
+        momentum=momentum,
+        masking=switches["momentum_masking"],
+        local_clipnorm=switches["local_clipnorm"] or None,
+        dense_1d=switches["dense_1d"],
+        updates=optimizer.iterations,
+        fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
+        traffic=traffic,
+        on_dense_norms=optimizer.use_gradient_norms if dense_norm else None,
+    )
+
+
+def _dense_reducer(
+    compression: str, fp16_clip: float | None, traffic: compression_lib.Traffic
+) -> Callable[[list[tf.Tensor]], list[tf.Tensor]]:
+    """One ``grouped_allreduce`` (average) in float32, or in float16 (``fp16``)."""
     if compression == "fp16":
         clip = fp16_clip if fp16_clip is not None else compression_lib.FLOAT16_MAX / size()
         wire = compression_lib.Float16(clip)
@@ -484,6 +570,10 @@ def _average_after_update(
 
 def _allreduce_mean_tensors(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
     return hvd.grouped_allreduce(tensors, op=hvd.Average)
+
+
+def _identity(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+    return tensors
 
 
 def _allreduces(optimizer: keras.optimizers.Optimizer) -> bool:

@@ -102,8 +102,8 @@ class TrainingState(ObjectState):
             model.optimizer.build(model.trainable_variables)
         self.model, self.smoother = model, smoother
         self._variables = [*model.weights, *model.optimizer.variables, *variables]
-        self._reducer = distributed.sparse_allreduce(model.optimizer)
-        if self._reducer is not None and not self._reducer.residual:
+        self._reducer = distributed.compressed_allreduce(model.optimizer)
+        if self._reducer is not None and not self._reducer.stateful:
             self._reducer = None
         self.interrupted: str | None = None
         # a resumed run's checkpoint (rank 0's, sync deals it out); else none committed yet

@@ -215,9 +215,10 @@ def rates_at(optimizer: keras.optimizers.Optimizer) -> Callable[[int], tuple[flo
     """A function of the 0-based step giving ``(learning rate, momentum)`` as ``optimizer``
     applies them there: LBSGD's warmup multiplier is included (its ``lars`` strategy is per
     layer, so the scheduled base rate is reported), and the momentum is ``None`` for optimizers
-    without one. Schedules are compiled once: eagerly one costs milliseconds a call, compiled
-    tens of microseconds."""
-    momentum = getattr(optimizers.unwrapped(optimizer), "momentum", None)
+    without one (the allreduce's, where momentum correction moved it there). Schedules are
+    compiled once: eagerly one costs milliseconds a call, compiled tens of microseconds."""
+    inner = optimizers.unwrapped(optimizer)
+    momentum = getattr(inner, "moved_momentum", None) or getattr(inner, "momentum", None)
     scheduled = tf.function(
         lambda step: (_rate(optimizer, step), momentum(step) if callable(momentum) else 0.0),
         autograph=False,

@@ -182,6 +182,7 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
     optimizer = distributed.DistributedOptimizer(
         optimizer,
         **config.allreduce.model_dump(),
+        updates_per_epoch=max(1, int(plan.updates(spe))),  # a sparsity warm-up's epochs
         sync=config.sync.mode,
         period=config.sync.period,
         backward_passes_per_step=config.batch.accumulation,
@@ -445,7 +446,7 @@ def _callbacks(
         if _has_trust_ratios(config):
             every = logging.trust_ratio_every_steps
             hooks.append(callbacks.TrustRatioLogger(writer, counter, every_steps=every))
-    reducer = distributed.sparse_allreduce(optimizer)
+    reducer = distributed.compressed_allreduce(optimizer)
     num_train = len(dataset.x_train)
     hooks.append(  # on every worker: the residuals are gathered from all of them
         callbacks.Checkpointer(
@@ -455,7 +456,7 @@ def _callbacks(
             last_epoch=last_epoch(config, num_train, world),
             gather=(
                 (lambda: distributed.allgather_object(reducer.state()))
-                if reducer is not None and reducer.residual
+                if reducer is not None and reducer.stateful
                 else None
             ),
             state=_state(adascale, plan),
@@ -526,8 +527,8 @@ def _restore_residuals(optimizer, checkpoint: Path | None, world: int) -> None:
     ``checkpoint`` is known), if the run sparsifies with error feedback. A checkpoint from
     another number of workers has residuals that fit no one: they restart at zero, with a
     warning."""
-    reducer = distributed.sparse_allreduce(optimizer)
-    if reducer is None or not reducer.residual:  # the same on every worker
+    reducer = distributed.compressed_allreduce(optimizer)
+    if reducer is None or not reducer.stateful:  # the same on every worker
         return
     saved = checkpoints.residuals(checkpoint) if checkpoint is not None else None
     saved = distributed.broadcast_object(saved)

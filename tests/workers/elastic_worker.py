@@ -116,7 +116,7 @@ def sparse(host: str) -> None:
     fit(state)
     rank = distributed.rank()
     (OUT / f"rank{rank}.json").write_text(json.dumps({"ran": ran, "starts": starts}))
-    residuals = distributed.sparse_allreduce(model.optimizer).state()
+    residuals = distributed.compressed_allreduce(model.optimizer).state()
     np.savez(OUT / f"rank{rank}.npz", *[v.numpy() for v in model.parts], *residuals)
 
 

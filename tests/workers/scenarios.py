@@ -56,16 +56,40 @@ def sgd() -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(LEARNING_RATE)
 
 
-# What goes on the wire (toolkit.compression): DistributedOptimizer options per scenario, and
-# the known gradients each rank feeds it, WIRE_STEPS times, on variables of WIRE_SHAPES.
+# What goes on the wire (toolkit.compression): DistributedOptimizer options per scenario (with
+# "momentum": the toolkit's SGD with that momentum, else Keras's SGD, both at rate 1), and the
+# known gradients each rank feeds it, WIRE_STEPS times, on variables of WIRE_SHAPES. The DGC
+# scenarios warm up for 3 epochs of one update, so the last steps run at the final ratio.
 WIRE_SHAPES = ((6, 5), (7,), (4, 3))
-WIRE_STEPS = 3
+WIRE_STEPS = 6
+DGC = {"compression": "topk", "ratio": 0.05, "updates_per_epoch": 1}
 WIRE = {
     "topk": {"compression": "topk", "ratio": 0.1},
     "topk_per_tensor": {"compression": "topk", "ratio": 0.25, "fusion_threshold_mb": 1e-4},
     "topk_sampled": {"compression": "topk", "ratio": 0.2, "topk_sample": 0.25},
     "threshold": {"compression": "threshold", "threshold": 1.0},
     "threshold_dropped": {"compression": "threshold", "threshold": 1.0, "residual": False},
+    "topk_fp16_values": {"compression": "topk", "ratio": 0.2, "value_dtype": "float16"},
+    "2bit": {"compression": "2bit", "threshold": 0.5},
+    "2bit_dropped": {"compression": "2bit", "threshold": 0.5, "residual": False},
+    "momentum_correction": {**DGC, "momentum_correction": True, "momentum": 0.9},
+    "momentum_masking": {
+        **DGC,
+        "momentum_correction": True,
+        "momentum_masking": True,
+        "momentum": 0.9,
+    },
+    "local_clipping": {**DGC, "local_clipnorm": 2.0},
+    "sparsity_warmup": {**DGC, "sparsity_warmup_epochs": 3},
+    "dense_1d": {**DGC, "dense_1d": True},
+    "dgc": {**DGC, "dgc": True, "sparsity_warmup_epochs": 3, "momentum": 0.9},
+    "dgc_2bit": {
+        "compression": "2bit",
+        "threshold": 0.5,
+        "dgc": True,
+        "local_clipnorm": 3.0,
+        "momentum": 0.9,
+    },
     "fp16_saturates": {"compression": "fp16"},
     "fp16_clipped": {"compression": "fp16", "fp16_clip": 0.5},
 }

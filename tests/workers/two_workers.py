@@ -153,8 +153,11 @@ def main(out: Path) -> None:
 
     # What goes on the wire: each step's reduced gradient, read off variables that plain SGD
     # (rate 1) moves from zero.
-    for name, wrap in WIRE.items():
-        optimizer = distributed.DistributedOptimizer(keras.optimizers.SGD(1.0), **wrap)
+    for name, options in WIRE.items():
+        wrap = dict(options)
+        momentum = wrap.pop("momentum", None)
+        sgd_at_1 = SGD(1.0, momentum=momentum) if momentum else keras.optimizers.SGD(1.0)
+        optimizer = distributed.DistributedOptimizer(sgd_at_1, **wrap)
         variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
         apply = compiled(optimizer, variables)
         for step in range(WIRE_STEPS):
@@ -230,7 +233,7 @@ def main(out: Path) -> None:
     state.epoch, state.batch = 1, 2
     state.commit()
     weights["elastic_committed"] = [keras.ops.convert_to_numpy(v) for v in state_variables(model)]
-    reducer = distributed.sparse_allreduce(model.optimizer)
+    reducer = distributed.compressed_allreduce(model.optimizer)
     weights["elastic_residual_committed"] = reducer.state()
     weights["elastic_residual_table"] = [a for row in state.residuals for a in row]
     train(model, x, y, 2, first_step=2)

@@ -35,6 +35,9 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
 
     _hyperparameters: tuple[str, ...] = ("momentum", "weight_decay")
     _applied_ratios = None  # set by LARS and LBSGD's lars warmup: a trust_ratio.AppliedRatios
+    applies_trust_ratios = False  # LARS, LBSGD's lars warmup
+    moved_momentum: Hyperparameter | None = None  # see take_momentum
+    _gradient_norms = None  # see use_gradient_norms
 
     def __init__(self, learning_rate, momentum, weight_decay, name, **kwargs):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
@@ -57,10 +60,40 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
             self.add_optimizer_variables(variables, "velocity") if self.uses_momentum else []
         )
 
+    def take_momentum(self) -> Hyperparameter:
+        """Hand the momentum over to the allreduce (Deep Gradient Compression's momentum
+        correction): return it, and apply later updates without momentum (the allreduce sends
+        velocities ``u = m * u + g``). Refused (``ValueError``) where that velocity would not be
+        this optimizer's: no momentum, Nesterov, dampening, or velocities already built."""
+        refusals = (
+            (not self.uses_momentum, "momentum > 0"),
+            (getattr(self, "nesterov", False), "nesterov off"),
+            (getattr(self, "dampening", 0.0) != 0.0, "dampening 0"),
+            (self.built, "an optimizer not built yet"),
+        )
+        if why := [reason for refused, reason in refusals if refused]:
+            raise ValueError(f"momentum correction needs {' and '.join(why)}")
+        self.moved_momentum, self.momentum = self.momentum, 0.0
+        return self.moved_momentum
+
+    def use_gradient_norms(self, norms: list) -> None:
+        """Take ``norms`` (one per variable, in order) as the gradients' norms in the next
+        update's trust ratios, in place of the norms of the gradients it applies: what the
+        allreduce hook gives under sparsification (the dense gradients' norms)."""
+        self._gradient_norms = norms
+
+    def _gradient_norm(self, variable):
+        """The norm :meth:`use_gradient_norms` gave for ``variable`` (``None``: none given)."""
+        if self._gradient_norms is None:
+            return None
+        return self._gradient_norms[self._get_variable_index(variable)]
+
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         """Keras's update of every variable, then the trust ratios it recorded kept at once
-        (inside Keras's accumulation branch, so only updates that apply record)."""
+        (inside Keras's accumulation branch, so only updates that apply record). Gradient norms
+        given for the update are used up by it."""
         super()._backend_update_step(grads, trainable_variables, learning_rate)
+        self._gradient_norms = None
         if self._applied_ratios is not None:
             self._applied_ratios.write()
 

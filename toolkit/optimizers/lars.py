@@ -68,6 +68,8 @@ class LARS(CoupledDecayOptimizer):
         )
         self.clip = bool(clip)
 
+    applies_trust_ratios = True
+
     def is_adapted(self, variable) -> bool:
         """Whether ``variable`` gets the trust ratio (and weight decay)."""
         if self.exclude_from_layer_adaptation is None:
@@ -92,7 +94,7 @@ class LARS(CoupledDecayOptimizer):
             if self.is_adapted(v)
         }
 
-    def _local_rate(self, gradient, variable):
+    def _local_rate(self, gradient, variable, grad_norm=None):
         return layer_trust_ratio(
             variable,
             gradient,
@@ -100,6 +102,7 @@ class LARS(CoupledDecayOptimizer):
             epsilon=self.epsilon,
             coefficient=self.trust_coefficient,
             unit_at_zero=True,
+            grad_norm=grad_norm,
         )
 
     def update_step(self, gradient, variable, learning_rate):
@@ -109,7 +112,7 @@ class LARS(CoupledDecayOptimizer):
         if not self._adapted[index]:
             self._heavy_ball_step(variable, learning_rate, gradient, self.nesterov, decay=False)
             return
-        local = self._local_rate(gradient, variable)
+        local = self._local_rate(gradient, variable, self._gradient_norm(variable))
         self._applied_ratios.record(index, local)
         rate = learning_rate * local
         if self.clip:

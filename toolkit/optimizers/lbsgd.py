@@ -109,10 +109,20 @@ class LBSGD(CoupledDecayOptimizer):
         ramp = warmup_ramp(self.warmup_strategy, ops.minimum(n / total, 1.0))
         return 1.0 + (self.batch_scale - 1.0) * ramp
 
-    def _lars_multiplier(self, gradient, variable):
+    @property
+    def applies_trust_ratios(self) -> bool:
+        return self.warmup_strategy == "lars"
+
+    def _lars_multiplier(self, gradient, variable, grad_norm=None):
         weight_decay = self._hyper(self.weight_decay, variable.dtype)
         return layer_trust_ratio(
-            variable, gradient, weight_decay, power=2, epsilon=1e-18, bounds=(0.01, 100.0)
+            variable,
+            gradient,
+            weight_decay,
+            power=2,
+            epsilon=1e-18,
+            bounds=(0.01, 100.0),
+            grad_norm=grad_norm,
         )
 
     def trust_ratio_tensors(self, gradients, variables) -> dict:
@@ -129,7 +139,7 @@ class LBSGD(CoupledDecayOptimizer):
         dtype = variable.dtype
         gradient = ops.cast(gradient, dtype)
         if self.warmup_strategy == "lars":
-            multiplier = self._lars_multiplier(gradient, variable)
+            multiplier = self._lars_multiplier(gradient, variable, self._gradient_norm(variable))
             self._applied_ratios.record(self._get_variable_index(variable), multiplier)
         else:
             multiplier = ops.cast(self.warmup_multiplier(self._iterations + 1), dtype)

@@ -36,6 +36,7 @@ def layer_trust_ratio(
     coefficient: float = 1.0,
     unit_at_zero: bool = False,
     bounds: tuple[float, float] = (-math.inf, math.inf),
+    grad_norm=None,
 ):
     """The ratio an optimizer applies to ``variable`` for ``gradient``, as a scalar tensor::
 
@@ -45,8 +46,9 @@ def layer_trust_ratio(
 
     On a CPU variable with the fused library (``fused_kernels.cc``) this is one kernel making
     one parallel pass over ``w`` and ``g``, computed in double; otherwise the ops above.
+    ``grad_norm``, if given, is taken as ``||g||`` (``gradient`` is then not read).
     """
-    fused = fused_kernels_for(variable)
+    fused = fused_kernels_for(variable) if grad_norm is None else None
     if fused is not None:
         dtype = variable.dtype
         return fused.TrustRatio(
@@ -60,7 +62,8 @@ def layer_trust_ratio(
             min_ratio=bounds[0],
             max_ratio=bounds[1],
         )
-    weight_norm, grad_norm = l2_norm(variable), l2_norm(gradient)
+    weight_norm = l2_norm(variable)
+    grad_norm = l2_norm(gradient) if grad_norm is None else ops.cast(grad_norm, weight_norm.dtype)
     ratio = coefficient * trust_ratio(
         weight_norm, grad_norm, weight_decay, power=power, epsilon=epsilon
     )

@@ -1,0 +1,86 @@
+"""toolkit.compression in this process (one worker, so the reduced update is what this worker
+sent): MXNet's 2-bit layout, DGC's momentum correction against momentum SGD, its sparsity
+warm-up against the paper's schedule, and LARS's trust ratio from the dense gradient's norm.
+What two real workers exchange is checked against a simulation in tests/test_distributed.py."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_distributed import mxnet_2bit_pack
+
+from toolkit import distributed
+from toolkit.compression import Sparse, TwoBit
+from toolkit.optimizers import LARS, SGD
+
+
+@pytest.mark.parametrize("entries", [1, 16, 37, 160])
+def test_two_bit_codes_pack_in_mxnets_layout_and_round_trip(entries):
+    codes = np.random.default_rng(entries).choice([0, 2, 3], size=entries).astype("int32")
+    words = TwoBit.pack(tf.constant(codes)).numpy()
+    np.testing.assert_array_equal(words, mxnet_2bit_pack(codes))  # byte for byte
+    assert words.nbytes == 4 * -(-entries // 16)  # 16 entries a 32-bit word
+    np.testing.assert_array_equal(TwoBit.unpack(tf.constant(words)).numpy()[:entries], codes)
+
+
+def test_sparsity_warm_up_follows_the_papers_schedule():
+    """DGC: 25%, 6.25%, 1.5625%, 0.4%, then 0.1% over four warm-up epochs."""
+    densities = Sparse("topk", ratio=0.001, warmup_epochs=4, updates_per_epoch=10).densities()
+    np.testing.assert_allclose(densities, [0.25, 0.0625, 0.015625, 0.004, 0.001], rtol=0.02)
+
+
+def run(optimizer, steps: int = 6, shapes=((6, 5), (7,))):
+    """Apply ``steps`` seeded gradients to variables starting at one; their values each step."""
+    variables = [keras.Variable(np.ones(s, "float32")) for s in shapes]
+    apply = tf.function(lambda grads: optimizer.apply(grads, variables))
+    rng, seen = np.random.default_rng(0), []
+    for _ in range(steps):
+        apply([tf.constant(rng.normal(size=s).astype("float32")) for s in shapes])
+        seen.append([v.numpy() for v in variables])
+    return seen
+
+
+def test_momentum_correction_sending_everything_is_momentum_sgd():
+    """With every entry sent, the velocity the allreduce keeps is the optimizer's own buffer:
+    the same updates, bit for bit, and the optimizer applies them without momentum. (Weight
+    decay stays with the optimizer, outside the velocity, as in DGC's reference code.)"""
+    corrected = SGD(0.1, momentum=0.9)
+    distributed.DistributedOptimizer(
+        corrected, compression="topk", ratio=1.0, momentum_correction=True
+    )
+    for got, want in zip(run(corrected), run(SGD(0.1, momentum=0.9))):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+    assert corrected.momentum == 0.0 and corrected.moved_momentum == 0.9
+
+
+def test_momentum_correction_is_refused_where_the_velocity_differs():
+    with pytest.raises(ValueError, match="nesterov"):
+        distributed.DistributedOptimizer(
+            SGD(0.1, momentum=0.9, nesterov=True), compression="topk", dgc=True
+        )
+    with pytest.raises(ValueError, match="SGD, LARS or LBSGD"):
+        distributed.DistributedOptimizer(
+            keras.optimizers.SGD(0.1, momentum=0.9), compression="topk", dgc=True
+        )
+    with pytest.raises(ValueError, match="compressed mode"):
+        distributed.DistributedOptimizer(SGD(0.1, momentum=0.9), dgc=True)
+
+
+@pytest.mark.parametrize("dense_norm", [False, True])
+def test_lars_takes_its_trust_ratio_from_the_dense_gradient_norm(dense_norm):
+    """topk 10%: the sent update is a tenth of the gradient; with dense_norm the trust ratio
+    is still ``eta ||w|| / (||g|| + wd ||w||)`` of the whole gradient ``g``."""
+    eta, wd, shape = 0.02, 1e-4, (6, 5)
+    lars = LARS(0.1, momentum=0.0, weight_decay=wd, trust_coefficient=eta)
+    distributed.DistributedOptimizer(lars, compression="topk", ratio=0.1, dense_norm=dense_norm)
+    w = keras.Variable(np.ones(shape, "float32"))
+    g = np.random.default_rng(1).normal(size=shape).astype("float32")
+    lars.apply([tf.constant(g)], [w])
+    sent = np.where(np.abs(g) >= np.sort(np.abs(g).ravel())[-3], g, 0)  # ceil(0.1 x 30) = 3
+    norm = np.linalg.norm(g if dense_norm else sent)
+    weight_norm = np.sqrt(30.0)
+    (ratio,) = lars.applied_trust_ratios().values()
+    np.testing.assert_allclose(ratio, eta * weight_norm / (norm + wd * weight_norm), rtol=1e-5)
