@@ -14,7 +14,10 @@ random gradients, for the dense float32 allreduce, fp16, topk 1% and 0.1% (with 
 also with the k-th magnitude estimated from a 1% sample, as DGC does) and
 threshold (set to select about 1% of the entries, without residual), and SINGA's partial
 synchronisation (no gradient sent; one partition of the parameters, up to 64 MB, averaged per
-update), interleaved, ``--repeat`` rounds of a block of updates.
+update), MXNet's 2bit (16 entries a word; its bytes do not depend on the threshold), sampled topk
+with float16 values, and Deep Gradient Compression's preset on sampled topk 0.1% (momentum
+correction and masking, local clipping, dense 1-D variables: the toolkit's SGD with momentum 0.9;
+past its warm-up), interleaved, ``--repeat`` rounds of a block of updates.
 The table gives the median time per update, its spread over rounds, and the ratio to the dense
 allreduce in the same round, with the bytes a worker sent. "selection alone" times only the
 top-k (or threshold) selection over the flattened gradients, in one process: the number to set
@@ -50,6 +53,22 @@ def modes(threshold: float) -> dict[str, dict]:
         # no residual: with the same gradient every update, the residual would grow past the
         # threshold everywhere and the selection would creep from 1% towards all entries
         "threshold ~1%": {"compression": "threshold", "threshold": threshold, "residual": False},
+        "topk 0.1%, sampled 1%": {"compression": "topk", "ratio": 0.001, "topk_sample": 0.01},
+        "topk 1%, sampled 1%, fp16 values": {
+            "compression": "topk",
+            "ratio": 0.01,
+            "topk_sample": 0.01,
+            "value_dtype": "float16",
+        },
+        "2bit": {"compression": "2bit", "threshold": threshold},
+        "DGC: topk 0.1%, sampled 1%": {
+            "compression": "topk",
+            "ratio": 0.001,
+            "topk_sample": 0.01,
+            "dgc": True,
+            "sparsity_warmup_epochs": 0,
+            "momentum": 0.9,
+        },
         "partial (64 MB)": {"sync": "partial"},
     }
 
@@ -88,6 +107,7 @@ def worker(names: list[str], repeat: int, block: int, where: str) -> None:
     import tensorflow as tf
 
     from toolkit import distributed, models
+    from toolkit.optimizers import SGD
 
     distributed.init()
     rows = []
@@ -101,7 +121,10 @@ def worker(names: list[str], repeat: int, block: int, where: str) -> None:
         threshold = float(np.quantile(np.abs(flat.numpy()), 0.99))  # about 1% at or above
         updates, traffic = {}, {}
         for mode, options in modes(threshold).items():
-            optimizer = distributed.DistributedOptimizer(keras.optimizers.SGD(0.0), **options)
+            options = dict(options)
+            momentum = options.pop("momentum", None)
+            sgd = SGD(0.0, momentum=momentum) if momentum else keras.optimizers.SGD(0.0)
+            optimizer = distributed.DistributedOptimizer(sgd, **options)
             optimizer.build(variables)
             updates[mode] = compiled(optimizer.apply, grads, variables)
             traffic[mode] = distributed.traffic(optimizer)

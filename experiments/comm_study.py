@@ -1,23 +1,36 @@
 #!/usr/bin/env python
-"""Accuracy against communication: SINGA's DistOpt modes on the quickstart.
+"""Accuracy against communication: SINGA's DistOpt modes, MXNet's 2bit and Deep Gradient
+Compression on two tasks.
 
-The quickstart (``experiments/quickstart.yaml``: MNIST-1D's 1-D CNN, LARS with warmup and
-cosine decay, 2 workers x 32, 20 epochs) under every mode in ``MODES``, seeds 0-2, one run at a
-time under horovodrun. For each run: the final test accuracy and the bytes a worker sent over
-the whole run (``toolkit.curves.bytes_axis`` over its ``comm/bytes_sent`` events). The table
-gives each mode's mean ± std over seeds, its accuracy against dense, and how many times fewer
-bytes than dense it sent. The last two modes swap LARS for SGD with momentum (a diagnosis).
+Tasks (``--task``): ``quickstart`` (``experiments/quickstart.yaml``: MNIST-1D's 1-D CNN, LARS
+with warmup and cosine decay, 2 workers x 32, 20 epochs) and ``resnet20``
+(``experiments/resnet20_digits.yaml``: ResNet-20 on the 8x8 digits, SGD with momentum 0.9, 2
+workers x 32, 20 epochs). Studies (``--study``): ``distopt``, SINGA's modes (``MODES``; the
+quickstart only); ``dgc``, topk 1% and 0.1% with and without DGC's techniques (at 0.1%, the
+preset less one technique at a time), 2bit at two thresholds and topk with float16 values
+(``DGC_MODES``; with LARS, also its trust ratio from the dense norm). Seeds 0-2, one run at a
+time under horovodrun. For each run: the final test accuracy, the bytes a worker sent over the
+whole run (``toolkit.curves.bytes_axis`` over its ``comm/bytes_sent`` events), and the updates
+and seconds to the dense runs' mean final accuracy less a point. The table gives each mode's
+mean ± std over seeds, against dense, and how many times fewer bytes than dense it sent.
 
-    .venv/bin/python experiments/comm_study.py             # ~30 minutes on 2 cores
+    .venv/bin/python experiments/comm_study.py                          # distopt, ~30 min
+    .venv/bin/python experiments/comm_study.py --study dgc --task resnet20
+    .venv/bin/python experiments/comm_study.py --study dgc --hosts lbl-h1:1,lbl-h2:1 --seeds 0
     .venv/bin/python experiments/comm_study.py --smoke     # one seed, 2 epochs, 3 modes
 
-Resumable: rows go to ``experiments/comm_study/runs.csv`` as runs finish, and a cell already
-there is not run again (``--fresh`` starts over). The table is what ``docs/study.md`` quotes.
+``--hosts`` runs the workers there (the namespace cluster, whose link
+``python -m toolkit cluster shape`` limits): the seconds to the target are then the wall time a
+user waits on that link. Resumable: rows go to ``experiments/comm_study/<study>_<task>.csv``
+(``runs.csv`` for the quickstart's distopt study) as runs finish, and a cell already there is not
+run again (``--fresh`` starts over). The tables are what ``docs/study.md`` quotes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 import tempfile
@@ -29,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-RESULTS = ROOT / "experiments" / "comm_study" / "runs.csv"
+RESULTS = ROOT / "experiments" / "comm_study"
+TASKS = {"quickstart": "quickstart.yaml", "resnet20": "resnet20_digits.yaml"}
 SGD = [
     "optimizer.name=sgd",
     "optimizer.learning_rate=0.05",
@@ -67,32 +81,85 @@ MODES = {
 }
 
 
-def run_cell(mode: str, seed: int, epochs: int, root: str) -> dict:
+def topk(ratio: float, *options: str) -> list[str]:
+    return ["allreduce.compression=topk", f"allreduce.ratio={ratio}"] + [
+        f"allreduce.{option}" for option in options
+    ]
+
+
+DGC_MODES = {
+    "dense": [],
+    "topk 1%": topk(0.01),
+    "topk 1%, DGC": topk(0.01, "dgc=true"),
+    "topk 1%, fp16 values": topk(0.01, "value_dtype=float16"),
+    "topk 0.1%": topk(0.001),
+    "topk 0.1%, DGC": topk(0.001, "dgc=true"),
+    "topk 0.1%, DGC less momentum correction": topk(
+        0.001, "dgc=true", "momentum_correction=false", "momentum_masking=false"
+    ),
+    "topk 0.1%, DGC less masking": topk(0.001, "dgc=true", "momentum_masking=false"),
+    "topk 0.1%, DGC less local clipping": topk(0.001, "dgc=true", "local_clipnorm=0"),
+    "topk 0.1%, DGC less warm-up": topk(0.001, "dgc=true", "sparsity_warmup_epochs=0"),
+    "topk 0.1%, DGC less dense 1-D": topk(0.001, "dgc=true", "dense_1d=false"),
+    "2bit ±0.001": ["allreduce.compression=2bit", "allreduce.threshold=0.001"],
+    "2bit ±0.01": ["allreduce.compression=2bit", "allreduce.threshold=0.01"],
+}
+LARS_MODES = {  # the trust ratio under sparsity (LARS tasks only)
+    "topk 1%, DGC, dense norm": topk(0.01, "dgc=true", "dense_norm=true"),
+    "topk 0.1%, DGC, dense norm": topk(0.001, "dgc=true", "dense_norm=true"),
+}
+
+
+def run_cell(
+    task: str, mode: str, overrides: list[str], seed: int, epochs: int, root: str, hosts
+) -> dict:
     from toolkit import config as config_lib
     from toolkit import launch, monitor
     from toolkit.curves import bytes_axis
     from toolkit.events import read_events
 
-    overrides = [*MODES[mode], f"seed={seed}", f"epochs={epochs}", "checkpoint.every_epochs=100"]
-    config = config_lib.load(ROOT / "experiments" / "quickstart.yaml", overrides)
-    run = launch.launch(config, runs_root_dir=root)
+    overrides = [*overrides, f"seed={seed}", f"epochs={epochs}", "checkpoint.every_epochs=100"]
+    config = config_lib.load(ROOT / "experiments" / TASKS[task], overrides)
+    run = launch.launch(config, runs_root_dir=root, hosts=hosts)
     state = monitor.follow(run, progress=False)["state"]
     events = read_events(run.events_path)
     evals = events[events["phase"] == "eval"]
     sent = bytes_axis(events, config.steps_per_update())
+    start = events["wall"].min()
+    curve = [  # (updates, seconds since the first event, accuracy) per epoch
+        (step / config.steps_per_update(), wall - start, accuracy)
+        for step, wall, accuracy in evals[["step", "wall", "accuracy"]].itertuples(index=False)
+    ]
     return {
+        "task": task,
         "mode": mode,
         "seed": seed,
         "epochs": epochs,
+        "hosts": hosts or "localhost",
         "state": state,
         "final_accuracy": float(evals["accuracy"].iloc[-1]) if len(evals) else float("nan"),
         "bytes_sent": float(sent.max()) if sent is not None else 0.0,
+        "curve": json.dumps(curve),
         "run_id": run.run_id,
     }
 
 
+def to_target(curve: str, target: float) -> tuple[float, float]:
+    """The updates and seconds at the first epoch whose test accuracy reached ``target``."""
+    for updates, seconds, accuracy in json.loads(curve):
+        if accuracy >= target:
+            return updates, seconds
+    return math.nan, math.nan
+
+
 def table(rows: pd.DataFrame) -> str:
-    """Mean ± std per mode, against dense."""
+    """Mean ± std per mode, against dense; updates and seconds to dense's accuracy less a point
+    (the median over the seeds that reached it)."""
+    dense_rows = rows[rows["mode"] == "dense"]
+    target = dense_rows["final_accuracy"].mean() - 0.01
+    if "curve" in rows:
+        reached = rows["curve"].fillna("[]").map(lambda curve: to_target(curve, target))
+        rows = rows.assign(updates=[u for u, _ in reached], seconds=[s for _, s in reached])
     grouped = rows.groupby("mode", sort=False)
     summary = grouped.agg(
         runs=("seed", "count"),
@@ -100,11 +167,23 @@ def table(rows: pd.DataFrame) -> str:
         spread=("final_accuracy", "std"),
         bytes_sent=("bytes_sent", "mean"),
     )
+    if "updates" in rows:
+        summary = summary.join(
+            grouped.agg(
+                reached=("updates", "count"),
+                updates=("updates", "median"),
+                seconds=("seconds", "median"),
+            )
+        )
     dense = summary.loc["dense"] if "dense" in summary.index else None
-    lines = [
+    timed = "updates" in summary
+    header = (
         "| mode | runs | final test accuracy (mean ± std) | vs dense (points) | MB sent per worker "
-        "| x fewer bytes than dense |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| x fewer bytes than dense |"
+    )
+    lines = [
+        header + (f" updates to {100 * target:.1f}% (median) | seconds to it |" if timed else ""),
+        "| --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if timed else ""),
     ]
     for mode, row in summary.iterrows():
         versus = "" if dense is None else f"{100 * (row.accuracy - dense.accuracy):+.1f}"
@@ -114,45 +193,74 @@ def table(rows: pd.DataFrame) -> str:
             else "-"
         )
         spread = "-" if pd.isna(row.spread) else f"{100 * row.spread:.1f}"
-        lines.append(
+        line = (
             f"| {mode} | {int(row.runs)} | {100 * row.accuracy:.1f}% ± {spread} "
             f"| {versus} | {row.bytes_sent / 1e6:,.2f} | {fewer} |"
         )
+        if timed:
+            late = "" if row.reached == row.runs else f" ({int(row.reached)} of {int(row.runs)})"
+            line += (
+                " - | - |"
+                if row.reached == 0
+                else f" {row.updates:,.0f}{late} | {row.seconds:,.0f} |"
+            )
+        lines.append(line)
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", choices=("distopt", "dgc"), default="distopt")
+    parser.add_argument("--task", choices=sorted(TASKS), default="quickstart")
+    parser.add_argument("--hosts", help="host:slots,... for the workers (default: localhost)")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated")
+    parser.add_argument("--modes", help="comma-separated names (default: the study's all)")
     parser.add_argument("--smoke", action="store_true", help="one seed, 2 epochs, 3 modes")
     parser.add_argument("--fresh", action="store_true", help="forget earlier rows")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, help="the CSV (default: by study and task)")
     args = parser.parse_args()
-    modes = ["dense", "topk 1%", "local SGD H=4"] if args.smoke else list(MODES)
-    seeds, epochs = ((0,), 2) if args.smoke else (SEEDS, 20)
+    catalogue = MODES if args.study == "distopt" else DGC_MODES
+    if args.study == "dgc" and args.task == "quickstart":  # LARS
+        catalogue = {**catalogue, **LARS_MODES}
+    modes = args.modes.split(",") if args.modes else list(catalogue)
+    if args.smoke:
+        modes = [m for m in catalogue if m in ("dense", "topk 1%", "local SGD H=4", "2bit ±0.01")]
+    if unknown := sorted(set(modes) - set(catalogue)):
+        parser.error(f"--modes: unknown {unknown}; choose from {list(catalogue)}")
+    seeds = (0,) if args.smoke else tuple(int(s) for s in args.seeds.split(","))
+    epochs = 2 if args.smoke else 20
+    name = "runs" if (args.study, args.task) == ("distopt", "quickstart") else args.study
+    results = args.results or RESULTS / f"{name}{'' if name == 'runs' else '_' + args.task}.csv"
+    where = args.hosts or "localhost"
     done = pd.DataFrame()
-    if args.results.exists() and not args.fresh:
-        done = pd.read_csv(args.results)
-    args.results.parent.mkdir(parents=True, exist_ok=True)
+    if results.exists() and not args.fresh:
+        done = pd.read_csv(results)
+        for column, value in (("task", "quickstart"), ("hosts", "localhost")):
+            done[column] = done[column].fillna(value) if column in done else value
+    results.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as root:
         for seed in seeds:  # seeds outermost: an early stop leaves every mode with some runs
             for mode in modes:
-                if (
-                    len(done)
-                    and (
-                        (done["mode"] == mode) & (done["seed"] == seed) & (done["epochs"] == epochs)
-                    ).any()
-                ):
+                cell = (
+                    (done.get("mode") == mode)
+                    & (done.get("seed") == seed)
+                    & (done.get("epochs") == epochs)
+                    & (done.get("hosts") == where)
+                )
+                if len(done) and cell.any():
                     continue
-                row = run_cell(mode, seed, epochs, root)
+                row = run_cell(args.task, mode, catalogue[mode], seed, epochs, root, args.hosts)
                 print(
                     f"{mode}, seed {seed}: {row['state']}, accuracy {row['final_accuracy']:.3f}, "
                     f"{row['bytes_sent'] / 1e6:,.2f} MB sent",
                     flush=True,
                 )
                 done = pd.concat([done, pd.DataFrame([row])], ignore_index=True)
-                done.to_csv(args.results, index=False)
-    rows = done[(done["epochs"] == epochs) & done["mode"].isin(modes)]
-    print(f"\nquickstart, 2 workers, {epochs} epochs, seeds {sorted(set(rows['seed']))}")
+                done.to_csv(results, index=False)
+    rows = done[(done["epochs"] == epochs) & done["mode"].isin(modes) & (done["hosts"] == where)]
+    print(
+        f"\n{args.task}, 2 workers on {where}, {epochs} epochs, seeds {sorted(set(rows['seed']))}"
+    )
     print(table(rows))
     return 0
 

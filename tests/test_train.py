@@ -131,6 +131,10 @@ def test_every_workers_system_metrics_are_logged_at_a_low_rate(completed):
         assert system[f"memory_gb/rank{rank}"].between(0.1, 64).all()  # a TensorFlow process
         assert system[f"host_memory_percent/rank{rank}"].between(0, 100, inclusive="right").all()
     assert not [c for c in system if "rank2" in c or c.startswith("gpu_")]  # 2 CPU workers
+    dense = events[events["phase"] == "train"]["comm/bytes_sent"].iloc[0]  # float32 gradients
+    for rank in (0, 1):  # each worker's own count, from its second sample on
+        sent = system[f"bytes_sent_per_update/rank{rank}"]
+        assert np.isnan(sent.iloc[0]) and (sent.iloc[1:] == dense).all()
     train_steps = set(events[events["phase"] == "train"]["step"])
     assert set(system["step"]) <= train_steps  # with a train event, never on its own
 

@@ -449,7 +449,8 @@ class SystemLogger(keras.callbacks.Callback):
     """At step ``first_step`` and every ``every_steps`` steps, a sample of every worker's system
     metrics (:mod:`toolkit.system`), gathered from all of them (every worker runs this callback,
     at the same steps) and written by the one with the ``writer`` (rank 0) as a ``system``
-    event."""
+    event. With a ``traffic`` counter (:class:`toolkit.compression.Traffic`), each worker's own
+    bytes per update since its previous sample are in it (per worker: a threshold's differ)."""
 
     def __init__(
         self,
@@ -459,21 +460,33 @@ class SystemLogger(keras.callbacks.Callback):
         first_step: int,
         every_steps: int,
         steps_per_epoch: int,
+        traffic=None,
     ):
         super().__init__()
         self.writer, self.counter = writer, counter
         self.first_step, self.every_steps = first_step, every_steps
         self.steps_per_epoch = steps_per_epoch
         self.sampler = system.Sampler()
+        self.traffic, self._sent = traffic, None  # (updates, bytes) at the previous sample
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.counter.step
         if step % self.every_steps and step != self.first_step:
             return
-        samples = allgather_rows(self.sampler.sample(), name="system_metrics")
+        samples = allgather_rows(self.sampler.sample(self._bytes_per_update()), "system_metrics")
         if self.writer is not None:
             record = {"step": step, "epoch": step / self.steps_per_epoch, "phase": "system"}
             self.writer.write(record | system.event_columns(samples))
+
+    def _bytes_per_update(self) -> float:
+        if self.traffic is None:
+            return math.nan
+        updates = int(unwrapped(self.model.optimizer).iterations.numpy())
+        now = (updates, float(self.traffic.sent.numpy()))
+        before, self._sent = self._sent, now
+        if before is None or now[0] <= before[0]:
+            return math.nan
+        return (now[1] - before[1]) / (now[0] - before[0])
 
 
 class StopWhenRequested(keras.callbacks.Callback):

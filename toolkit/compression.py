@@ -68,47 +68,16 @@ cast.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
+from toolkit.config import SPARSE, VALUE_DTYPES
 from toolkit.schedules import value_at
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
-SPARSE = ("topk", "threshold")
-COMPRESSED = (*SPARSE, "2bit")  # encoded, allgathered, with error feedback
-VALUE_DTYPES = ("float32", "float16")
 Residuals = list[list[np.ndarray]]  # per worker, in rank order: that worker's state
-DGC_OFF = {
-    "momentum_correction": False,
-    "momentum_masking": False,
-    "local_clipnorm": 0.0,
-    "sparsity_warmup_epochs": 0,
-    "dense_1d": False,
-}
-DGC_PRESET = {
-    "momentum_correction": True,
-    "momentum_masking": True,
-    "local_clipnorm": 5.0,
-    "sparsity_warmup_epochs": 4,
-    "dense_1d": True,
-}
-"""Deep Gradient Compression's techniques as ``dgc: true`` sets them: the paper's four-epoch
-warm-up; its reference implementation's dense 1-D variables; the clipping norm is the lab's
-choice (the paper clips at the dense run's threshold scaled by ``workers ** -0.5``)."""
-
-
-def dgc_switches(options: Mapping) -> dict:
-    """Each of DGC's techniques (:data:`DGC_OFF`'s keys) as ``options`` give it, or where they
-    do not (``None``, absent), as :data:`DGC_PRESET` has it if ``options["dgc"]``, else off.
-    The preset warms up ``topk`` only (``options["compression"]``)."""
-    default = DGC_OFF
-    if options.get("dgc"):
-        default = {**DGC_PRESET, "sparsity_warmup_epochs": 0}
-        if options.get("compression") == "topk":
-            default = DGC_PRESET
-    return {k: default[k] if options.get(k) is None else options[k] for k in DGC_OFF}
 
 
 class Traffic:

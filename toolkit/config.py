@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -50,6 +51,40 @@ def run_name_problem(name: object) -> str | None:
 
 HOSTS = re.compile(r"^[A-Za-z0-9_.-]+:[1-9][0-9]*(,[A-Za-z0-9_.-]+:[1-9][0-9]*)*$")
 SCHEDULES = ("constant", "poly", "polynomial", "cosine", "exponential", "multifactor")
+
+
+SPARSE = ("topk", "threshold")
+COMPRESSED = (*SPARSE, "2bit")  # encoded, allgathered, with error feedback
+VALUE_DTYPES = ("float32", "float16")
+DGC_OFF = {
+    "momentum_correction": False,
+    "momentum_masking": False,
+    "local_clipnorm": 0.0,
+    "sparsity_warmup_epochs": 0,
+    "dense_1d": False,
+}
+DGC_PRESET = {
+    "momentum_correction": True,
+    "momentum_masking": True,
+    "local_clipnorm": 5.0,
+    "sparsity_warmup_epochs": 4,
+    "dense_1d": True,
+}
+"""Deep Gradient Compression's techniques as ``dgc: true`` sets them: the paper's four-epoch
+warm-up; its reference implementation's dense 1-D variables; the clipping norm is the lab's
+choice (the paper clips at the dense run's threshold scaled by ``workers ** -0.5``)."""
+
+
+def dgc_switches(options: Mapping) -> dict:
+    """Each of DGC's techniques (:data:`DGC_OFF`'s keys) as ``options`` give it, or where they
+    do not (``None``, absent), as :data:`DGC_PRESET` has it if ``options["dgc"]``, else off.
+    The preset warms up ``topk`` only (``options["compression"]``)."""
+    default = DGC_OFF
+    if options.get("dgc"):
+        default = {**DGC_PRESET, "sparsity_warmup_epochs": 0}
+        if options.get("compression") == "topk":
+            default = DGC_PRESET
+    return {k: default[k] if options.get(k) is None else options[k] for k in DGC_OFF}
 
 
 def _refuse_first(what: str, refusals) -> None:
@@ -342,11 +377,41 @@ class AllreduceConfig(_Section):
     dense_norm: bool = Field(False, description="LARS: trust ratio from the dense norm")
     fusion_threshold_mb: float = Field(64.0, gt=0, description="fusion and bucket size (MB)")
 
+    def summary(self) -> str:
+        """What goes on the wire, in a line: ``topk 1% (float16 values), DGC: momentum
+        correction, masking, local clip 5, warm-up 4 epochs, 1-D dense``."""
+        mode = self.compression
+        words = {
+            "none": "dense float32",
+            "fp16": "dense float16",
+            "topk": f"topk {100 * self.ratio:g}%",
+            "threshold": f"threshold {self.threshold:g}",
+            "2bit": f"2bit at ±{self.threshold:g}",
+        }[mode]
+        if mode == "topk" and self.topk_sample:
+            words += f" (k-th from a {100 * self.topk_sample:g}% sample)"
+        if self.value_dtype != "float32":
+            words += f", {self.value_dtype} values"
+        if mode in ("topk", "threshold", "2bit") and not self.residual:
+            words += ", no residual"
+        on = dgc_switches(self.model_dump())
+        techniques = [
+            text
+            for text, shown in (
+                ("momentum correction", on["momentum_correction"]),
+                ("masking", on["momentum_masking"]),
+                (f"local clip {on['local_clipnorm']:g}", on["local_clipnorm"]),
+                (f"warm-up {on['sparsity_warmup_epochs']} epochs", on["sparsity_warmup_epochs"]),
+                ("1-D dense", on["dense_1d"]),
+                ("LARS dense norm", self.dense_norm),
+            )
+            if shown
+        ]
+        return f"{words}; DGC: {', '.join(techniques)}" if techniques else words
+
     @model_validator(mode="after")
     def _options_fit_the_mode(self):
         """Each option names the modes it serves, and the option it builds on."""
-        from toolkit.compression import COMPRESSED, dgc_switches
-
         mode = self.compression
         on = dgc_switches(self.model_dump())
         asked = [name for name in ("dgc", "dense_norm") if getattr(self, name)]
@@ -600,8 +665,6 @@ class ExperimentConfig(_Section):
         """Momentum correction moves the optimizer's momentum into the allreduce, and
         ``dense_norm`` replaces its trust ratios' gradient norm: both need an optimizer that
         can (checked on the optimizer itself, in the pass that builds it)."""
-        from toolkit.compression import dgc_switches
-
         allreduce, optimizer = self.allreduce, self.optimizer
         moves = dgc_switches(allreduce.model_dump())["momentum_correction"]
         if not (moves or allreduce.dense_norm) or (info.context or {}).get("names_only"):

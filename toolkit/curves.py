@@ -38,6 +38,7 @@ TITLES = {
     "memory_gb": "memory per worker (GB)",
     "host_memory_percent": "host memory in use (%)",
     "gpu_memory_gb": "GPU memory per worker (GB)",
+    "bytes_sent_per_update": "bytes each worker sent per update",
 }
 """How a panel is titled, where its column name says it poorly."""
 

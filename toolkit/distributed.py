@@ -55,6 +55,7 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit import compression as compression_lib
+from toolkit import config as config_lib
 from toolkit import sync as sync_lib
 from toolkit.optimizers import unwrapped
 
@@ -67,7 +68,7 @@ except ImportError as error:  # a build without Horovod: one process
     _log.warning("horovod.tensorflow cannot be imported (%s): running as a single process", error)
 
 T = TypeVar("T")
-COMPRESSIONS = ("none", "fp16", *compression_lib.COMPRESSED)
+COMPRESSIONS = ("none", "fp16", *config_lib.COMPRESSED)
 _WIRING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Wiring
 
 
@@ -299,7 +300,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
 
     Deep Gradient Compression's techniques, for the three modes above: ``dgc=True`` turns on
     ``momentum_correction``, ``momentum_masking``, ``local_clipnorm``
-    (:data:`~toolkit.compression.DGC_PRESET`'s), ``sparsity_warmup_epochs`` (topk; needs
+    (:data:`~toolkit.config.DGC_PRESET`'s), ``sparsity_warmup_epochs`` (topk; needs
     ``updates_per_epoch``) and ``dense_1d``; each given explicitly wins (``False``/``0``:
     off). Momentum correction takes the optimizer's momentum (the toolkit's SGD, LARS or
     LBSGD, not built yet) into the allreduce: the optimizer then applies the averaged sent
@@ -447,12 +448,12 @@ def _reducer(
     """The function that averages a list of gradients over the workers, as configured, and
     counts what it sends in ``traffic``; a compressed mode's takes the optimizer's momentum
     under momentum correction."""
-    switches = compression_lib.dgc_switches({"dgc": dgc, "compression": compression, **techniques})
-    if compression not in compression_lib.COMPRESSED:
-        if dgc or dense_norm or value_dtype != "float32" or switches != compression_lib.DGC_OFF:
+    switches = config_lib.dgc_switches({"dgc": dgc, "compression": compression, **techniques})
+    if compression not in config_lib.COMPRESSED:
+        if dgc or dense_norm or value_dtype != "float32" or switches != config_lib.DGC_OFF:
             raise ValueError(
                 f"compression={compression!r}: value_dtype, dense_norm and DGC's techniques "
-                f"need a compressed mode, one of {compression_lib.COMPRESSED}"
+                f"need a compressed mode, one of {config_lib.COMPRESSED}"
             )
         return _dense_reducer(compression, fp16_clip, traffic)
     if dense_norm and not getattr(optimizer, "applies_trust_ratios", False):

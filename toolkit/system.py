@@ -1,18 +1,26 @@
 """What a worker's machine is doing, sampled at a low rate (as W&B's system metrics): the
-worker process's CPU use and memory, its host's memory use, and, where it has a GPU, the
-memory TensorFlow holds on it. :class:`toolkit.callbacks.SystemLogger` gathers one sample
-from every worker and rank 0 logs them as a ``system`` event, one column per metric and rank
-(``cpu_percent/rank1``), which the dashboard and the notebooks' live view draw per worker."""
+worker process's CPU use and memory, its host's memory use, where it has a GPU the memory
+TensorFlow holds on it, and where it sends gradients the bytes it sent per update.
+:class:`toolkit.callbacks.SystemLogger` gathers one sample from every worker and rank 0 logs
+them as a ``system`` event, one column per metric and rank (``cpu_percent/rank1``), which the
+dashboard and the notebooks' live view draw per worker."""
 
 from __future__ import annotations
 
 import numpy as np
 import psutil
 
-METRICS = ("cpu_percent", "memory_gb", "host_memory_percent", "gpu_memory_gb")
+METRICS = (
+    "cpu_percent",
+    "memory_gb",
+    "host_memory_percent",
+    "gpu_memory_gb",
+    "bytes_sent_per_update",
+)
 """A sample's fields, in order: the process's CPU use since the previous sample (100 per busy
-core), its resident memory, its host's memory in use, and TensorFlow's memory on its GPU
-(absent without one)."""
+core), its resident memory, its host's memory in use, TensorFlow's memory on its GPU (absent
+without one), and the bytes the worker sent per update since its previous sample (absent
+where it sends none, or at its first sample)."""
 
 
 class Sampler:
@@ -22,8 +30,9 @@ class Sampler:
         self.process = psutil.Process()
         self.process.cpu_percent(None)  # starts the CPU clock
 
-    def sample(self) -> np.ndarray:
-        """One sample: :data:`METRICS` in order (``gpu_memory_gb`` is NaN without a GPU)."""
+    def sample(self, bytes_sent_per_update: float = np.nan) -> np.ndarray:
+        """One sample: :data:`METRICS` in order (``gpu_memory_gb`` is NaN without a GPU; the
+        bytes are the caller's to count)."""
         gpu = _gpu_memory_gb()
         return np.array(
             [
@@ -31,6 +40,7 @@ class Sampler:
                 self.process.memory_info().rss / 1e9,
                 psutil.virtual_memory().percent,
                 np.nan if gpu is None else gpu,
+                bytes_sent_per_update,
             ]
         )
 

@@ -482,6 +482,7 @@ def _callbacks(
                 first_step=logging.every_steps,  # the first train event's step
                 every_steps=logging.every_steps * logging.system_every_events,
                 steps_per_epoch=spe,
+                traffic=distributed.traffic(optimizer),
             )
         )
     hooks.append(callbacks.StopOnNonFiniteLoss(counter))  # after the logger: the NaN is logged

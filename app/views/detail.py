@@ -194,6 +194,8 @@ def traffic(frame) -> None:
     rows = data.phase(frame, "train")
     if "comm/bytes_sent" not in rows:
         return
+    if config is not None:
+        st.caption(md_escape(f"On the wire: {config.allreduce.summary()}"))
     ratios = rows.get("comm/compression_ratio")
     if ratios is None or np.allclose(ratios.dropna(), 1.0):
         sent = rows["comm/bytes_sent"].dropna()
@@ -201,7 +203,7 @@ def traffic(frame) -> None:
         return
     left, right = st.columns(2)
     with left:
-        curves(frame, "comm/bytes_sent", "bytes a worker sent per update", ("train",))
+        curves(frame, "comm/bytes_sent", "bytes rank 0 sent per update", ("train",))
     with right:
         curves(frame, "comm/compression_ratio", "compression (dense bytes / sent)", ("train",))
 

@@ -59,6 +59,18 @@ def text(label: str, path: str, section: str | None = None, **kwargs) -> str:
     return value
 
 
+TRISTATE = {"preset": None, "on": True, "off": False}
+
+
+def tristate(label: str, path: str, section: str | None = None) -> bool | None:
+    """A switch that may follow a preset: ``None`` (preset), ``True`` or ``False``."""
+    start = {value: name for name, value in TRISTATE.items()}[default(path, section)]
+    names = list(TRISTATE)
+    chosen = st.selectbox(label, names, index=names.index(start), key=key(path))
+    slots.add(path)
+    return TRISTATE[chosen]
+
+
 def select(label: str, options: list[str], path: str, section: str | None = None) -> str:
     start = default(path, section)
     return st.selectbox(
@@ -304,13 +316,18 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
             help="estimate the k-th magnitude from this fraction of the entries (DGC)",
         )
     with cells[2]:
-        threshold = number("Threshold: |g| ≥", "allreduce.threshold", section)
+        threshold = number(
+            "Threshold: |g| ≥ (2bit: ±)",
+            "allreduce.threshold",
+            section,
+            help="threshold: the smallest |g| sent; 2bit: the value each entry sends, or 0",
+        )
     with cells[3]:
         residual = st.checkbox(
             "Residual",
             value=bool(default("allreduce.residual", section)),
             key=key("allreduce.residual"),
-            help="topk/threshold: error feedback, what was not sent joins the next step",
+            help="topk/threshold/2bit: error feedback, what was not sent joins the next step",
         )
     with cells[4]:
         clip = default("allreduce.fp16_clip", section)
@@ -325,13 +342,67 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
         slots.add("allreduce.fp16_clip")
     with cells[5]:
         fusion = number("Fusion threshold (MB)", "allreduce.fusion_threshold_mb", section)
+    cells = st.columns(6)
+    with cells[0]:
+        value_dtype = select(
+            "Sparse values on the wire",
+            form.choices(section, "value_dtype"),
+            "allreduce.value_dtype",
+            section,
+        )
+    with cells[1]:
+        dgc = st.checkbox(
+            "DGC preset",
+            value=bool(default("allreduce.dgc", section)),
+            key=key("allreduce.dgc"),
+            help="Deep Gradient Compression (topk, threshold, 2bit): momentum correction and "
+            "masking, local clipping, a sparsity warm-up (topk) and dense 1-D variables, each "
+            "unless set otherwise here",
+        )
+        dense_norm = st.checkbox(
+            "LARS: dense norm",
+            value=bool(default("allreduce.dense_norm", section)),
+            key=key("allreduce.dense_norm"),
+            help="trust ratios from the dense gradients' norm, not the sparse update's",
+        )
+    switches = {}
+    for cell, (name, label) in zip(
+        cells[2:5],
+        [
+            ("momentum_correction", "Momentum correction"),
+            ("momentum_masking", "Momentum masking"),
+            ("dense_1d", "1-D variables dense"),
+        ],
+        strict=True,
+    ):
+        with cell:
+            switches[name] = tristate(label, f"allreduce.{name}", section)
+    with cells[5]:
+        for name, label in [
+            ("local_clipnorm", "Local clip norm"),
+            ("sparsity_warmup_epochs", "Sparsity warm-up (epochs)"),
+        ]:
+            start = default(f"allreduce.{name}", section)
+            switches[name] = st.number_input(
+                label,
+                value=start,
+                format="%g" if name == "local_clipnorm" else "%d",
+                step=None if name == "local_clipnorm" else 1,
+                key=key(f"allreduce.{name}"),
+                help="empty: the DGC preset's with it, else off; 0: off",
+            )
+            slots.add(f"allreduce.{name}")
     raw["allreduce"] = {
         "compression": compression,
         "ratio": ratio,
         "topk_sample": topk_sample,
         "threshold": threshold,
         "residual": residual,
+        "value_dtype": value_dtype,
         "fp16_clip": fp16_clip,
+        "dgc": dgc,
+        **switches,
+        "dense_norm": dense_norm,
         "fusion_threshold_mb": fusion,
     }
 
