@@ -5,14 +5,15 @@ Compression on two tasks.
 Tasks (``--task``): ``quickstart`` (``experiments/quickstart.yaml``: MNIST-1D's 1-D CNN, LARS
 with warmup and cosine decay, 2 workers x 32, 20 epochs) and ``resnet20``
 (``experiments/resnet20_digits.yaml``: ResNet-20 on the 8x8 digits, SGD with momentum 0.9, 2
-workers x 32, 20 epochs). Studies (``--study``): ``distopt``, SINGA's modes (``MODES``; the
-quickstart only); ``dgc``, topk 1% and 0.1% with and without DGC's techniques (at 0.1%, the
-preset less one technique at a time), 2bit at two thresholds and topk with float16 values
-(``DGC_MODES``; with LARS, also its trust ratio from the dense norm). Seeds 0-2, one run at a
-time under horovodrun. For each run: the final test accuracy, the bytes a worker sent over the
-whole run (``toolkit.curves.bytes_axis`` over its ``comm/bytes_sent`` events), and the updates
-and seconds to the dense runs' mean final accuracy less a point. The table gives each mode's
-mean ± std over seeds, against dense, and how many times fewer bytes than dense it sent.
+workers x 32, 10 epochs, where dense is at 99%). Studies (``--study``): ``distopt``, SINGA's
+modes (``MODES``; the quickstart only); ``dgc``, topk 1% and 0.1% with and without DGC's
+techniques (at 0.1%, the preset less one technique at a time), 2bit at two thresholds and topk
+with float16 values (``DGC_MODES``; with LARS, also its trust ratio from the dense norm). Seeds
+0-2, one run at a time under horovodrun. For each run: the final test accuracy, the bytes a
+worker sent over the whole run (``toolkit.curves.bytes_axis`` over its ``comm/bytes_sent``
+events), and the updates and seconds to the dense runs' mean final accuracy less a point. The
+table gives each mode's mean ± std over seeds, against dense, and how many times fewer bytes
+than dense it sent.
 
     .venv/bin/python experiments/comm_study.py                          # distopt, ~30 min
     .venv/bin/python experiments/comm_study.py --study dgc --task resnet20
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "comm_study"
-TASKS = {"quickstart": "quickstart.yaml", "resnet20": "resnet20_digits.yaml"}
+TASKS = {"quickstart": ("quickstart.yaml", 20), "resnet20": ("resnet20_digits.yaml", 10)}
 SGD = [
     "optimizer.name=sgd",
     "optimizer.learning_rate=0.05",
@@ -119,7 +120,7 @@ def run_cell(
     from toolkit.events import read_events
 
     overrides = [*overrides, f"seed={seed}", f"epochs={epochs}", "checkpoint.every_epochs=100"]
-    config = config_lib.load(ROOT / "experiments" / TASKS[task], overrides)
+    config = config_lib.load(ROOT / "experiments" / TASKS[task][0], overrides)
     run = launch.launch(config, runs_root_dir=root, hosts=hosts)
     state = monitor.follow(run, progress=False)["state"]
     events = read_events(run.events_path)
@@ -214,7 +215,7 @@ def main() -> int:
     parser.add_argument("--task", choices=sorted(TASKS), default="quickstart")
     parser.add_argument("--hosts", help="host:slots,... for the workers (default: localhost)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated")
-    parser.add_argument("--modes", help="comma-separated names (default: the study's all)")
+    parser.add_argument("--modes", help="names separated by ; (default: the study's all)")
     parser.add_argument("--smoke", action="store_true", help="one seed, 2 epochs, 3 modes")
     parser.add_argument("--fresh", action="store_true", help="forget earlier rows")
     parser.add_argument("--results", type=Path, help="the CSV (default: by study and task)")
@@ -222,13 +223,13 @@ def main() -> int:
     catalogue = MODES if args.study == "distopt" else DGC_MODES
     if args.study == "dgc" and args.task == "quickstart":  # LARS
         catalogue = {**catalogue, **LARS_MODES}
-    modes = args.modes.split(",") if args.modes else list(catalogue)
+    modes = args.modes.split(";") if args.modes else list(catalogue)
     if args.smoke:
         modes = [m for m in catalogue if m in ("dense", "topk 1%", "local SGD H=4", "2bit ±0.01")]
     if unknown := sorted(set(modes) - set(catalogue)):
         parser.error(f"--modes: unknown {unknown}; choose from {list(catalogue)}")
     seeds = (0,) if args.smoke else tuple(int(s) for s in args.seeds.split(","))
-    epochs = 2 if args.smoke else 20
+    epochs = 2 if args.smoke else TASKS[args.task][1]
     name = "runs" if (args.study, args.task) == ("distopt", "quickstart") else args.study
     results = args.results or RESULTS / f"{name}{'' if name == 'runs' else '_' + args.task}.csv"
     where = args.hosts or "localhost"

@@ -42,16 +42,31 @@ def run(optimizer, steps: int = 6, shapes=((6, 5), (7,))):
     return seen
 
 
-def test_momentum_correction_sending_everything_is_momentum_sgd():
+WRAPPINGS = {  # how the optimizer is used: alone, under mixed precision, accumulating 2 steps
+    "alone": (lambda optimizer: optimizer, {}),
+    "mixed precision": (keras.optimizers.LossScaleOptimizer, {}),
+    "accumulation": (lambda optimizer: optimizer, {"backward_passes_per_step": 2}),
+}
+
+
+@pytest.mark.parametrize("wrapping", list(WRAPPINGS))
+def test_momentum_correction_sending_everything_is_momentum_sgd(wrapping):
     """With every entry sent, the velocity the allreduce keeps is the optimizer's own buffer:
     the same updates, bit for bit, and the optimizer applies them without momentum. (Weight
-    decay stays with the optimizer, outside the velocity, as in DGC's reference code.)"""
+    decay stays with the optimizer, outside the velocity, as in DGC's reference code.) Under
+    mixed precision the allreduce sees the unscaled gradient; accumulating, the mean of the
+    steps, once per update."""
+    wrap, options = WRAPPINGS[wrapping]
     corrected = SGD(0.1, momentum=0.9)
-    distributed.DistributedOptimizer(
-        corrected, compression="topk", ratio=1.0, momentum_correction=True
+    dense = wrap(SGD(0.1, momentum=0.9))
+    distributed.DistributedOptimizer(dense, **options)
+    got = run(
+        distributed.DistributedOptimizer(
+            wrap(corrected), compression="topk", ratio=1.0, momentum_correction=True, **options
+        )
     )
-    for got, want in zip(run(corrected), run(SGD(0.1, momentum=0.9))):
-        for g, w in zip(got, want, strict=True):
+    for got_step, want_step in zip(got, run(dense), strict=True):
+        for g, w in zip(got_step, want_step, strict=True):
             np.testing.assert_array_equal(g, w)
     assert corrected.momentum == 0.0 and corrected.moved_momentum == 0.9
 
