@@ -66,7 +66,13 @@ def tristate(label: str, path: str, section: str | None = None) -> bool | None:
     """A switch that may follow a preset: ``None`` (preset), ``True`` or ``False``."""
     start = {value: name for name, value in TRISTATE.items()}[default(path, section)]
     names = list(TRISTATE)
-    chosen = st.selectbox(label, names, index=names.index(start), key=key(path))
+    chosen = st.selectbox(
+        label,
+        names,
+        index=names.index(start),
+        key=key(path),
+        help=f"`{path.rsplit('.', 1)[-1]}`; preset: on with the DGC preset, else off",
+    )
     slots.add(path)
     return TRISTATE[chosen]
 
@@ -371,7 +377,7 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
         [
             ("momentum_correction", "Momentum correction"),
             ("momentum_masking", "Momentum masking"),
-            ("dense_1d", "1-D variables dense"),
+            ("dense_1d", "Dense 1-D variables"),
         ],
         strict=True,
     ):
