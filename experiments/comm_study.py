@@ -102,6 +102,23 @@ DGC_MODES = {
     "topk 0.1%, DGC less local clipping": topk(0.001, "dgc=true", "local_clipnorm=0"),
     "topk 0.1%, DGC less warm-up": topk(0.001, "dgc=true", "sparsity_warmup_epochs=0"),
     "topk 0.1%, DGC less dense 1-D": topk(0.001, "dgc=true", "dense_1d=false"),
+    "topk 0.1%, DGC less warm-up and dense 1-D": topk(
+        0.001, "dgc=true", "sparsity_warmup_epochs=0", "dense_1d=false"
+    ),
+    # is momentum correction's cost its weaker weight decay (outside the velocity: at momentum
+    # 0.9, a tenth of dense SGD's effective decay)? The same runs with and without the
+    # correction, and with it at 10x the decay (ResNet-20's SGD: 5e-4 -> 5e-3)
+    "topk 0.1%, DGC less warm-up and momentum correction": topk(
+        0.001,
+        "dgc=true",
+        "sparsity_warmup_epochs=0",
+        "momentum_correction=false",
+        "momentum_masking=false",
+    ),
+    "topk 0.1%, DGC less warm-up, 10x weight decay": [
+        *topk(0.001, "dgc=true", "sparsity_warmup_epochs=0"),
+        "optimizer.params.weight_decay=0.005",
+    ],
     "2bit ±0.001": ["allreduce.compression=2bit", "allreduce.threshold=0.001"],
     "2bit ±0.01": ["allreduce.compression=2bit", "allreduce.threshold=0.01"],
 }
