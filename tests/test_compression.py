@@ -84,18 +84,30 @@ def test_momentum_correction_is_refused_where_the_velocity_differs():
         distributed.DistributedOptimizer(SGD(0.1, momentum=0.9), dgc=True)
 
 
-@pytest.mark.parametrize("dense_norm", [False, True])
-def test_lars_takes_its_trust_ratio_from_the_dense_gradient_norm(dense_norm):
-    """topk 10%: the sent update is a tenth of the gradient; with dense_norm the trust ratio
-    is still ``eta ||w|| / (||g|| + wd ||w||)`` of the whole gradient ``g``."""
+@pytest.mark.parametrize("source", ["sent", "dense norm", "momentum correction"])
+def test_lars_takes_its_trust_ratio_from_the_dense_gradient_norm(source):
+    """topk 10%: the sent update is a tenth of the gradient; with dense_norm (and always under
+    momentum correction, where the update is a velocity) the trust ratio is still
+    ``eta ||w|| / (||g|| + wd ||w||)`` of this step's whole gradient ``g``."""
     eta, wd, shape = 0.02, 1e-4, (6, 5)
-    lars = LARS(0.1, momentum=0.0, weight_decay=wd, trust_coefficient=eta)
-    distributed.DistributedOptimizer(lars, compression="topk", ratio=0.1, dense_norm=dense_norm)
+    momentum = 0.9 if source == "momentum correction" else 0.0
+    lars = LARS(0.0, momentum=momentum, weight_decay=wd, trust_coefficient=eta)
+    distributed.DistributedOptimizer(
+        lars,
+        compression="topk",
+        ratio=0.1,
+        dense_norm=source == "dense norm",
+        momentum_correction=source == "momentum correction",
+    )
     w = keras.Variable(np.ones(shape, "float32"))
-    g = np.random.default_rng(1).normal(size=shape).astype("float32")
-    lars.apply([tf.constant(g)], [w])
-    sent = np.where(np.abs(g) >= np.sort(np.abs(g).ravel())[-3], g, 0)  # ceil(0.1 x 30) = 3
-    norm = np.linalg.norm(g if dense_norm else sent)
-    weight_norm = np.sqrt(30.0)
+    rng, residual = np.random.default_rng(1), np.zeros(shape, "float32")
+    for _ in range(2):  # the second step's velocity is not its gradient, nor what it sends
+        g = rng.normal(size=shape).astype("float32")
+        lars.apply([tf.constant(g)], [w])
+        flat = g + residual
+        sent = np.where(np.abs(flat) >= np.sort(np.abs(flat).ravel())[-3], flat, 0)  # k = 3
+        residual = flat - sent
+    norm = np.linalg.norm(sent if source == "sent" else g)
+    weight_norm = np.sqrt(30.0)  # rate 0: w stays at ones
     (ratio,) = lars.applied_trust_ratios().values()
     np.testing.assert_allclose(ratio, eta * weight_norm / (norm + wd * weight_norm), rtol=1e-5)

@@ -338,10 +338,11 @@ def test_a_dgc_run_resumes_bit_for_bit_with_every_workers_residual_and_velocity(
     traffic = a[a.phase == "train"][["epoch", "comm/bytes_sent", "comm/compression_ratio"]]
     assert traffic.notna().all().all()
     # after the warm-up (resumed in its middle): 5% of the matrices' entries (a float32 value
-    # and an int32 index each, one bucket), and the 1-D variables dense
+    # and an int32 index each, one bucket), the 1-D variables dense, and a gradient norm per
+    # variable (LARS's trust ratios, under momentum correction)
     squeezed = sum(int(np.prod(s)) for s in shapes if len(s) > 1)
     dense = sum(int(np.prod(s)) for s in shapes if len(s) <= 1)
-    sent = 8 * int(np.ceil(0.05 * squeezed)) + 4 * dense
+    sent = 8 * int(np.ceil(0.05 * squeezed)) + 4 * dense + 4 * len(shapes)
     after = traffic[traffic.epoch > 2.2]
     np.testing.assert_allclose(after["comm/bytes_sent"], sent)
     np.testing.assert_allclose(after["comm/compression_ratio"], 4 * (squeezed + dense) / sent)

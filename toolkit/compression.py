@@ -49,8 +49,8 @@
   codec and are averaged dense (float32) in one ``grouped_allreduce``, as DGC's reference
   implementation does; they keep no residual, and their velocity is never masked.
   ``on_dense_norms``, if given, is called in the graph with each variable's dense gradient
-  norm (what entered the accumulation: ``u`` or ``g``), as ``sqrt`` of the workers' mean
-  ``‖·‖²`` (one vector in the same allreduce): LARS's trust ratio under sparsity.
+  norm (of ``g``, after local clipping; not of the velocity), as ``sqrt`` of the workers' mean
+  ``‖g‖²`` (one vector in the same allreduce): LARS's trust ratio under sparsity.
 
   Residuals and velocities are training state, and per worker: :meth:`CompressedAllreduce.state`
   and :meth:`CompressedAllreduce.restore` carry them through a checkpoint (training gathers
@@ -348,9 +348,10 @@ class CompressedAllreduce:
         self._build(grads)
         workers = self.workers() if callable(self.workers) else self.workers
         update = self.updates if self.updates is not None else tf.constant(0, tf.int64)
-        inputs = self._accumulated(grads, workers, update)
+        grads = self._clipped(grads, workers)
+        inputs = self._with_momentum(grads, update)
         dense = [i for i, g in enumerate(grads) if self.dense_1d and g.shape.rank <= 1]
-        reduced = dict(zip(dense, self._dense_mean(inputs, dense), strict=True))
+        reduced = dict(zip(dense, self._dense_mean(inputs, dense, grads), strict=True))
         groups = self._buckets(grads, [i for i in range(len(grads)) if i not in dense])
         largest = max((sum(grads[i].shape.num_elements() for i in g) for g in groups), default=0)
         index_dtype = tf.int32 if largest < 2**31 else tf.int64  # one dtype: one allgather
@@ -401,14 +402,18 @@ class CompressedAllreduce:
         sizes = [nbytes([grads[i]]) for i in indices]
         return [[indices[j] for j in b] for b in fusion_buckets(sizes, self.fusion_threshold_bytes)]
 
-    def _accumulated(self, grads, workers, update) -> list[tf.Tensor]:
-        """What each gradient contributes to this update: clipped (locally), then as the new
-        velocity ``u = m * u + g`` under momentum correction."""
-        if self.local_clipnorm is not None:
-            limit = self.local_clipnorm / tf.sqrt(tf.cast(workers, tf.float32))
-            grads, _ = tf.clip_by_global_norm(grads, limit)
-        if self.momentum is None:
+    def _clipped(self, grads, workers) -> list[tf.Tensor]:
+        """This worker's gradients, clipped to ``local_clipnorm / sqrt(workers)`` if set."""
+        if self.local_clipnorm is None:
             return list(grads)
+        limit = self.local_clipnorm / tf.sqrt(tf.cast(workers, tf.float32))
+        return tf.clip_by_global_norm(grads, limit)[0]
+
+    def _with_momentum(self, grads, update) -> list[tf.Tensor]:
+        """What each gradient contributes to this update: itself, or under momentum correction
+        the new velocity ``u = m * u + g``."""
+        if self.momentum is None:
+            return grads
         m = value_at(self.momentum, update)
         velocities = []
         for velocity, g in zip(self.velocities, grads, strict=True):
@@ -417,12 +422,14 @@ class CompressedAllreduce:
             velocities.append(u)
         return velocities
 
-    def _dense_mean(self, inputs, dense: list[int]) -> list[tf.Tensor]:
+    def _dense_mean(self, inputs, dense: list[int], grads) -> list[tf.Tensor]:
         """The workers' mean of the dense variables' contributions; with ``on_dense_norms``,
-        every variable's dense norm, averaged in the same call."""
+        every gradient's norm, averaged in the same call (the gradient's, not the velocity's:
+        a velocity is about ``1 / (1 - m)`` times longer, and a trust ratio taken from it would
+        cancel the momentum)."""
         tensors = [inputs[i] for i in dense]
         if self.on_dense_norms is not None:
-            tensors.append(tf.stack([tf.reduce_sum(tf.square(s)) for s in inputs]))
+            tensors.append(tf.stack([tf.reduce_sum(tf.square(g)) for g in grads]))
         if not tensors:
             return []
         means = self.allreduce_mean(tensors)

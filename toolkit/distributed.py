@@ -306,7 +306,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     LBSGD, not built yet) into the allreduce: the optimizer then applies the averaged sent
     velocities without momentum, LARS and LBSGD their trust ratios and rates to them.
     ``dense_norm`` (LARS, LBSGD's ``lars``): their trust ratios take the dense gradients'
-    norms (the workers' mean ``‖g‖²``, one small allreduce), not the sparse update's.
+    norms (the workers' mean ``‖g‖²``, one small allreduce), not the sparse update's; always
+    so under momentum correction, where the update is a velocity.
 
     ``sync="partial"`` or ``"local_sgd"`` (:mod:`toolkit.sync`): no gradient is reduced; each
     worker updates from its own gradient, and every ``period`` updates one partition of the
@@ -469,6 +470,9 @@ def _reducer(
                 f"needs the toolkit's SGD, LARS or LBSGD, got {type(optimizer).__name__}"
             )
         momentum = optimizer.take_momentum()
+    # a trust ratio taken from the sent velocities, about 1 / (1 - m) times the gradient, would
+    # cancel the momentum: under momentum correction it always takes the gradients' norm
+    ratio_of_velocity = momentum is not None and getattr(optimizer, "applies_trust_ratios", False)
     if compression == "2bit":
         if value_dtype != "float32":
             raise ValueError("value_dtype is for topk and threshold: 2bit sends two bits")
@@ -497,7 +501,7 @@ def _reducer(
         updates=optimizer.iterations,
         fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
         traffic=traffic,
-        on_dense_norms=optimizer.use_gradient_norms if dense_norm else None,
+        on_dense_norms=optimizer.use_gradient_norms if dense_norm or ratio_of_velocity else None,
     )
 
 
