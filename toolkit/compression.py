@@ -184,18 +184,19 @@ class Sparse:
         decodes to, from which the residual and the masking follow."""
         index = tf.cast(self._select(flat, update), index_dtype)
         values = tf.gather(flat, index)
-        if self.wire == tf.float16:
-            wire, _ = Float16().compress(values)
-            values = tf.cast(wire, flat.dtype)  # what the others will add: the residual keeps
-        else:  # the rounding error
-            wire = values
+        wire = values
+        if self.wire == tf.float16:  # the others add the rounded values: the residual keeps
+            wire, _ = Float16().compress(values)  # the rounding error
+            values = tf.cast(wire, flat.dtype)
         return (wire, index), (index, values)
 
     def left(self, flat, sent):
+        """``flat`` less what was sent: the residual."""
         index, values = sent
         return tf.tensor_scatter_nd_sub(flat, index[:, None], values)
 
     def unsent(self, velocity, sent):
+        """``velocity`` with the entries that were sent cleared (momentum factor masking)."""
         index, values = sent
         return tf.tensor_scatter_nd_update(velocity, index[:, None], tf.zeros_like(values))
 
@@ -208,6 +209,7 @@ class Sparse:
 
     @staticmethod
     def nbytes(payload) -> tf.Tensor:
+        """The bytes of one worker's ``payload``."""
         values, index = payload
         return tf.size(values, tf.int64) * (values.dtype.size + index.dtype.size)
 
@@ -246,6 +248,7 @@ class TwoBit:
         self.threshold = threshold
 
     def encode(self, flat, update, index_dtype):
+        """``(payload, sent)``: the packed words, and the values they decode to."""
         t = tf.constant(self.threshold, flat.dtype)
         up, down = flat >= t, flat <= -t
         sent = tf.where(up, t, tf.where(down, -t, tf.zeros_like(flat)))
@@ -289,7 +292,7 @@ class TwoBit:
         return tf.size(words, tf.int64) * 4
 
 
-Codec = Sparse | TwoBit
+Codec = Sparse | TwoBit  # each: encode, left, unsent, decode_sum, nbytes
 
 
 class CompressedAllreduce:
