@@ -583,7 +583,7 @@ def test_detail_shows_the_traffic_of_a_run_that_logs_it(root):
     fake_run(root, "sparse", events=300, bytes_per_update=800.0)
     at = page("detail")
     titles = [f["layout"]["title"]["text"] for f in figures(at)]
-    assert "bytes a worker sent per update" in titles
+    assert "bytes rank 0 sent per update" in titles
     assert "compression (dense bytes / sent)" in titles
     ratio = figures(at)[titles.index("compression (dense bytes / sent)")]
     np.testing.assert_allclose(decode(ratio["data"][0]["y"]), 50.0)
@@ -703,7 +703,7 @@ def test_a_run_that_sends_dense_gradients_gets_a_line_not_flat_charts(root):
     fake_run(root, "dense", events=300, bytes_per_update=40_000.0)
     at = page("detail")
     titles = [f["layout"]["title"]["text"] for f in figures(at)]
-    assert "bytes a worker sent per update" not in titles
+    assert "bytes rank 0 sent per update" not in titles
     assert any("each worker sends 40,000 bytes per update (dense)" in t.value for t in at.text)
 
 
