@@ -328,6 +328,36 @@ def test_launch_preset_through_the_launcher(root, launches):
     assert "large\\-batch\\-lars\\-fake1" in at.success[0].value
 
 
+def test_launch_form_sets_dgcs_switches(root, launches):
+    """The preset and its switches reach the config: empty and "preset" follow ``dgc``,
+    explicit values win."""
+    at = page("launch")
+    by_label(at.selectbox, "Start from").set_value("quickstart").run()
+    by_label(at.selectbox, "Compression").set_value("topk")
+    by_label(at.selectbox, "Sparse values on the wire").set_value("float16")
+    by_label(at.checkbox, "DGC preset").check()
+    by_label(at.selectbox, "Momentum masking").set_value("off")
+    by_label(at.number_input, "Sparsity warm-up (epochs)").set_value(2)
+    by_label(at.number_input, "Local clip norm").set_value(2.5)
+    at.run()
+    assert not at.error
+    by_label(at.button, "Launch").click().run()
+    ((config, _),) = launches
+    allreduce = config.allreduce
+    assert (allreduce.compression, allreduce.value_dtype, allreduce.dgc) == (
+        "topk",
+        "float16",
+        True,
+    )
+    assert (allreduce.momentum_correction, allreduce.momentum_masking) == (None, False)
+    assert (allreduce.local_clipnorm, allreduce.sparsity_warmup_epochs) == (2.5, 2)
+    assert allreduce.dense_1d is None and not allreduce.dense_norm
+    assert allreduce.summary() == (
+        "topk 1%, float16 values; DGC: momentum correction, local clip 2.5, "
+        "warm-up 2 epochs, 1-D dense"
+    )
+
+
 # --- Runs ---------------------------------------------------------------------------------
 
 

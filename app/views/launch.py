@@ -53,6 +53,25 @@ def number(label: str, path: str, section: str | None = None, **kwargs):
     return value
 
 
+def optional_float(label: str, path: str, section: str | None = None, **kwargs):
+    """A number input for a float field that may be left empty (``None``)."""
+    start = default(path, section)
+    value = st.number_input(
+        label,
+        value=None if start is None else float(start),
+        format="%g",
+        step=None,
+        key=key(path),
+        **kwargs,
+    )
+    slots.add(path)
+    return value
+
+
+def checkbox(label: str, path: str, section: str | None = None, **kwargs) -> bool:
+    return st.checkbox(label, value=bool(default(path, section)), key=key(path), **kwargs)
+
+
 def text(label: str, path: str, section: str | None = None, **kwargs) -> str:
     value = st.text_input(label, value=default(path, section) or "", key=key(path), **kwargs)
     slots.add(path)
@@ -329,23 +348,19 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
             help="threshold: the smallest |g| sent; 2bit: the value each entry sends, or 0",
         )
     with cells[3]:
-        residual = st.checkbox(
+        residual = checkbox(
             "Residual",
-            value=bool(default("allreduce.residual", section)),
-            key=key("allreduce.residual"),
+            "allreduce.residual",
+            section,
             help="topk/threshold/2bit: error feedback, what was not sent joins the next step",
         )
     with cells[4]:
-        clip = default("allreduce.fp16_clip", section)
-        fp16_clip = st.number_input(
+        fp16_clip = optional_float(
             "FP16: clip before the cast",
-            value=None if clip is None else float(clip),
-            format="%g",
-            step=None,
-            key=key("allreduce.fp16_clip"),
+            "allreduce.fp16_clip",
+            section,
             help="empty: 65504 / workers, so the sum over the workers stays finite",
         )
-        slots.add("allreduce.fp16_clip")
     with cells[5]:
         fusion = number("Fusion threshold (MB)", "allreduce.fusion_threshold_mb", section)
     cells = st.columns(6)
@@ -357,18 +372,18 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
             section,
         )
     with cells[1]:
-        dgc = st.checkbox(
+        dgc = checkbox(
             "DGC preset",
-            value=bool(default("allreduce.dgc", section)),
-            key=key("allreduce.dgc"),
+            "allreduce.dgc",
+            section,
             help="Deep Gradient Compression (topk, threshold, 2bit): momentum correction and "
             "masking, local clipping, a sparsity warm-up (topk) and dense 1-D variables, each "
             "unless set otherwise here",
         )
-        dense_norm = st.checkbox(
+        dense_norm = checkbox(
             "LARS: dense norm",
-            value=bool(default("allreduce.dense_norm", section)),
-            key=key("allreduce.dense_norm"),
+            "allreduce.dense_norm",
+            section,
             help="trust ratios from the dense gradients' norm, not the sparse update's",
         )
     switches = {}
@@ -384,20 +399,16 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
         with cell:
             switches[name] = tristate(label, f"allreduce.{name}", section)
     with cells[5]:
-        for name, label in [
-            ("local_clipnorm", "Local clip norm"),
-            ("sparsity_warmup_epochs", "Sparsity warm-up (epochs)"),
-        ]:
-            start = default(f"allreduce.{name}", section)
-            switches[name] = st.number_input(
-                label,
-                value=start,
-                format="%g" if name == "local_clipnorm" else "%d",
-                step=None if name == "local_clipnorm" else 1,
-                key=key(f"allreduce.{name}"),
-                help="empty: the DGC preset's with it, else off; 0: off",
-            )
-            slots.add(f"allreduce.{name}")
+        follows_dgc = "empty: the DGC preset's with it, else off; 0: off"
+        switches["local_clipnorm"] = optional_float(
+            "Local clip norm", "allreduce.local_clipnorm", section, help=follows_dgc
+        )
+        switches["sparsity_warmup_epochs"] = number(
+            "Sparsity warm-up (epochs)",
+            "allreduce.sparsity_warmup_epochs",
+            section,
+            help=follows_dgc,
+        )
     raw["allreduce"] = {
         "compression": compression,
         "ratio": ratio,
