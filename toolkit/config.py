@@ -392,7 +392,7 @@ class AllreduceConfig(_Section):
             words += f" (k-th from a {100 * self.topk_sample:g}% sample)"
         if self.value_dtype != "float32":
             words += f", {self.value_dtype} values"
-        if mode in ("topk", "threshold", "2bit") and not self.residual:
+        if mode in COMPRESSED and not self.residual:
             words += ", no residual"
         on = dgc_switches(self.model_dump())
         techniques = [
@@ -423,7 +423,7 @@ class AllreduceConfig(_Section):
             )
         refusals = (
             (
-                self.value_dtype != "float32" and mode not in ("topk", "threshold"),
+                self.value_dtype != "float32" and mode not in SPARSE,
                 f"allreduce.value_dtype={self.value_dtype!r} needs allreduce.compression topk "
                 f"or threshold (got {mode!r})",
             ),
@@ -667,9 +667,12 @@ class ExperimentConfig(_Section):
         can (checked on the optimizer itself, in the pass that builds it)."""
         allreduce, optimizer = self.allreduce, self.optimizer
         moves = dgc_switches(allreduce.model_dump())["momentum_correction"]
-        if not (moves or allreduce.dense_norm) or (info.context or {}).get("names_only"):
-            return self
-        if (info.context or {}).get("stored"):
+        context = info.context or {}
+        if (
+            not (moves or allreduce.dense_norm)
+            or context.get("names_only")
+            or context.get("stored")
+        ):
             return self
         built = OPTIMIZERS.get(
             optimizer.name, learning_rate=optimizer.learning_rate, **optimizer.params
