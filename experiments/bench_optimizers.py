@@ -4,10 +4,11 @@
 
 Every update runs inside a compiled ``tf.function`` on the TensorFlow backend (XLA off by
 default, as under Horovod on CPU; ``--jit`` turns it on). Updates are interleaved, so machine
-noise hits every optimizer alike. Printed for each: the median time of ``--repeats`` updates,
-its ratio to ``keras.optimizers.SGD(momentum=0.9)``, and its ratio to the toolkit's own
-SGD-momentum update (the median of the ratios within each round, with their 10th-90th
-percentiles).
+noise hits every optimizer alike; on a GPU the clock stops when the device has finished the
+update (``tf.test.experimental.sync_devices``), not when it was launched. Printed for each: the
+median time of ``--repeats`` updates, its ratio to ``keras.optimizers.SGD(momentum=0.9)``,
+and its ratio to the toolkit's own SGD-momentum update (the median of the ratios within each
+round, with their 10th-90th percentiles).
 """
 
 from __future__ import annotations
@@ -57,11 +58,15 @@ def main(repeats: int, jit: bool) -> pd.DataFrame:
         )
         step()  # trace and warm up
         steps[name] = step
+    # A GPU runs a step after the call returns: wait for it, or the time is the launch's.
+    finish = tf.test.experimental.sync_devices if tf.config.list_logical_devices("GPU") else None
     times = {name: [] for name in steps}
     for _ in range(repeats):  # interleaved, so drift affects every candidate alike
         for name, step in steps.items():
             start = time.perf_counter()
             step()
+            if finish:
+                finish()
             times[name].append(time.perf_counter() - start)
     times = pd.DataFrame(times)
     ours = times[OUR_SGD]

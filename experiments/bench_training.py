@@ -3,6 +3,7 @@
     .venv/bin/python experiments/bench_training.py [--repeat 5] [--epochs N] [--only NAME]
         [--matched]
     .venv/bin/python experiments/bench_training.py --horovod [--repeat 5] [--epochs N]
+    .venv/bin/python experiments/bench_training.py --gpu [--repeat 3]
 
 Two workloads, each trained in this process (one worker):
 
@@ -23,6 +24,10 @@ pair; the table gives the median of each side and the median ratio with its spre
 ``steps_per_execution``, chosen from the event intervals); the bare fit runs Keras's default
 of one, or with ``--matched`` as many as ``toolkit.train``, which isolates what the callbacks
 cost.
+
+With ``--gpu`` (a GPU machine) the workloads are ResNet-50 on synthetic 224x224x3 images at batch
+256 in mixed precision, with SGD and with LARS, 2 epochs of 20 steps; both sides then set the
+``mixed_float16`` policy and scale the loss, as ``toolkit.train`` does.
 
 With ``--horovod`` the quickstart runs on 2 Gloo workers (``horovodrun``, started by this
 script), and the peer is Horovod's own recipe written out: a compiled step under
@@ -49,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 QUICKSTART = "experiments/quickstart.yaml"
 RESNET20 = "experiments/cifar10_resnet20_lars.yaml"
+RESNET50 = "experiments/resnet50_synthetic.yaml"
 RESNET20_SYNTHETIC = {
     "workers": 1,
     "epochs": 2,
@@ -79,6 +85,21 @@ than an overhead, so a second row of each shows the run without it. A third runs
 its base batch equal to the batch (a gain of 1: the same updates as the peer's), which measures
 the noise before every update: what a one-worker AdaScale costs per update."""
 
+RESNET50_GPU = {
+    "workers": 1,
+    "epochs": 2,
+    "steps_per_epoch": 20,
+    "batch.per_worker": 256,
+    "precision": "mixed_float16",
+    "dataset.params.num_samples": 6400,
+    "logging.every_steps": 5,
+}
+GPU_WORKLOADS = {
+    "resnet50 SGD, GPU": (RESNET50, {**RESNET50_GPU, "optimizer.name": "sgd"}),
+    "resnet50 LARS, GPU": (RESNET50, RESNET50_GPU),
+}
+"""The same on a GPU (``--gpu``): ResNet-50 at batch 256 in mixed precision, SGD and LARS."""
+
 
 def bare_fit(config, matched: bool = False) -> None:
     """The peer: the same model, optimizer, data and epochs through ``model.fit``, nothing
@@ -103,11 +124,15 @@ def bare_fit(config, matched: bool = False) -> None:
     from toolkit.train import steps_per_execution
 
     keras.utils.set_random_seed(config.seed)
+    keras.config.set_dtype_policy(config.precision)
     dataset = load_dataset(config)
     spe = steps_per_epoch(config, len(dataset.x_train), 1)
     model = build_model(config, dataset)
+    optimizer = build_optimizer(config, spe, 1)
+    if config.precision == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     model.compile(
-        optimizer=build_optimizer(config, spe, 1),
+        optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
         jit_compile=False,
@@ -230,7 +255,7 @@ def workload_config(name: str, overrides: dict, epochs: int | None):
 
     from toolkit.config import from_mapping, set_path
 
-    path = WORKLOADS[name][0]
+    path = (WORKLOADS | GPU_WORKLOADS)[name][0]
     raw = yaml.safe_load((ROOT / path).read_text())
     for key, value in {**overrides, **({"epochs": epochs} if epochs else {})}.items():
         set_path(raw, key, value)
@@ -256,7 +281,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--epochs", type=int, help="for every workload (default: its own)")
-    parser.add_argument("--only", choices=sorted(WORKLOADS), help="one workload")
+    parser.add_argument("--only", choices=sorted(WORKLOADS | GPU_WORKLOADS), help="one workload")
+    parser.add_argument("--gpu", action="store_true", help="the GPU workloads (ResNet-50)")
     parser.add_argument(
         "--matched",
         action="store_true",
@@ -277,7 +303,8 @@ def main() -> int:
         return subprocess.run(command, check=False).returncode
 
     rows = []
-    for name, (_, overrides) in WORKLOADS.items():
+    workloads = GPU_WORKLOADS if args.gpu or args.only in GPU_WORKLOADS else WORKLOADS
+    for name, (_, overrides) in workloads.items():
         if args.only and name != args.only:
             continue
         config = workload_config(name, overrides, args.epochs)

@@ -4,12 +4,22 @@
 #   scripts/setup.sh           runtime: Debian build tools, .venv, requirements, Horovod,
 #                              the fused optimizer kernels
 #   scripts/setup.sh --test    also the test dependencies (torch CPU, pytest, Chromium)
+#   scripts/setup.sh --detect  only say which build this machine gets, CPU or GPU, and why
 #
-# Horovod 0.28.1 is built from source once, against the TensorFlow in .venv, with TensorFlow
-# and Gloo (no MPI, no PyTorch, no MXNet). The wheel is cached in $LBL_CACHE (default
-# ~/.cache/large-batch-lab) keyed by the TensorFlow version, so later runs and fresh clones
-# reuse it. Set-up ends with `horovodrun --check-build`, which must show TensorFlow and Gloo.
-# Python packages are installed at the exact versions in constraints.txt (scripts/lock.sh).
+# The GPU build is chosen where `nvidia-smi -L` lists a GPU (the rule the launch queue counts
+# its slots by, toolkit/slots.py); LBL_GPU=1 forces it (it builds without a GPU: nvcc needs
+# none) and LBL_GPU=0 forces the CPU build. The two differ in two things:
+#   CPU  tensorflow-cpu; Horovod with TensorFlow and Gloo
+#   GPU  tensorflow[and-cuda] (CUDA 12 and cuDNN as PyPI wheels); Horovod also with NCCL,
+#        compiled by CUDA 13's nvcc from PyPI wheels (PyPI ships no CUDA 12 nvcc), so no
+#        system CUDA toolkit is needed; HOROVOD_CUDA_HOME=/usr/local/cuda-12.x uses one.
+# Horovod 0.28.1 is built from source once, against the TensorFlow in .venv (no MPI, no
+# PyTorch, no MXNet). The wheel is cached in $LBL_CACHE (default ~/.cache/large-batch-lab)
+# under a name that gives the TensorFlow version and, for GPUs, "gpu", so later runs and
+# fresh clones reuse it and CPU and GPU wheels never mix. Set-up ends with `horovodrun
+# --check-build`, which must show TensorFlow and Gloo (and NCCL on the GPU build).
+# Python packages are installed at the exact versions in constraints.txt, plus
+# constraints-gpu.txt on the GPU build (scripts/lock.sh writes both).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,15 +28,41 @@ CACHE="${LBL_CACHE:-$HOME/.cache/large-batch-lab}"
 PYTHON="${PYTHON:-python3.11}"
 HOROVOD_VERSION=0.28.1
 WITH_TESTS=0
-[[ "${1:-}" == "--test" ]] && WITH_TESTS=1
+case "${1:-}" in
+  --test) WITH_TESTS=1 ;;
+  --detect | "") ;;
+  *) echo "usage: scripts/setup.sh [--test | --detect]" >&2; exit 2 ;;
+esac
 
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '\033[31m[setup] %s\033[0m\n' "$*" >&2; exit 1; }
+
+# --- CPU or GPU --------------------------------------------------------------------------------
+case "${LBL_GPU:-}" in
+  1) FLAVOUR=gpu; why="LBL_GPU=1" ;;
+  0) FLAVOUR=cpu; why="LBL_GPU=0" ;;
+  "")
+    gpus=0
+    if command -v nvidia-smi >/dev/null; then
+      gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+      why="nvidia-smi lists $gpus GPUs"
+    else
+      why="no nvidia-smi on PATH"
+    fi
+    if ((gpus > 0)); then FLAVOUR=gpu; else FLAVOUR=cpu; fi ;;
+  *) die "LBL_GPU must be 1 (the GPU build) or 0 (the CPU build), or unset to detect; got '$LBL_GPU'." ;;
+esac
+if [[ "${1:-}" == "--detect" ]]; then
+  echo "$FLAVOUR ($why)"
+  exit 0
+fi
+say "$FLAVOUR build ($why)"
 
 # --- Debian packages -------------------------------------------------------------------------
 # ssh and iproute2: multi-host runs, and the namespace cluster (python -m toolkit cluster).
 apt_packages=(cmake g++ make git openssh-client openssh-server iproute2)
 ((WITH_TESTS)) && apt_packages+=(chromium)
+[[ $FLAVOUR == gpu ]] && apt_packages+=(patchelf)  # Horovod's path to NCCL, below
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -56,12 +92,19 @@ fi
 PY="$VENV/bin/python"
 pip_quiet() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
+# The flavour's TensorFlow (requirements-cpu.txt or requirements-gpu.txt) and its pins. The two
+# TensorFlow distributions write the same files, so a venv changing flavour drops the other first.
+requirements=(-r "$ROOT/requirements.txt" -r "$ROOT/requirements-$FLAVOUR.txt" -c "$ROOT/constraints.txt")
+[[ $FLAVOUR == gpu ]] && requirements+=(-c "$ROOT/constraints-gpu.txt")
+other_tensorflow=tensorflow
+[[ $FLAVOUR == gpu ]] && other_tensorflow=tensorflow-cpu
 stamp="$VENV/.lbl-requirements"
-want="$(cat "$ROOT/requirements.txt" "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha1sum | cut -c1-12)"
+want="$FLAVOUR $(cat "$ROOT"/requirements*.txt "$ROOT/pyproject.toml" "$ROOT"/constraints*.txt | sha1sum | cut -c1-12)"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
-  say "installing requirements (first run: a few minutes)"
+  say "installing requirements (first run: a few minutes$([[ $FLAVOUR == gpu ]] && echo ', about 3 GB of CUDA wheels'))"
   pip_quiet --upgrade pip setuptools wheel
-  pip_quiet -r "$ROOT/requirements.txt" -c "$ROOT/constraints.txt"
+  "$PY" -m pip uninstall --disable-pip-version-check -q -y "$other_tensorflow" 2>/dev/null || true
+  pip_quiet "${requirements[@]}"
   pip_quiet --no-deps -e "$ROOT"
   echo "$want" >"$stamp"
 fi
@@ -81,27 +124,68 @@ for name in sys.argv[1:]:
 PYEOF
 }
 tf_version="$(version_of tensorflow-cpu tensorflow)"
+build_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
+  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)")
+built_with=(TensorFlow Gloo)
+wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-tf$tf_version-py311"
+if [[ $FLAVOUR == gpu ]]; then
+  built_with+=(NCCL)
+  wheel_dir+="-gpu"
+fi
 hstamp="$VENV/.lbl-horovod"
-hwant="horovod $HOROVOD_VERSION, tensorflow $tf_version"
+hwant="horovod $HOROVOD_VERSION, tensorflow $tf_version, ${built_with[*]}"
+
+cuda_build_home() {  # a CUDA toolkit with nvcc for Horovod's build: HOROVOD_CUDA_HOME, or PyPI's
+  if [[ -n "${HOROVOD_CUDA_HOME:-}" ]]; then
+    echo "$HOROVOD_CUDA_HOME"
+    return
+  fi
+  local dir home
+  dir="$CACHE/cuda-build-$(sha1sum <"$ROOT/requirements-cuda-build.txt" | cut -c1-8)"
+  home="$dir/nvidia/cu13"
+  if [[ ! -x "$home/bin/nvcc" ]]; then
+    say "installing CUDA 13's nvcc from PyPI into $dir (for Horovod's build only)" >&2
+    pip_quiet --no-deps --target "$dir" -r "$ROOT/requirements-cuda-build.txt" >&2
+  fi
+  # Names the wheels lack: nvcc.profile looks in lib64, CMake's FindCUDAToolkit for libcudart.so.
+  ln -sfn lib "$home/lib64"
+  ln -sfn libcudart.so.13 "$home/lib/libcudart.so"
+  echo "$home"
+}
+
 if [[ "$(version_of horovod)" != "$HOROVOD_VERSION" || "$(cat "$hstamp" 2>/dev/null)" != "$hwant" ]]; then
-  if ! "$PY" -c 'import horovod.tensorflow' 2>/dev/null; then
-    wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-tf$tf_version-py311"
-    if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-      say "building Horovod $HOROVOD_VERSION against TensorFlow $tf_version (about 3 minutes on 2 cores)"
-      mkdir -p "$wheel_dir"
-      # For GPUs, export HOROVOD_GPU_OPERATIONS=NCCL before running this script (see README).
-      env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-          HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
-        "$PY" -m pip wheel --disable-pip-version-check -q --no-build-isolation --no-deps \
-          --no-binary horovod -w "$wheel_dir" "horovod==$HOROVOD_VERSION" \
-        || { rm -rf "$wheel_dir"; die "Horovod build failed (see above). It needs cmake and g++ (apt-get install cmake g++)."; }
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    if [[ $FLAVOUR == gpu ]]; then
+      # NCCL is TensorFlow's own wheel (nvidia-nccl-cu12), linked as a shared library; CMake
+      # looks for the unversioned name the wheel lacks.
+      nccl="$("$PY" -c 'import nvidia.nccl; print(nvidia.nccl.__path__[0])')"
+      ln -sfn libnccl.so.2 "$nccl/lib/libnccl.so"
+      build_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$(cuda_build_home)"
+        HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB="$nccl/lib" HOROVOD_NCCL_LINK=SHARED)
     fi
-    say "installing Horovod from $wheel_dir"
-    pip_quiet --no-deps "$wheel_dir"/horovod-*.whl
+    say "building Horovod $HOROVOD_VERSION with ${built_with[*]} against TensorFlow $tf_version (about 3 minutes on 2 cores)"
+    mkdir -p "$wheel_dir"
+    env "${build_env[@]}" "$PY" -m pip wheel --disable-pip-version-check -q --no-cache-dir \
+        --no-build-isolation --no-deps --no-binary horovod -w "$wheel_dir" "horovod==$HOROVOD_VERSION" \
+      || { rm -rf "$wheel_dir"; die "Horovod build failed (see above). It needs cmake and g++ (apt-get install cmake g++)."; }
+  fi
+  say "installing Horovod from $wheel_dir"
+  pip_quiet --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+  if [[ $FLAVOUR == gpu ]]; then
+    # The build recorded the absolute NCCL directory of the venv that built the wheel; look in
+    # this venv's instead, relative to the library, so the cached wheel serves any venv.
+    site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')"
+    for lib in "$site"/horovod/*/mpi_lib*.so; do
+      if patchelf --print-needed "$lib" | grep -q '^libnccl'; then
+        patchelf --set-rpath "\$ORIGIN/$(realpath --relative-to="$(dirname "$lib")" "$site")/nvidia/nccl/lib" "$lib"
+      fi
+    done
   fi
   "$VENV/bin/horovodrun" --check-build >"$VENV/.horovod-check-build" 2>&1 || true
-  grep -qE '\[X\] TensorFlow' "$VENV/.horovod-check-build" && grep -qE '\[X\] Gloo' "$VENV/.horovod-check-build" \
-    || { cat "$VENV/.horovod-check-build"; die "Horovod was built without TensorFlow or Gloo; delete $CACHE and re-run."; }
+  for framework in "${built_with[@]}"; do
+    grep -qE "\[X\] $framework" "$VENV/.horovod-check-build" \
+      || { cat "$VENV/.horovod-check-build"; die "Horovod was built without $framework; delete $wheel_dir and re-run."; }
+  done
   echo "$hwant" >"$hstamp"
 fi
 
@@ -132,4 +216,4 @@ if ((WITH_TESTS)); then
     echo "$twant" >"$tstamp"
   fi
 fi
-say "ready: TensorFlow $tf_version, Keras $(version_of keras), Horovod $(version_of horovod) (TensorFlow + Gloo)"
+say "ready: TensorFlow $tf_version ($FLAVOUR), Keras $(version_of keras), Horovod $(version_of horovod) (${built_with[*]})"

@@ -567,3 +567,55 @@ def test_without_horovod_it_is_one_process(monkeypatch, caplog):
     monkeypatch.setenv("HOROVOD_RANK", "1")
     with pytest.raises(RuntimeError, match="started by horovodrun"):
         module.init()
+
+
+# --- GPU placement (the rule; tests/test_gpu.py runs it on GPUs) -------------------------
+
+
+@pytest.mark.parametrize(
+    "local_rank, local_size, gpus, expected",
+    [
+        (0, 1, [], None),
+        (1, 2, [], None),
+        (0, 4, ["g0", "g1", "g2", "g3"], "g0"),
+        (3, 4, ["g0", "g1", "g2", "g3"], "g3"),
+        (2, 4, ["bound"], "bound"),  # a scheduler gave each process its own GPU
+        (1, 2, ["g0", "g1", "g2", "g3"], "g1"),
+    ],
+)
+def test_each_worker_takes_the_gpu_its_local_rank_names(local_rank, local_size, gpus, expected):
+    assert distributed.gpu_for_worker(local_rank, local_size, gpus) == expected
+
+
+def test_more_workers_than_gpus_share_them_with_a_warning(caplog):
+    gpus = ["g0", "g1"]
+    with caplog.at_level(logging.WARNING, logger=distributed.__name__):
+        taken = [distributed.gpu_for_worker(rank, 3, gpus) for rank in range(3)]
+    assert taken == ["g0", "g1", "g0"]
+    assert "3 workers on this host share its 2 GPUs; NCCL refuses two ranks" in caplog.text
+
+
+def test_a_compressed_update_with_the_noise_meter_never_calls_back_into_python(monkeypatch):
+    """Everything an update does per step is graph ops: the DGC allreduce, its state and the
+    noise meter's counters and norms (read only when a callback logs them). A Python callback
+    in the step would cost a host round trip on every update of a GPU."""
+    distributed.init()
+    monkeypatch.setattr(distributed, "size", lambda: 2)  # installs the hook over real Horovod
+    meter = distributed.GradientNoiseMeter(every=2)
+    optimizer = distributed.DistributedOptimizer(
+        SGD(0.1, momentum=0.9),
+        compression="topk",
+        ratio=0.1,
+        dgc=True,
+        updates_per_epoch=4,
+        noise_meter=meter,
+    )
+    variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
+    optimizer.build(variables)
+    step = tf.function(lambda grads: optimizer.apply(grads, variables))
+    specs = [tf.TensorSpec(shape, tf.float32) for shape in WIRE_SHAPES]
+    graph = step.get_concrete_function(specs).graph.as_graph_def()
+    ops = {node.op for node in graph.node}
+    ops |= {node.op for function in graph.library.function for node in function.node_def}
+    assert {"HorovodGroupedAllgather", "HorovodAllreduce", "TopKV2"} <= ops  # the hook is there
+    assert not ops & {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
