@@ -318,7 +318,7 @@ def test_run_detail_draws_the_global_batch_as_it_grew(two_workers, monkeypatch):
 
 
 def test_a_probe_measures_an_adaptive_config_at_its_first_batch(tmp_path):
-    from toolkit.noise_scale import probe
+    from toolkit.probe import probe
 
     config = from_mapping(ADAPTIVE, ["workers=1", "batch.adaptive.min=32"])
     result = probe(config, steps=30, runs_root=tmp_path)

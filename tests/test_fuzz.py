@@ -390,18 +390,18 @@ def test_the_budget_and_counts_are_what_the_readme_reports():
 
 
 def test_the_same_values_through_python_raise_the_modules_own_error(sandbox):
-    from toolkit import noise_scale
+    from toolkit import probe
     from toolkit import sweep as sweeps
     from toolkit.config import ConfigError, from_mapping
 
     work, runs = sandbox
     config = from_mapping(QUICKSTART)
-    for bad in (0, -1, True, 1.5, noise_scale.MAX_PROBE_STEPS + 1):
+    for bad in (0, -1, True, 1.5, probe.MAX_PROBE_STEPS + 1):
         with pytest.raises(ConfigError, match="probe: steps must be an integer from 1 to"):
-            noise_scale.probe(config, steps=bad, runs_root=runs)
+            probe.probe(config, steps=bad, runs_root=runs)
     for bad in (0, -3, 2.0, 10**9):
         with pytest.raises(ConfigError, match="probe: np must be an integer"):
-            noise_scale.probe(config, np=bad, runs_root=runs)
+            probe.probe(config, np=bad, runs_root=runs)
     for bad in (0, -3, 10**9):
         with pytest.raises(ConfigError, match="workers"):
             launch.launch(config, np=bad, runs_root_dir=runs)

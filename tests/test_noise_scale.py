@@ -267,7 +267,7 @@ def test_a_band_with_unbounded_resamples_is_unbounded_without_a_warning():
     import warnings
 
     from toolkit.config import from_mapping
-    from toolkit.noise_scale import summarize
+    from toolkit.probe import summarize
 
     n = 40  # |G|² measured as 2 and -1.8 in turn: a mean of 0.1, but many resamples' <= 0
     gns = pd.DataFrame({"grad_sq_step": np.resize([2.0, -1.8], n), "trace_sigma_step": 1.0})
@@ -284,7 +284,7 @@ def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
     import pandas as pd
 
     from toolkit.config import from_mapping
-    from toolkit.noise_scale import summarize
+    from toolkit.probe import summarize
 
     rng = np.random.default_rng(0)
     n = 400

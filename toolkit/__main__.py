@@ -31,8 +31,9 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from toolkit import cluster, jupyter, noise_scale, safe_yaml, slots
+from toolkit import cluster, jupyter, safe_yaml, slots
 from toolkit import launch as launcher
+from toolkit import probe as probe_lib
 from toolkit.cluster import ClusterError
 from toolkit.config import MAX_WORKERS
 from toolkit.monitor import follow
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         "--np", type=integer(1, MAX_WORKERS), default=1, help="workers (default 1, here)"
     )
     probe.add_argument(
-        "--steps", type=integer(1, noise_scale.MAX_PROBE_STEPS), default=200, help="updates"
+        "--steps", type=integer(1, probe_lib.MAX_PROBE_STEPS), default=200, help="updates"
     )
     probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     grid = sub.add_parser("sweep", help="run a grid of experiments (toolkit.sweep)")
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
             config = load(args.config, args.set)
             print(f"probing {config.name}: {args.steps} updates on {args.np} worker(s)...")
-            result = noise_scale.probe(config, steps=args.steps, np=args.np, runs_root=args.runs)
+            result = probe_lib.probe(config, steps=args.steps, np=args.np, runs_root=args.runs)
             print(f"{result.reading()}\n(probe run: {result.run_id})")
     except (ValueError, OSError, ClusterError) as error:  # ConfigError, RunError: ValueErrors
         print(f"error: {safe_yaml.clip(error)}", file=sys.stderr)

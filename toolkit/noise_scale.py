@@ -16,7 +16,8 @@ the ratio of noisy numbers is never averaged. Data-parallel training measures bo
 for free: each worker's gradient is a ``b_small`` gradient and the allreduced one a ``b_big``
 gradient (:class:`toolkit.distributed.GradientNoiseMeter`).
 
-Nothing here imports Keras or TensorFlow, except :func:`probe`, which trains.
+Nothing here imports Keras or TensorFlow; the probe that trains a config to measure it is
+:mod:`toolkit.probe`.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Real
-
-import numpy as np
 
 
 def estimate(small_sq: float, big_sq: float, b_small: float, b_big: float) -> tuple[float, float]:
@@ -80,168 +79,3 @@ class Smoother:
         if grad_sq is None or grad_sq <= 0 or trace_sigma < 0:
             return None
         return trace_sigma / grad_sq
-
-
-# --- The pre-flight probe: "what batch should I use?" ------------------------------------------
-
-
-CALIBRATION = (2.8, 1.6, 4.1)
-"""``B_crit / B_simple``, the median and range of six measurements on the study's MNIST-1D CNN
-(docs/study.md, ``experiments/critical_batch.py``): 3.13, 4.13 and 3.28 at held-out losses 1.0,
-0.8 and 0.6 with 16,000 training examples; 1.56, 2.39 and 2.01 at 0.5, 0.4 and 0.3 with 64,000.
-Not one constant even on one model: a probe reports the calibrated ``B_crit`` saying so."""
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """What a short training run measured: ``b_simple`` (the ratio of the mean ``tr Σ`` to the
-    mean ``|G|²`` over the second half of the measurements) with a ``band`` (the 10th and 90th
-    percentiles of that ratio over bootstrap resamples of the same measurements; resamples
-    whose mean ``|G|²`` is not positive count as unbounded), against the config's
-    ``global_batch``; ``suggested_batch`` (the power of two nearest ``b_simple`` that the
-    workers divide) and the learning rate the config's scaling rule gives there."""
-
-    run_id: str
-    b_simple: float
-    band: tuple[float, float]
-    global_batch: int
-    suggested_batch: int
-    suggested_learning_rate: float
-    learning_rate: float
-    lr_rule: str
-
-    def reading(self) -> str:
-        """The result in plain language (McCandlish et al.: steps to a given loss go as
-        ``S_min·(1 + B_noise/B)``, so doubling ``B`` divides the steps by
-        ``(1 + n)/(1 + n/2)`` with ``n = B_noise/B``), with the ``B_crit`` that
-        :data:`CALIBRATION` gives."""
-        b, low, high = self.b_simple, *self.band
-        ratio = self.global_batch / b
-        where = f"{1 / ratio:.1f}× below" if ratio < 1 else f"{ratio:.1f}× above"
-        doubling = (1 + 1 / ratio) / (1 + 1 / (2 * ratio))
-        lines = [
-            f"B_simple ≈ {b:,.0f} (10–90% band {low:,.0f}–{high:,.0f}: the probe's last half, "
-            "bootstrapped)",
-            f"Your global batch {self.global_batch:,} is {where} it: doubling it would divide "
-            f"the steps to a given loss by about {doubling:.2f}.",
-            f"Calibrated B_crit ≈ {CALIBRATION[0] * b:,.0f} ({CALIBRATION[1] * b:,.0f}–"
-            f"{CALIBRATION[2] * b:,.0f}): B_simple × {CALIBRATION[0]:g}, the median factor "
-            "measured on the lab's MNIST-1D CNN at six losses on two data sizes (docs/study.md); "
-            "it varied 1.6–4.1 there, so calibrate it on your model.",
-            f"Up to about {b / 4:,.0f}, doubling the batch nearly halves the steps (≥ 1.8×); "
-            f"around {b:,.0f} it saves about a quarter; beyond {4 * b:,.0f} it saves under "
-            "10%: extra batch there buys little.",
-        ]
-        if self.lr_rule == "adascale":
-            lines.append(
-                "lr_scaling is adascale: at any batch the rate follows AdaScale's gain, "
-                f"measured as the run trains (from {self.learning_rate:.4g} up to "
-                "global batch / base batch times it)."
-            )
-        elif self.lr_rule == "none":
-            lines.append(
-                f"At a batch of {self.suggested_batch:,} the learning rate stays "
-                f"{self.learning_rate:.4g} (lr_scaling.rule is none; linear or sqrt scale it)."
-            )
-        else:
-            lines.append(
-                f"At a batch of {self.suggested_batch:,}, lr_scaling ({self.lr_rule}) gives a "
-                f"learning rate of {self.suggested_learning_rate:.4g} "
-                f"(now {self.learning_rate:.4g} at {self.global_batch:,})."
-            )
-        return "\n".join(lines)
-
-
-def summarize(gns, run_id: str, config, world_size: int) -> ProbeResult:
-    """A :class:`ProbeResult` from a run's ``gns`` events (a DataFrame) and its config."""
-    late = gns.iloc[len(gns) // 2 :]
-    if len(late) < 5:
-        raise ValueError(f"{run_id}: {len(gns)} noise-scale measurements; a probe needs >= 10")
-    trace, grad_sq = late["trace_sigma_step"].to_numpy(), late["grad_sq_step"].to_numpy()
-    if grad_sq.mean() <= 0:
-        raise ValueError(f"{run_id}: the mean |G|² is not positive: probe for more steps")
-    b_simple = float(trace.mean() / grad_sq.mean())
-    rows = np.random.default_rng(0).integers(0, len(late), size=(1000, len(late)))
-    means = grad_sq[rows].mean(axis=1)
-    ratios = np.where(means > 0, trace[rows].mean(axis=1) / np.where(means > 0, means, 1), np.inf)
-    # the empirical quantile, not an interpolation, which would subtract inf from inf
-    low, high = np.percentile(ratios, [10, 90], method="inverted_cdf")
-    global_batch = config.global_batch(world_size)
-    suggested = _suggested_batch(b_simple, world_size)
-    at_suggested = config.model_copy(
-        update={"batch": config.batch.model_copy(update={"global_size": suggested})}
-    )
-    return ProbeResult(
-        run_id=run_id,
-        b_simple=b_simple,
-        band=(float(max(low, 0.0)), float(high)),
-        global_batch=global_batch,
-        suggested_batch=suggested,
-        suggested_learning_rate=at_suggested.scaled_learning_rate(world_size),
-        learning_rate=config.scaled_learning_rate(world_size),
-        lr_rule=config.lr_scaling.rule,
-    )
-
-
-def _suggested_batch(b_simple: float, workers: int) -> int:
-    """The power of two nearest ``b_simple`` (at least one example per worker) that
-    ``workers`` divide, else the nearest multiple of ``workers``."""
-    power = 2 ** max(0, round(math.log2(max(b_simple, 1))))
-    return power if power % workers == 0 else max(workers, round(power / workers) * workers)
-
-
-MAX_PROBE_STEPS = 1_000_000  # a probe is a short run: more is a typo
-
-
-def probe(
-    config, *, steps: int = 200, np: int = 1, runs_root=None, in_process: bool | None = None
-) -> ProbeResult:
-    """Train ``config`` for about ``steps`` updates from its start (the schedule squeezed into
-    the probe's epochs; AdaScale's base rate, without its gain, which the probe measures; an
-    adaptive batch's first batch, fixed)
-    measuring the noise scale at every update, and return what it says.
-    With ``np == 1`` the probe trains in this process (unless ``in_process=False``);
-    otherwise under horovodrun, as a launched run. Its run directory is marked ``probe: true`` in
-    ``meta.json`` (the Runs page hides probes unless asked)."""
-    from toolkit import config as config_lib
-    from toolkit.events import read_events
-    from toolkit.experiment import load_dataset, steps_per_epoch
-
-    for name, value, high in (
-        ("steps", steps, MAX_PROBE_STEPS),
-        ("np", np, config_lib.MAX_WORKERS),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-            span = f"from 1 to {high:,}"
-            raise config_lib.ConfigError(f"probe: {name} must be an integer {span} (got {value!r})")
-    batches = steps * config.steps_per_update(np)
-    dataset = load_dataset(config)
-    per_epoch = steps_per_epoch(config, len(dataset.x_train), np)
-    short = config_lib.from_mapping(
-        {**config.model_dump(mode="json"), "name": f"probe-{config.name}"[:64], "workers": np},
-        [
-            f"epochs={math.ceil(batches / per_epoch)}",
-            f"steps_per_epoch={min(batches, per_epoch)}",
-            "logging.noise_scale_every_steps=1",
-            *(["lr_scaling.rule=none"] if config.lr_scaling.rule == "adascale" else []),
-            *(  # an adaptive batch's first, fixed
-                ["batch.adaptive=null", f"batch.accumulation={config.steps_per_update(np)}"]
-                if config.batch.adaptive
-                else []
-            ),
-        ],
-    )
-    if in_process if in_process is not None else np == 1:
-        from toolkit.train import train
-
-        run = train(short, runs_root=runs_root, verbose=0, meta={"probe": True})
-    else:
-        from toolkit import launch, monitor
-
-        run = launch.launch(short, runs_root_dir=runs_root, meta={"probe": True})
-        state = monitor.follow(run, progress=False)["state"]
-        if state != "completed":
-            raise RuntimeError(f"probe run {run.run_id} {state}: see {run.stdout_path}")
-    events = read_events(run.events_path)
-    gns = events[events["phase"] == "gns"] if "phase" in events else events
-    return summarize(gns, run.run_id, config, np)

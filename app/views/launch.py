@@ -9,7 +9,8 @@ from app import charts, data, form
 from app.data import md_escape
 from toolkit import config as config_lib
 from toolkit import launch as launcher
-from toolkit import noise_scale, safe_yaml
+from toolkit import probe as probe_lib
+from toolkit import safe_yaml
 from toolkit.config import SCHEDULES, ConfigError, field_errors
 from toolkit.data import DATASETS
 from toolkit.models import MODELS
@@ -501,7 +502,7 @@ if config is not None and not errors:
     if st.button("Probe", help="about 200 updates of this config with its workers"):
         try:
             with st.spinner("Probing: a short training run…"):
-                result = noise_scale.probe(
+                result = probe_lib.probe(
                     config, np=config.workers, runs_root=data.root(), in_process=False
                 )
         except (ConfigError, ValueError, OSError, RuntimeError) as error:
