@@ -150,6 +150,41 @@ def test_tail_starts_over_when_file_is_replaced(tmp_path):
     assert tail.read_new().empty and not tail.restarted
 
 
+def test_a_tail_from_a_saved_position_reads_on_from_it(tmp_path):
+    path = tmp_path / "events.jsonl"
+    with EventWriter(path) as writer:
+        writer.write({"step": 1})
+        writer.write({"step": 2})
+    first = EventTail(path)
+    assert list(first.read_new()["step"]) == [1, 2]
+    position = json.loads(json.dumps(first.position()))  # as another process would keep it
+    with EventWriter(path) as writer:
+        writer.write({"step": 3})
+    later = EventTail(path, position)
+    assert list(later.read_new()["step"]) == [3]
+    assert not later.restarted and later.read_new().empty
+
+
+@pytest.mark.parametrize("change", ["rewritten in place", "replaced", "shorter"])
+def test_a_saved_position_that_no_longer_matches_its_log_starts_over(tmp_path, change):
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n')
+    tail = EventTail(path)
+    tail.read_new()
+    position = tail.position()
+    if change == "rewritten in place":  # same inode and length, other bytes
+        path.write_text('{"step": 7}\n{"step": 8}\n{"step": 9}\n')
+    elif change == "replaced":
+        (tmp_path / "new.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 9}\n')
+        os.replace(tmp_path / "new.jsonl", path)
+    else:
+        path.write_text('{"step": 9}\n')
+    later = EventTail(path, position)
+    steps = list(later.read_new()["step"])
+    assert later.restarted
+    assert steps == {"shorter": [9], "replaced": [1, 2, 9]}.get(change, [7, 8, 9])
+
+
 # The columnar copy (events.parquet): a cache that must never change what is read.
 
 

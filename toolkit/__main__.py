@@ -28,6 +28,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 
@@ -37,7 +38,7 @@ from toolkit import probe as probe_lib
 from toolkit.cluster import ClusterError
 from toolkit.config import MAX_WORKERS
 from toolkit.monitor import follow
-from toolkit.rundir import list_runs, matches, progress_text, resolve, summary
+from toolkit.rundir import list_runs, matches, progress_text, resolve, runs_root, summary
 
 
 class Parser(argparse.ArgumentParser):
@@ -130,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         "notebook", help="JupyterLab on 127.0.0.1 in notebooks/; other arguments go to it"
     )
     _cluster_parser(sub.add_parser("cluster", help="a test cluster of namespace hosts"))
+    board = sub.add_parser("tensorboard", help="runs' events for TensorBoard, and serve them")
+    board.add_argument("run_ids", nargs="*", metavar="RUN", help="default: every run but probes")
+    board.add_argument("--logdir", help="the export's home (default: tensorboard/ beside the runs)")
+    board.add_argument("--no-serve", action="store_true", help="export, then exit")
+    board.add_argument("--port", type=integer(1, 65535), default=6006, help="on 127.0.0.1")
     args, passed_on = parser.parse_known_args(argv)
     if passed_on and args.command != "notebook":
         parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
@@ -185,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             jupyter.main(passed_on)
         elif args.command == "cluster":
             return _cluster(args)
+        elif args.command == "tensorboard":
+            return _tensorboard(args)
         elif args.command == "probe":
             from toolkit.config import load
 
@@ -204,6 +212,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted; {went_on} (`python -m toolkit stop RUN`)", file=sys.stderr)
         return 130
     return 0
+
+
+def _tensorboard(args) -> int:
+    """Export the named runs (or every run but probes, listed again each round while serving)
+    under the logdir, then serve them with TensorBoard on 127.0.0.1 until interrupted."""
+    from toolkit import tensorboard_export
+
+    named = [resolve(run_id, args.runs) for run_id in args.run_ids]
+
+    def runs() -> list:
+        return named or [run for run in list_runs(args.runs) if not run.meta().get("probe")]
+
+    logdir = Path(args.logdir or runs_root(args.runs).resolve().parent / "tensorboard")
+    for run_id, count in tensorboard_export.export_all(runs(), logdir).items():
+        print(f"{run_id}: {count} new records")
+    print(f"exported to {logdir}")
+    if args.no_serve:
+        return 0
+    print(f"TensorBoard on http://127.0.0.1:{args.port}/ (Ctrl-C stops it)", flush=True)
+    try:
+        return tensorboard_export.serve(runs, logdir, args.port)
+    except KeyboardInterrupt:
+        return 0
 
 
 TABLE_COLUMNS = [

@@ -177,15 +177,23 @@ class EventTail:
     offset), reading starts over from its beginning and :attr:`restarted` is set, so callers can
     drop what they accumulated. (A file truncated and regrown past the offset between two calls
     cannot be told apart.)
+
+    A reader in another process continues where this one stopped from its :meth:`position`
+    (``EventTail(path, position)``), tied to the log as the columnar copy is: the same file, at
+    least that long, with the same last bytes before the offset; else it starts over, with
+    :attr:`restarted` set.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, position: dict | None = None):
         self.path = Path(path)
         self.restarted = False
         self._offset = 0
         self._identity: tuple[int, int] | None = None
-        self._parsed = 0  # bytes of complete lines the last call parsed, and the last of them:
-        self._last = b""  # what read_events ties a new copy to
+        self._parsed = 0  # bytes of complete lines the last call parsed
+        self._last = b""  # the last bytes before the offset: what a copy or position ties to
+        if position is not None:
+            self._identity = (position["device"], position["inode"])
+            self._offset, self._last = position["offset"], bytes.fromhex(position["last"])
 
     def read_new(self) -> pd.DataFrame:
         """Records appended since the last call, as a DataFrame (the union of their keys)."""
@@ -195,9 +203,10 @@ class EventTail:
             with files.open_regular(self.path) as f:
                 stat = os.fstat(f.fileno())
                 identity = (stat.st_dev, stat.st_ino)
-                if identity != self._identity or stat.st_size < self._offset:
+                moved = identity != self._identity or stat.st_size < self._offset
+                if moved or not _ends_with(f, self._offset, self._last):
                     self.restarted = self._identity is not None
-                    self._identity, self._offset = identity, 0
+                    self._identity, self._offset, self._last = identity, 0, b""
                 if self._offset == 0:
                     copied, self._offset = _load_copy(copy_path(self.path), self._origin(), f)
                 f.seek(self._offset)
@@ -206,14 +215,25 @@ class EventTail:
             return pd.DataFrame()
         complete = data.rfind(b"\n") + 1
         self._offset += complete
-        self._parsed, self._last = complete, data[max(0, complete - _CHECKED_BYTES) : complete]
+        self._parsed = complete
+        self._last = (self._last + data[:complete])[-_CHECKED_BYTES:]
         new = parse(data[:complete])
         parts = [part for part in (copied, new) if len(part)]
         return pd.concat(parts, ignore_index=True) if len(parts) > 1 else next(iter(parts), new)
 
+    def position(self) -> dict:
+        """Where the next read starts, for ``EventTail(path, position)`` (JSON-ready)."""
+        return self._origin() | {"offset": self._offset, "last": self._last.hex()}
+
     def _origin(self) -> dict[str, int]:
         device, inode = self._identity
         return {"device": device, "inode": inode}
+
+
+def _ends_with(log, offset: int, last: bytes) -> bool:
+    """Whether ``log``'s bytes just before ``offset`` are ``last``."""
+    log.seek(offset - len(last))
+    return log.read(len(last)) == last
 
 
 def copy_path(path: str | os.PathLike) -> Path:
@@ -227,9 +247,8 @@ def read_events(path: str | os.PathLike) -> pd.DataFrame:
     parsed past it (see the module doc)."""
     tail = EventTail(path)
     frame = tail.read_new()
-    if tail._parsed >= COPY_AFTER:  # more than _CHECKED_BYTES, so ``_last`` holds all of them
-        tie = {"offset": tail._offset, "last": tail._last.hex()}
-        _save_copy(copy_path(path), frame, tail._origin() | tie)
+    if tail._parsed >= COPY_AFTER:
+        _save_copy(copy_path(path), frame, tail.position())
     return frame
 
 
@@ -241,8 +260,7 @@ def _load_copy(copy: Path, origin: dict, log) -> tuple[pd.DataFrame, int]:
             table = pq.read_table(f)
         tie = json.loads((table.schema.metadata or {})[_COPY_KEY])
         offset, last = tie["offset"], bytes.fromhex(tie["last"])
-        log.seek(offset - len(last))
-        if {k: tie[k] for k in origin} != origin or log.read(len(last)) != last:
+        if {k: tie[k] for k in origin} != origin or not _ends_with(log, offset, last):
             return pd.DataFrame(), 0
         return table.to_pandas(split_blocks=True), offset
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):

@@ -1,0 +1,133 @@
+"""Runs' events as TensorBoard event files: ``python -m toolkit tensorboard``.
+
+Each lab run becomes one TensorBoard run, ``<logdir>/<run id>/``, tagged ``<phase>/<key>``
+(``train/loss``, ``eval/accuracy``, ``gns/b_simple``, ``system/memory_gb/rank0``): every numeric
+key of every record, at the record's ``step`` and ``wall`` time. Values go in as float64
+scalars, so TensorBoard reads back exactly what ``events.jsonl`` holds. NaN (a key the record
+lacks, or a diverged loss) is left out: TensorBoard cannot draw it.
+
+An export is incremental: ``<logdir>/<run id>/lbl-position.json`` keeps where the last one
+stopped (:meth:`toolkit.events.EventTail.position`), and the next appends an event file with the
+records after it. A log that was rewound (a resumed run) or replaced is exported again from its
+start, its old event files removed. The run directory itself is only read.
+
+Written with TensorBoard's own event writer and protocol buffers (the ``tensorboard`` package
+comes with TensorFlow); nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboard.util import tensor_util
+
+from toolkit import files
+from toolkit.events import EventTail
+from toolkit.rundir import RunDir
+
+POSITION = "lbl-position.json"
+EVENT_FILES = "events.out.tfevents.*"
+NOT_SCALARS = ("step", "wall")
+"""Keys every record has that place it rather than measure it."""
+_SCALAR = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+    data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR,
+)
+
+
+def export(run: RunDir, logdir: str | Path) -> int:
+    """Bring ``<logdir>/<run id>/`` up to date with ``run``'s events; the number of records
+    written (0 when nothing is new)."""
+    out = Path(logdir) / run.run_id
+    if not run.events_path.exists():
+        return 0
+    tail = _tail(run.events_path, out / POSITION)
+    frame = tail.read_new()
+    if tail.restarted:
+        for stale in out.glob(EVENT_FILES):
+            stale.unlink()
+    written = _write(out, frame) if len(frame) else 0
+    out.mkdir(parents=True, exist_ok=True)
+    files.write_json(out / POSITION, tail.position())
+    return written
+
+
+def _tail(events_path: Path, saved: Path) -> EventTail:
+    """A tail from the saved position; one that starts over (restarted) when the position is
+    unreadable."""
+    try:
+        return EventTail(events_path, files.read_json(saved))
+    except FileNotFoundError:
+        return EventTail(events_path)
+    except (OSError, ValueError, KeyError, TypeError):  # damaged: export again from the start
+        return EventTail(events_path, {"device": -1, "inode": -1, "offset": 0, "last": ""})
+
+
+def _write(out: Path, frame: pd.DataFrame) -> int:
+    """One new event file in ``out`` with the records of ``frame`` that have a step; their
+    count."""
+    keys = [
+        key
+        for key in frame.columns
+        if key not in NOT_SCALARS and pd.api.types.is_numeric_dtype(frame[key])
+    ]
+    phases = (
+        frame["phase"].fillna("events") if "phase" in frame else pd.Series("events", frame.index)
+    )
+    values = frame[keys].to_numpy(np.float64)
+    walls = frame["wall"].to_numpy(np.float64) if "wall" in frame else np.zeros(len(frame))
+    steps = frame["step"].to_numpy(np.float64) if "step" in frame else np.full(len(frame), np.nan)
+    writer = EventFileWriter(str(out))
+    introduced: set[str] = set()  # tags whose metadata this file has given
+    written = 0
+    for phase, step, wall, row in zip(phases, steps, walls, values, strict=True):
+        if not math.isfinite(step):
+            continue
+        event = event_pb2.Event(wall_time=wall if math.isfinite(wall) else 0.0, step=int(step))
+        for key, value in zip(keys, row, strict=True):
+            if math.isnan(value):
+                continue
+            tag = f"{phase}/{key}"
+            value = event.summary.value.add(
+                tag=tag, tensor=tensor_util.make_tensor_proto(np.float64(value))
+            )
+            if tag not in introduced:
+                value.metadata.CopyFrom(_SCALAR)
+                introduced.add(tag)
+        if event.summary.value:
+            writer.add_event(event)
+            written += 1
+    writer.close()
+    return written
+
+
+def export_all(runs: Iterable[RunDir], logdir: str | Path) -> dict[str, int]:
+    """:func:`export` each run; the records written, by run id."""
+    return {run.run_id: export(run, logdir) for run in runs}
+
+
+def serve(
+    runs: Callable[[], Iterable[RunDir]], logdir: str | Path, port: int = 6006, every_s: float = 10
+) -> int:
+    """TensorBoard on ``127.0.0.1:port`` over ``logdir``, exporting ``runs()`` again every
+    ``every_s`` seconds so live runs grow, until TensorBoard exits (its exit status) or the
+    caller is interrupted (TensorBoard is then stopped)."""
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir)]
+    server = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port)])
+    try:
+        while server.poll() is None:
+            time.sleep(every_s)
+            export_all(runs(), logdir)
+    finally:
+        server.terminate()
+        server.wait()
+    return server.returncode
