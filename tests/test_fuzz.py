@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from test_safe_yaml import bomb
 
 from toolkit import __main__ as cli
-from toolkit import cluster, jupyter, launch, safe_yaml
+from toolkit import cluster, jupyter, launch, safe_yaml, tensorboard_export
 from toolkit.config import ExperimentConfig
 
 BUDGET_S = 5.0
@@ -151,6 +151,10 @@ COMMANDS = {
     ), max_size=3)),
     "cluster": st.tuples(st.sampled_from(["up", "shape", "status", "exec", "down", "nope"]),
                          options(hosts=NUMBERS, bandwidth=WORDS, delay=WORDS)),
+    "tensorboard": st.tuples(st.just(None), st.builds(
+        lambda run_ids, rest: run_ids + rest, st.lists(RUN_IDS, max_size=2),
+        options(logdir=OUTPUTS, port=NUMBERS, **{"no-serve": None}),
+    )),
 }  # fmt: skip
 
 
@@ -178,6 +182,7 @@ def run_command(argv: list[str], work: Path, runs: Path, monkeypatch) -> tuple[i
         (cluster, "down"),
         (cluster, "shape"),
         (cli, "_wait"),
+        (tensorboard_export, "serve"),
     ):
         monkeypatch.setattr(target, name, would_start)
     monkeypatch.setattr("toolkit.train.train", would_start)

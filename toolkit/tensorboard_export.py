@@ -50,13 +50,13 @@ def export(run: RunDir, logdir: str | Path) -> int:
     out = Path(logdir) / run.run_id
     if not run.events_path.exists():
         return 0
+    out.mkdir(parents=True, exist_ok=True)
     tail = _tail(run.events_path, out / POSITION)
     frame = tail.read_new()
     if tail.restarted:
         for stale in out.glob(EVENT_FILES):
             stale.unlink()
     written = _write(out, frame) if len(frame) else 0
-    out.mkdir(parents=True, exist_ok=True)
     files.write_json(out / POSITION, tail.position())
     return written
 
