@@ -45,7 +45,7 @@ ELASTIC = {
     "logging": {"every_steps": 5, "trust_ratio_every_steps": 20, "noise_scale_every_steps": 5},
 }
 # a survivor waiting on the dead worker through Horovod's coordinator learns of the loss only
-# at Gloo's timeout (see the README): 10 s, not 30, keeps the tests short
+# at Gloo's timeout (see docs/gpus-and-clusters.md): 10 s, not 30, keeps the tests short
 LOST_AFTER = "elastic.lost_after_s=10"
 LOSE_AT = 70  # the step after which the worker on lbl-h3 is killed: in epoch 2 of 41 steps
 LOST_HOST = "lbl-h3"

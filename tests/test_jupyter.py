@@ -74,10 +74,7 @@ def lab(tmp_path_factory, subprocess_env):
         PATH=subprocess_env["PATH"],
         LBL_NOTEBOOK_SMOKE="1",
         LBL_RUNS=str(tmp / "runs"),
-        JUPYTER_CONFIG_DIR=str(tmp / "config"),
-        JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
-        JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"),
-        JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
+        **jupyter.private_dirs(tmp),
     )
     url = f"http://127.0.0.1:{port}"
     with serving(

@@ -66,7 +66,8 @@ def integer(low: int, high: int | None = None):
     return parse
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> Parser:
+    """The command line: every command, its arguments and their checks."""
     summary_line = __doc__.splitlines()[0].replace("``", "")
     parser = Parser(prog="python -m toolkit", description=summary_line)
     parser.add_argument("--runs", help="runs root (default $LBL_RUNS or ./runs)")
@@ -136,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     board.add_argument("--logdir", help="the export's home (default: tensorboard/ beside the runs)")
     board.add_argument("--no-serve", action="store_true", help="export, then exit")
     board.add_argument("--port", type=integer(1, 65535), default=6006, help="on 127.0.0.1")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args, passed_on = parser.parse_known_args(argv)
     if passed_on and args.command != "notebook":
         parser.error(f"unrecognized arguments: {' '.join(passed_on)}")

@@ -90,6 +90,18 @@ def server(
     return command, {**os.environ, **({"JUPYTER_TOKEN": token} if token else {})}
 
 
+def private_dirs(base: str | os.PathLike) -> dict[str, str]:
+    """Environment variables that move JupyterLab's config, runtime, settings and workspaces
+    under ``base``, so a server started for a test or a picture leaves the user's own alone."""
+    folders = {
+        "JUPYTER_CONFIG_DIR": "config",
+        "JUPYTER_RUNTIME_DIR": "runtime",
+        "JUPYTERLAB_SETTINGS_DIR": "settings",
+        "JUPYTERLAB_WORKSPACES_DIR": "workspaces",
+    }
+    return {name: str(Path(base) / folder) for name, folder in folders.items()}
+
+
 def main(args: list[str]) -> None:
     """``./lab notebook``: register the kernel, then become the JupyterLab server."""
     command, env = server(args)

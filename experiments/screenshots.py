@@ -1,0 +1,195 @@
+"""The README's pictures, taken from real runs in the headless Chromium the browser tests drive.
+
+    .venv/bin/python experiments/screenshots.py [--out docs/img]      (after ./lab test's set-up)
+
+In a temporary runs root it runs a sweep of the quickstart (global batch 32, 64 and 128, 8
+epochs, 2 workers each, through the launch queue; about two minutes on 2 cores), serves the
+dashboard with ``streamlit run`` and photographs, in Debian's Chromium through Playwright:
+
+* ``run-detail.png``: Run detail of the batch-64 run (loss, accuracy, rate, ``B_simple``, trust
+  ratios);
+* ``compare.png``: Compare of the three runs;
+* ``sweep.png``: the Sweep page on that sweep, its results against the batch;
+* ``notebook.png``: JupyterLab running ``notebooks/01_quickstart.ipynb`` at its smoke settings,
+  and the live view it draws while it trains.
+
+Each is cut to the top of its page, scaled to 1,000 pixels wide and stored with a 256-colour
+palette, so the four weigh a few hundred KB. Run it again after a change to what they show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from PIL import Image
+from playwright.sync_api import Page, expect, sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from toolkit import jupyter, safe_yaml  # noqa: E402
+from toolkit.rundir import list_runs, summary  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's, as in the tests: never a downloaded browser
+BATCHES = (32, 64, 128)
+EPOCHS = 8
+WIDTH = 1000
+VIEWPORT = {"width": 1400, "height": 1100}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(command: list[str], ready_url: str, log: Path, env: dict) -> Iterator[None]:
+    """``command`` running (its output in ``log``) once ``ready_url`` answers 200; stopped after."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+        try:
+            deadline = time.time() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(ready_url, timeout=2) as response:
+                        if response.status == 200:
+                            break
+                except OSError:
+                    if process.poll() is not None or time.time() > deadline:
+                        raise RuntimeError(f"{command[:4]} did not start: see {log}") from None
+                    time.sleep(0.5)
+            yield
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def train(runs: Path, env: dict) -> dict[int, str]:
+    """The sweep, run to the end through the CLI; its run ids by global batch."""
+    base = safe_yaml.load_file(ROOT / "experiments" / "quickstart.yaml") | {"epochs": EPOCHS}
+    sweep = runs.parent / "screens.yaml"
+    grid = {"batch.global_size": list(BATCHES)}
+    sweep.write_text(json.dumps({"name": "screens", "base": base, "grid": grid}))
+    command = [sys.executable, "-m", "toolkit", "--runs", str(runs), "sweep", str(sweep)]
+    subprocess.run(command, cwd=ROOT, env=env, check=True)
+    return {summary(run)["global_batch"]: run.run_id for run in list_runs(runs)}
+
+
+def save(page: Page, out: Path, height: int = 1100) -> None:
+    """The top ``height`` pixels of the page, scaled to :data:`WIDTH` and palette-coded."""
+    page.wait_for_timeout(1500)  # let Plotly finish its transitions
+    shot = out.with_suffix(".full.png")
+    page.screenshot(path=shot, clip={"x": 0, "y": 0, "width": VIEWPORT["width"], "height": height})
+    image = Image.open(shot).convert("RGB")
+    image = image.resize((WIDTH, round(image.height * WIDTH / image.width)), Image.LANCZOS)
+    image.quantize(256).save(out, optimize=True)
+    shot.unlink()
+    print(f"{out}: {out.stat().st_size / 1e3:.0f} kB")
+
+
+@contextlib.contextmanager
+def browser_page() -> Iterator[Page]:
+    """A page in Debian's headless Chromium, started as the browser tests start it."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--enable-unsafe-swiftshader"]
+        )
+        yield browser.new_page(viewport=VIEWPORT)
+        browser.close()
+
+
+def dashboard(runs: Path, ids: dict[int, str], env: dict, out: Path, work: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port)]
+    command += ["--server.headless", "true"]
+    with server(command, f"{url}/_stcore/health", work / "streamlit.log", env):
+        with browser_page() as page:
+            page.goto(f"{url}/detail?run={ids[64]}")
+            expect(page.get_by_text("Per-layer trust ratio")).to_be_visible(timeout=120_000)
+            save(page, out / "run-detail.png", height=1500)
+
+            page.goto(f"{url}/compare?" + "&".join(f"run={ids[b]}" for b in BATCHES))
+            expect(page.locator(".js-plotly-plot")).to_have_count(3, timeout=60_000)
+            save(page, out / "compare.png")
+
+            page.goto(f"{url}/sweep")
+            page.get_by_text("A sweep run here").click()
+            expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=60_000)
+            page.get_by_text("Metric").first.scroll_into_view_if_needed()
+            save(page, out / "sweep.png", height=1400)
+
+
+def notebook(env: dict, out: Path, work: Path) -> None:
+    """JupyterLab as ``./lab notebook`` starts it, running the quickstart notebook."""
+    notebooks = work / "notebooks"
+    shutil.copytree(jupyter.NOTEBOOKS, notebooks)
+    jupyter.install_kernel()
+    settings = work / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)  # no "Would you like to get notified..." over the picture
+    news = {"fetchNews": "false", "checkForUpdates": False}
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps(news))
+    token, port = secrets.token_hex(16), free_port()
+    command, lab_env = jupyter.server(
+        [f"--port={port}", "--no-browser", "--ServerApp.port_retries=0"],
+        root_dir=notebooks,
+        token=token,
+    )
+    lab_env.update(
+        PATH=env["PATH"],
+        LBL_NOTEBOOK_SMOKE="1",
+        LBL_RUNS=str(work / "notebook-runs"),
+        **jupyter.private_dirs(work),
+    )
+    url = f"http://127.0.0.1:{port}"
+    with server(command, f"{url}/api/status?token={token}", work / "jupyterlab.log", lab_env):
+        with browser_page() as page:
+            page.goto(f"{url}/lab/tree/01_quickstart.ipynb?token={token}")
+            kernel = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName")
+            kernel.filter(has_text=jupyter.KERNEL_DISPLAY_NAME).wait_for(timeout=90_000)
+            page.wait_for_timeout(5000)  # the kernel starts
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator('li[data-command="runmenu:run-all"]').click()
+            live = page.locator(".jp-OutputArea-output .widget-vbox .js-plotly-plot").first
+            live.locator(".main-svg").first.wait_for(timeout=300_000)
+            live.scroll_into_view_if_needed()
+            page.wait_for_timeout(20_000)  # let the live view grow for a while
+            live.scroll_into_view_if_needed()
+            box = live.bounding_box()
+            page.mouse.wheel(0, box["y"] - 150)  # the cell above it in view too
+            save(page, out / "notebook.png")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "docs" / "img"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lbl-screens-") as tmp:
+        work = Path(tmp)
+        runs = work / "runs"
+        env = dict(os.environ, LBL_RUNS=str(runs), TF_CPP_MIN_LOG_LEVEL="2")
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        ids = train(runs, env)
+        dashboard(runs, ids, env, out, work)
+        notebook(env, out, work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
