@@ -6,8 +6,8 @@ In a temporary runs root it runs a sweep of the quickstart (global batch 32, 64 
 epochs, 2 workers each, through the launch queue; about two minutes on 2 cores), serves the
 dashboard with ``streamlit run`` and photographs, in Debian's Chromium through Playwright:
 
-* ``run-detail.png``: Run detail of the batch-64 run (loss, accuracy, rate, ``B_simple``, trust
-  ratios);
+* ``run-detail.png``: Run detail of the batch-64 run (loss, accuracy, rate, samples/s, traffic,
+  ``B_simple`` against the batch);
 * ``compare.png``: Compare of the three runs;
 * ``sweep.png``: the Sweep page on that sweep, its results against the batch;
 * ``notebook.png``: JupyterLab running ``notebooks/01_quickstart.ipynb`` at its smoke settings,
@@ -90,10 +90,14 @@ def train(runs: Path, env: dict) -> dict[int, str]:
 
 
 def save(page: Page, out: Path, height: int = 1100) -> None:
-    """The top ``height`` pixels of the page, scaled to :data:`WIDTH` and palette-coded."""
-    page.wait_for_timeout(1500)  # let Plotly finish its transitions
+    """The top ``height`` pixels of the page, scaled to :data:`WIDTH` and palette-coded. The
+    window is made that tall (Streamlit scrolls inside the page, so a full-page shot would stop
+    at the window), then set back."""
+    page.set_viewport_size({"width": VIEWPORT["width"], "height": height})
+    page.wait_for_timeout(2000)  # the page lays out again and Plotly finishes its transitions
     shot = out.with_suffix(".full.png")
-    page.screenshot(path=shot, clip={"x": 0, "y": 0, "width": VIEWPORT["width"], "height": height})
+    page.screenshot(path=shot)
+    page.set_viewport_size(VIEWPORT)
     image = Image.open(shot).convert("RGB")
     image = image.resize((WIDTH, round(image.height * WIDTH / image.width)), Image.LANCZOS)
     image.quantize(256).save(out, optimize=True)
@@ -121,7 +125,7 @@ def dashboard(runs: Path, ids: dict[int, str], env: dict, out: Path, work: Path)
         with browser_page() as page:
             page.goto(f"{url}/detail?run={ids[64]}")
             expect(page.get_by_text("Per-layer trust ratio")).to_be_visible(timeout=120_000)
-            save(page, out / "run-detail.png", height=1500)
+            save(page, out / "run-detail.png", height=1900)
 
             page.goto(f"{url}/compare?" + "&".join(f"run={ids[b]}" for b in BATCHES))
             expect(page.locator(".js-plotly-plot")).to_have_count(3, timeout=60_000)
@@ -131,7 +135,7 @@ def dashboard(runs: Path, ids: dict[int, str], env: dict, out: Path, work: Path)
             page.get_by_text("A sweep run here").click()
             expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=60_000)
             page.get_by_text("Metric").first.scroll_into_view_if_needed()
-            save(page, out / "sweep.png", height=1400)
+            save(page, out / "sweep.png", height=1350)
 
 
 def notebook(env: dict, out: Path, work: Path) -> None:
