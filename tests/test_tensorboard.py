@@ -129,12 +129,17 @@ def test_a_rewound_log_is_exported_again_from_its_start(run, tmp_path):
     assert max(step for points in tags.values() for step, _ in points) == 11
 
 
-def test_a_damaged_position_file_means_exporting_again(run, tmp_path):
+@pytest.mark.parametrize("position", ["damaged", "deleted"])
+def test_without_a_readable_position_the_run_is_exported_again_once(run, tmp_path, position):
     logdir = tmp_path / "tb"
     tensorboard_export.export(run, logdir)
-    (logdir / run.run_id / tensorboard_export.POSITION).write_text('{"offset": "x"')
+    saved = logdir / run.run_id / tensorboard_export.POSITION
+    if position == "damaged":
+        saved.write_text('{"offset": "x"')
+    else:
+        saved.unlink()
     tensorboard_export.export(run, logdir)
-    assert_same(logdir, run)
+    assert_same(logdir, run)  # each point once: the first export's files are gone
 
 
 def test_the_run_directory_is_only_read(run, tmp_path):

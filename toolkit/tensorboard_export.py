@@ -8,8 +8,9 @@ lacks, or a diverged loss) is left out: TensorBoard cannot draw it.
 
 An export is incremental: ``<logdir>/<run id>/lbl-position.json`` keeps where the last one
 stopped (:meth:`toolkit.events.EventTail.position`), and the next appends an event file with the
-records after it. A log that was rewound (a resumed run) or replaced is exported again from its
-start, its old event files removed. The run directory itself is only read.
+records after it. A log that was rewound (a resumed run) or replaced, or a position that is
+missing or unreadable, means exporting the run again from its start, its old event files
+removed. The run directory itself is only read.
 
 Written with TensorBoard's own event writer and protocol buffers (the ``tensorboard`` package
 comes with TensorFlow); nothing here imports TensorFlow.
@@ -51,25 +52,17 @@ def export(run: RunDir, logdir: str | Path) -> int:
     if not run.events_path.exists():
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    tail = _tail(run.events_path, out / POSITION)
+    try:
+        tail, resumed = EventTail(run.events_path, files.read_json(out / POSITION)), True
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or damaged
+        tail, resumed = EventTail(run.events_path), False
     frame = tail.read_new()
-    if tail.restarted:
+    if tail.restarted or not resumed:  # from the log's start: what was exported goes
         for stale in out.glob(EVENT_FILES):
             stale.unlink()
     written = _write(out, frame) if len(frame) else 0
     files.write_json(out / POSITION, tail.position())
     return written
-
-
-def _tail(events_path: Path, saved: Path) -> EventTail:
-    """A tail from the saved position; one that starts over (restarted) when the position is
-    unreadable."""
-    try:
-        return EventTail(events_path, files.read_json(saved))
-    except FileNotFoundError:
-        return EventTail(events_path)
-    except (OSError, ValueError, KeyError, TypeError):  # damaged: export again from the start
-        return EventTail(events_path, {"device": -1, "inode": -1, "offset": 0, "last": ""})
 
 
 def _write(out: Path, frame: pd.DataFrame) -> int:
@@ -97,11 +90,11 @@ def _write(out: Path, frame: pd.DataFrame) -> int:
             if math.isnan(value):
                 continue
             tag = f"{phase}/{key}"
-            value = event.summary.value.add(
+            scalar = event.summary.value.add(
                 tag=tag, tensor=tensor_util.make_tensor_proto(np.float64(value))
             )
             if tag not in introduced:
-                value.metadata.CopyFrom(_SCALAR)
+                scalar.metadata.CopyFrom(_SCALAR)
                 introduced.add(tag)
         if event.summary.value:
             writer.add_event(event)
