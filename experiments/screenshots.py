@@ -25,12 +25,10 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,20 +38,15 @@ from playwright.sync_api import Page, expect, sync_playwright
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_first_page import answers, chromium, dashboard, free_port  # noqa: E402
+
 from toolkit import jupyter, safe_yaml  # noqa: E402
 from toolkit.rundir import list_runs, summary  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's, as in the tests: never a downloaded browser
 BATCHES = (32, 64, 128)
 EPOCHS = 8
 WIDTH = 1000
 VIEWPORT = {"width": 1400, "height": 1100}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -63,15 +56,10 @@ def server(command: list[str], ready_url: str, log: Path, env: dict) -> Iterator
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
         try:
             deadline = time.time() + 120
-            while True:
-                try:
-                    with urllib.request.urlopen(ready_url, timeout=2) as response:
-                        if response.status == 200:
-                            break
-                except OSError:
-                    if process.poll() is not None or time.time() > deadline:
-                        raise RuntimeError(f"{command[:4]} did not start: see {log}") from None
-                    time.sleep(0.5)
+            while not answers(ready_url):
+                if process.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"{command[:4]} did not start: see {log}")
+                time.sleep(0.5)
             yield
         finally:
             process.terminate()
@@ -107,21 +95,16 @@ def save(page: Page, out: Path, height: int = 1100) -> None:
 
 @contextlib.contextmanager
 def browser_page() -> Iterator[Page]:
-    """A page in Debian's headless Chromium, started as the browser tests start it."""
+    """A page in Debian's headless Chromium, as the dashboard's benchmarks open it."""
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--enable-unsafe-swiftshader"]
-        )
+        browser = chromium(playwright)
         yield browser.new_page(viewport=VIEWPORT)
         browser.close()
 
 
-def dashboard(runs: Path, ids: dict[int, str], env: dict, out: Path, work: Path) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port)]
-    command += ["--server.headless", "true"]
-    with server(command, f"{url}/_stcore/health", work / "streamlit.log", env):
+def photograph_dashboard(runs: Path, ids: dict[int, str], out: Path) -> None:
+    """Run detail, Compare and the Sweep page, served on ``runs``."""
+    with dashboard(runs) as (url, _):
         with browser_page() as page:
             page.goto(f"{url}/detail?run={ids[64]}")
             expect(page.get_by_text("Per-layer trust ratio")).to_be_visible(timeout=120_000)
@@ -190,7 +173,7 @@ def main() -> int:
         env = dict(os.environ, LBL_RUNS=str(runs), TF_CPP_MIN_LOG_LEVEL="2")
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         ids = train(runs, env)
-        dashboard(runs, ids, env, out, work)
+        photograph_dashboard(runs, ids, out)
         notebook(env, out, work)
     return 0
 
