@@ -12,7 +12,6 @@ import json
 import math
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from collections import defaultdict
 
 import psutil
 import pytest
-from conftest import ROOT
+from conftest import ROOT, free_port, run_cli
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, event_accumulator
 from tensorboard.backend.event_processing import plugin_event_multiplexer as multiplexer
@@ -158,25 +157,17 @@ def test_the_run_directory_is_only_read(run, tmp_path):
         assert after[name][0] == digest and after[name][1].st_mtime_ns == stat.st_mtime_ns, name
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_command_exports_and_serves_on_loopback_only(trained, tmp_path):
-    runs_root, logdir = str(trained.path.parent), tmp_path / "tb"
-    command = [sys.executable, "-m", "toolkit", "--runs", runs_root, "tensorboard", "--logdir"]
-    done = subprocess.run(
-        [*command, str(logdir), "--no-serve"], cwd=ROOT, capture_output=True, text=True
-    )
+    runs_root, logdir = trained.path.parent, tmp_path / "tb"
+    done = run_cli(["tensorboard", "--logdir", str(logdir), "--no-serve"], runs_root)
     assert done.returncode == 0, done.stderr
     assert f"{trained.run_id}: " in done.stdout and str(logdir) in done.stdout
     assert_same(logdir, trained)
 
     port = free_port()
+    command = [sys.executable, "-m", "toolkit", "--runs", str(runs_root), "tensorboard"]
     server = subprocess.Popen(
-        [*command, str(logdir), "--port", str(port)],
+        [*command, "--logdir", str(logdir), "--port", str(port)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
