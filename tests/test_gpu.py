@@ -16,7 +16,6 @@ runs them with the GPU benchmarks in one command. What they check:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -24,7 +23,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT
+from conftest import ROOT, run_workers
 
 sys.path.insert(0, str(ROOT / "tests" / "workers"))
 from scenarios import WIRE, WIRE_SHAPES, WIRE_STEPS, wire_grads
@@ -39,24 +38,6 @@ pytestmark = pytest.mark.skipif(
     reason="no GPU visible to TensorFlow: these run on a GPU machine after the GPU build "
     "(scripts/gpu_check.sh does both)",
 )
-PYTHON = sys.executable
-HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
-
-NCCL_WORKER = """
-import json, sys
-import tensorflow as tf
-from toolkit import distributed
-distributed.init()
-import horovod.tensorflow as hvd
-with tf.device("/GPU:0"):
-    x = tf.range(1024, dtype=tf.float32)
-    total = hvd.allreduce(x, op=hvd.Sum, name="nccl_check")
-json.dump({
-    "visible_gpus": len(tf.config.get_visible_devices("GPU")),
-    "device": total.device,
-    "equal": bool(tf.reduce_all(total == x).numpy()),
-}, open(sys.argv[1], "w"))
-"""
 
 
 def test_horovod_was_built_with_cuda_and_nccl():
@@ -65,13 +46,11 @@ def test_horovod_was_built_with_cuda_and_nccl():
     assert hvd.cuda_built() and hvd.nccl_built()
 
 
-def test_one_rank_horovodrun_pins_a_gpu_and_allreduces_through_nccl(tmp_path):
-    out, timeline = tmp_path / "out.json", tmp_path / "timeline.json"
-    env = {**os.environ, "HOROVOD_TIMELINE": str(timeline), "PYTHONPATH": str(ROOT)}
-    command = [HOROVODRUN, "-np", "1", PYTHON, "-c", NCCL_WORKER, str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads(out.read_text())
+def test_one_rank_horovodrun_pins_a_gpu_and_allreduces_through_nccl(tmp_path, subprocess_env):
+    timeline = tmp_path / "timeline.json"
+    env = {**subprocess_env, "HOROVOD_TIMELINE": str(timeline)}
+    run_workers("one_rank_nccl.py", tmp_path, env, workers=1, timeout=300)
+    result = json.loads((tmp_path / "rank0.json").read_text())
     assert result["visible_gpus"] == 1
     assert "GPU" in result["device"] and result["equal"]
     assert "NCCL_ALLREDUCE" in timeline.read_text()
@@ -154,7 +133,7 @@ def test_training_in_mixed_precision_runs_on_the_gpu_and_logs_its_memory(tmp_pat
         "precision=mixed_float16",
         "logging.system_every_events=1",
     ]
-    command = [PYTHON, "-m", "toolkit.train", "experiments/quickstart.yaml", "--run-dir"]
+    command = [sys.executable, "-m", "toolkit.train", "experiments/quickstart.yaml", "--run-dir"]
     command += [str(run_dir), *(arg for o in overrides for arg in ("--set", o))]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
