@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from toolkit.config import ExperimentConfig
-from toolkit.curves import bytes_axis
+from toolkit.runs.curves import bytes_axis
 
 X_AXES = {
     "step": "step",

@@ -16,12 +16,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from toolkit.curves import MAX_POINTS, downsample
-from toolkit.theme import COLORS
+from toolkit.runs.curves import MAX_POINTS, downsample
+from toolkit.runs.theme import COLORS
 
 CHART_POINTS = 60_000
 """Points drawn per chart at most: each of its traces keeps ``CHART_POINTS / traces`` (at most
-:data:`~toolkit.curves.MAX_POINTS`, at least :data:`FEWEST_POINTS`)."""
+:data:`~toolkit.runs.curves.MAX_POINTS`, at least :data:`FEWEST_POINTS`)."""
 FEWEST_POINTS = 200
 HOVER = "epoch %{{x:.2f}} (step %{{customdata[0]}})<br>{name} %{{y:.4g}}<extra></extra>"
 

@@ -16,10 +16,11 @@ import pandas as pd
 import streamlit as st
 
 from toolkit import config as config_lib
-from toolkit import files, rundir
-from toolkit.events import EventTail, read_events
-from toolkit.rundir import RunDir
-from toolkit.theme import COLORS
+from toolkit import files
+from toolkit.runs import rundir
+from toolkit.runs.events import EventTail, read_events
+from toolkit.runs.rundir import RunDir
+from toolkit.runs.theme import COLORS
 
 
 def root() -> Path:
@@ -122,7 +123,7 @@ def _summary(path: str, stamps: tuple, state: str) -> dict:
 
 
 def summary(run: RunDir) -> dict:
-    """``toolkit.rundir.summary(run)``, re-computed when any of the run's files or its
+    """``toolkit.runs.rundir.summary(run)``, re-computed when any of the run's files or its
     liveness (a dead process reads as failed) changes."""
     paths = (run.status_path, run.config_path, run.meta_path, run.events_path)  # events last
     return _summary(str(run.path), tuple(map(stamp, paths)), run.status().get("state"))
@@ -174,7 +175,7 @@ def md_escape(text: str) -> str:
 
 def live_events(run: RunDir) -> pd.DataFrame:
     """The run's events, reading only the bytes appended since this session's last call: an
-    :class:`~toolkit.events.EventTail` and the rows so far are kept in ``st.session_state``
+    :class:`~toolkit.runs.events.EventTail` and the rows so far are kept in ``st.session_state``
     (for the run shown last only, so a long session does not hoard every run it opened)."""
     key = str(run.path)
     kept = st.session_state.get("event_tails", {}).get(key)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from toolkit.config import from_mapping
-from toolkit.events import EventWriter
-from toolkit.rundir import RunDir
+from toolkit.runs.events import EventWriter
+from toolkit.runs.rundir import RunDir
 
 LAYERS = ("conv1/kernel", "conv2/kernel", "conv3/kernel", "dense/kernel", "dense/bias")
 

@@ -14,10 +14,10 @@ import yaml
 
 from app.data import md_escape
 from toolkit import config as config_lib
-from toolkit import data as datasets
 from toolkit import safe_yaml
-from toolkit.experiment import schedule_preview, steps_per_epoch
 from toolkit.optimizers import OPTIMIZERS
+from toolkit.training import data as datasets
+from toolkit.training.experiment import schedule_preview, steps_per_epoch
 
 # Streamlit collects garbage after every rerun; TensorFlow's ~450k long-lived objects, imported
 # just above (once per server process, by the first page that builds configs), made each

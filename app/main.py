@@ -4,7 +4,7 @@ Pages (app/views/, not pages/, so Streamlit's automatic pages/ navigation never 
 Runs, Launch, Run detail, Compare, Sweep.
 
 The app only reads run directories under the runs root (``$LBL_RUNS``, default ``./runs``) and
-starts, stops and deletes runs through ``toolkit.launch``.
+starts, stops and deletes runs through ``toolkit.launching.launch``.
 """
 
 import sys
@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from app import data  # noqa: E402
-from toolkit import theme  # noqa: E402
+from toolkit.runs import theme  # noqa: E402
 
 st.set_page_config(page_title="Large-Batch Lab", page_icon="📈", layout="wide")
 theme.use()  # the notebooks' look: every chart is drawn with theme=None

@@ -51,10 +51,10 @@ import critical_batch  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from toolkit import sweep  # noqa: E402
-from toolkit.curves import updates_by_epoch  # noqa: E402
-from toolkit.events import read_events  # noqa: E402
-from toolkit.rundir import resolve  # noqa: E402
+from toolkit.launching import sweep  # noqa: E402
+from toolkit.runs.curves import updates_by_epoch  # noqa: E402
+from toolkit.runs.events import read_events  # noqa: E402
+from toolkit.runs.rundir import resolve  # noqa: E402
 
 STUDY_DIR = ROOT / "experiments" / "study"
 LABELS = {

@@ -37,8 +37,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from toolkit import cluster  # noqa: E402  (after the path is set)
-from toolkit import hosts as hosts_lib  # noqa: E402
+from toolkit.launching import cluster  # noqa: E402  (after the path is set)
+from toolkit.launching import hosts as hosts_lib  # noqa: E402
 
 SHAPES = {"resnet20": ((32, 32, 3), 10), "resnet50": ((224, 224, 3), 1000)}
 
@@ -106,8 +106,9 @@ def worker(names: list[str], repeat: int, block: int, where: str) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from toolkit import distributed, models
     from toolkit.optimizers import SGD
+    from toolkit.parallel import distributed
+    from toolkit.training import models
 
     distributed.init()
     rows = []

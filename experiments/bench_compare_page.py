@@ -65,7 +65,7 @@ def main() -> int:
     from streamlit.testing.v1 import AppTest
 
     from toolkit import files
-    from toolkit.events import parse
+    from toolkit.runs.events import parse
 
     root = args.root or Path(tempfile.mkdtemp(prefix="lbl-compare-"))
     root.mkdir(parents=True, exist_ok=True)

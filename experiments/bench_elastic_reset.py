@@ -3,7 +3,7 @@
     .venv/bin/python experiments/bench_elastic_reset.py [--repeat 3] [--only NAME]
         [--lost-after S] [--vanish] [--keep-listed]
 
-Each repeat launches a workload as a user would (``toolkit.launch.launch``, so
+Each repeat launches a workload as a user would (``toolkit.launching.launch.launch``, so
 ``horovodrun --min-np 2 --max-np 3`` and ``toolkit.train``) on the three hosts of the namespace
 cluster (``toolkit cluster``, made if none is up, as root), one slot each, at a fixed global
 batch of 96, committing every 10 steps and logging every step. Once step 25 is logged the
@@ -50,7 +50,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from toolkit import cluster  # noqa: E402
+from toolkit.launching import cluster  # noqa: E402
 
 GLOBAL_BATCH, STEPS, COMMIT_EVERY, LOSE_AT, LOST = 96, 40, 10, 25, "lbl-h3"
 COMMON = {
@@ -87,9 +87,9 @@ def workload_config(name: str, hosts: Path, lost_after_s: int):
 def one_reset(name: str, lost_after_s: int, vanish: bool, drop: bool) -> dict[str, float]:
     """One elastic run that loses a worker (or, ``vanish``, a host): its timings (see the
     module docstring)."""
-    from toolkit import launch
-    from toolkit.events import read_events
-    from toolkit.rundir import TERMINAL
+    from toolkit.launching import launch
+    from toolkit.runs.events import read_events
+    from toolkit.runs.rundir import TERMINAL
 
     names = [h.name for h in cluster.hosts()]
     with tempfile.TemporaryDirectory() as tmp:

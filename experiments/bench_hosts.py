@@ -3,7 +3,7 @@
     python -m toolkit cluster up            # then, optionally, cluster shape --bandwidth 1gbit
     .venv/bin/python experiments/bench_hosts.py [--repeat 3] [--epochs 20]
 
-Both sides run through the product's own door (``toolkit.launch``: supervisor, horovodrun,
+Both sides run through the product's own door (``toolkit.launching.launch``: supervisor, horovodrun,
 ssh to each host) on the namespace cluster: "one host" puts both workers on lbl-h1, "two
 hosts" one on lbl-h1 and one on lbl-h2. Both reach their workers over ssh, so they differ only
 in whether the allreduce crosses the link. Pairs alternate which side goes first. The table
@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 
-from toolkit import cluster  # noqa: E402  (after the path is set)
 from toolkit import config as config_lib  # noqa: E402
-from toolkit import launch as launcher  # noqa: E402
-from toolkit.rundir import TERMINAL, summary  # noqa: E402
+from toolkit.launching import cluster  # noqa: E402  (after the path is set)
+from toolkit.launching import launch as launcher  # noqa: E402
+from toolkit.runs.rundir import TERMINAL, summary  # noqa: E402
 
 SIDES = {"one host": "lbl-h1:2", "two hosts": "lbl-h1:1,lbl-h2:1"}
 

@@ -39,9 +39,10 @@ def hook_worker(repeat: int) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from toolkit import data, distributed, models
     from toolkit.config import NOISE_SCALE_AUTO
     from toolkit.optimizers import LARS
+    from toolkit.parallel import distributed
+    from toolkit.training import data, models
 
     distributed.init()
     dataset = data.load("mnist1d", seed=0)
@@ -110,8 +111,9 @@ def main() -> int:
         return subprocess.run(command, check=False).returncode
 
     from toolkit import config as config_lib
-    from toolkit import launch, monitor
-    from toolkit.events import read_events
+    from toolkit.launching import launch
+    from toolkit.runs import monitor
+    from toolkit.runs.events import read_events
 
     default = config_lib.NOISE_SCALE_AUTO["allreduce"]  # several workers' default ('auto')
     settings = {"off": 0, f"every {default} updates (default)": default, "every update": 1}

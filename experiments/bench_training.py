@@ -113,7 +113,8 @@ def bare_fit(config, matched: bool = False) -> None:
         scaling = config.lr_scaling.model_copy(update={"rule": "none"})
         config = config.model_copy(update={"lr_scaling": scaling})
 
-    from toolkit.experiment import (
+    from toolkit.train import steps_per_execution
+    from toolkit.training.experiment import (
         build_model,
         build_optimizer,
         load_dataset,
@@ -121,7 +122,6 @@ def bare_fit(config, matched: bool = False) -> None:
         test_batches,
         train_batches,
     )
-    from toolkit.train import steps_per_execution
 
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(config.precision)
@@ -155,7 +155,7 @@ def horovod_fit(config) -> None:
     import keras
     import tensorflow as tf
 
-    from toolkit.experiment import (
+    from toolkit.training.experiment import (
         build_model,
         build_optimizer,
         load_dataset,

@@ -10,7 +10,7 @@ modes (``MODES``; the quickstart only); ``dgc``, topk 1% and 0.1% with and witho
 techniques (at 0.1%, the preset less one technique at a time), 2bit at two thresholds and topk
 with float16 values (``DGC_MODES``; with LARS, also its trust ratio from the dense norm). Seeds
 0-2, one run at a time under horovodrun. For each run: the final test accuracy, the bytes a
-worker sent over the whole run (``toolkit.curves.bytes_axis`` over its ``comm/bytes_sent``
+worker sent over the whole run (``toolkit.runs.curves.bytes_axis`` over its ``comm/bytes_sent``
 events), and the updates and seconds to the dense runs' mean final accuracy less a point. The
 table gives each mode's mean ± std over seeds, against dense, and how many times fewer bytes
 than dense it sent.
@@ -132,9 +132,10 @@ def run_cell(
     task: str, mode: str, overrides: list[str], seed: int, epochs: int, root: str, hosts
 ) -> dict:
     from toolkit import config as config_lib
-    from toolkit import launch, monitor
-    from toolkit.curves import bytes_axis
-    from toolkit.events import read_events
+    from toolkit.launching import launch
+    from toolkit.runs import monitor
+    from toolkit.runs.curves import bytes_axis
+    from toolkit.runs.events import read_events
 
     overrides = [*overrides, f"seed={seed}", f"epochs={epochs}", "checkpoint.every_epochs=100"]
     config = config_lib.load(ROOT / "experiments" / TASKS[task][0], overrides)

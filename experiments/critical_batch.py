@@ -16,7 +16,7 @@ at that loss. This script measures both on the study's model and data:
   refits on seeds drawn per batch.
 * **The noise scale.** In the same runs, while the held-out loss is within ``[target, 1.5 ×
   target)``, ``B_simple`` is measured every 5 steps from two halves of a fresh batch of 128
-  examples (``toolkit.callbacks.HalfBatchNorms``, the one-worker method of
+  examples (``toolkit.training.callbacks.HalfBatchNorms``, the one-worker method of
   ``toolkit.train``). The pooled ratio of the mean ``tr Σ`` to the mean ``|G|²`` over every
   best-rate run is the ``B_simple`` at that target, with a bootstrap band over runs.
 * **Calibration.** ``B_crit / B_simple`` at every target: if it holds steady, a probe's
@@ -66,9 +66,10 @@ def run(batch: int, rate: float, seed: int, targets, max_steps: int, dataset) ->
     import keras
     import tensorflow as tf
 
-    from toolkit import models, optimizers
-    from toolkit.callbacks import HalfBatchNorms
-    from toolkit.noise_scale import estimate
+    from toolkit import optimizers
+    from toolkit.scaling.noise_scale import estimate
+    from toolkit.training import models
+    from toolkit.training.callbacks import HalfBatchNorms
 
     keras.utils.set_random_seed(seed)
     model = models.build(
@@ -217,7 +218,7 @@ def noise_through_training(batch: int = 32, rate: float = 0.1, epochs: int = 15)
     import tempfile
 
     from toolkit.config import from_mapping
-    from toolkit.events import read_events
+    from toolkit.runs.events import read_events
     from toolkit.train import train
 
     config = from_mapping(
@@ -287,7 +288,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="a tiny grid, for tests")
     args = parser.parse_args()
 
-    from toolkit import data
+    from toolkit.training import data
 
     dataset = data.load("mnist1d", seed=0, num_samples=args.num_samples)
     if args.smoke:

@@ -8,7 +8,7 @@ reading), run like any sweep, resumable::
     python -m toolkit --runs RUNS sweep experiments/study/tuning.yaml   # 11 runs
     python experiments/large_batch_study.py --runs RUNS                 # this script
 
-It reads each cell's results through :mod:`toolkit.sweep` and writes ``results.csv``,
+It reads each cell's results through :mod:`toolkit.launching.sweep` and writes ``results.csv``,
 ``tuning.csv``, ``table.md`` (final test accuracy, mean ± std over seeds, with the counts of
 diverged and failed runs) and ``accuracy_vs_batch.html`` to ``--out`` (default
 ``experiments/study``). Notebook 03 imports it for the labels, the table and the figure.
@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 import pandas as pd  # noqa: E402
 
-from toolkit import sweep  # noqa: E402
+from toolkit.launching import sweep  # noqa: E402
 
 STUDY_DIR = ROOT / "experiments" / "study"
 STUDY, TUNING = STUDY_DIR / "study.yaml", STUDY_DIR / "tuning.yaml"
@@ -64,7 +64,7 @@ def study_results(study: sweep.Sweep, root: Path | str | None = None) -> pd.Data
 
 
 def summarize(results: pd.DataFrame) -> pd.DataFrame:
-    """Per method and global batch: :func:`toolkit.sweep.aggregate` over seeds (final test
+    """Per method and global batch: :func:`toolkit.launching.sweep.aggregate` over seeds (final test
     accuracy over the completed runs), plus ``at_chance``, the runs that failed or ended below
     :data:`CHANCE` (a collapsed network predicts one class: about 10% on MNIST-1D's balanced
     test set), ``updates_max`` (the updates planned: a diverged run recorded them too), and the
@@ -119,8 +119,8 @@ def markdown_table(results: pd.DataFrame) -> str:
 
 
 def figure(results: pd.DataFrame, title: str = "MNIST-1D CNN: final test accuracy vs global batch"):
-    """:func:`toolkit.sweep.figure` of final test accuracy (%) against the global batch, one
-    line per method, with the small-batch baseline as a band instead of a point."""
+    """:func:`toolkit.launching.sweep.figure` of final test accuracy (%) against the global batch,
+    one line per method, with the small-batch baseline as a band instead of a point."""
     percent = results.assign(final_test_accuracy=100 * results["final_test_accuracy"])
     base = percent[percent["method"] == BASELINE]
     others = percent[percent["method"] != BASELINE]

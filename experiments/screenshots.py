@@ -40,8 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench_first_page import answers, chromium, dashboard, free_port  # noqa: E402
 
-from toolkit import jupyter, safe_yaml  # noqa: E402
-from toolkit.rundir import list_runs, summary  # noqa: E402
+from toolkit import safe_yaml  # noqa: E402
+from toolkit.launching import jupyter  # noqa: E402
+from toolkit.runs.rundir import list_runs, summary  # noqa: E402
 
 BATCHES = (32, 64, 128)
 EPOCHS = 8

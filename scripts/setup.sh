@@ -7,7 +7,7 @@
 #   scripts/setup.sh --detect  only say which build this machine gets, CPU or GPU, and why
 #
 # The GPU build is chosen where `nvidia-smi -L` lists a GPU (the rule the launch queue counts
-# its slots by, toolkit/slots.py); LBL_GPU=1 forces it (it builds without a GPU: nvcc needs
+# its slots by, toolkit/launching/slots.py); LBL_GPU=1 forces it (it builds without a GPU: nvcc needs
 # none) and LBL_GPU=0 forces the CPU build. The two differ in two things:
 #   CPU  tensorflow-cpu; Horovod with TensorFlow and Gloo
 #   GPU  tensorflow[and-cuda] (CUDA 12 and cuDNN as PyPI wheels); Horovod also with NCCL,

@@ -108,10 +108,10 @@ def headless_chromium(playwright):
 
 @pytest.fixture(scope="session")
 def cluster_hosts() -> Iterator[list[str]]:
-    """The namespace cluster of three hosts (toolkit.cluster), unshaped, shared by every
+    """The namespace cluster of three hosts (toolkit.launching.cluster), unshaped, shared by every
     multi-host test of the session and taken down after it, also when a test fails (a cluster
     a developer already had up is left up)."""
-    from toolkit import cluster
+    from toolkit.launching import cluster
 
     was_up = cluster.describe() is not None
     made = cluster.up(3, cluster.Shaping())

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from test_adascale import assert_resumed_bit_for_bit, numpy_adascale
 
-from toolkit import experiment
-from toolkit.adaptive_batch import BatchPlan, accumulate, next_batch
 from toolkit.config import ConfigError, from_mapping
-from toolkit.events import read_events
+from toolkit.runs.events import read_events
+from toolkit.scaling.adaptive_batch import BatchPlan, accumulate, next_batch
+from toolkit.training import experiment
 
 ADAPTIVE = {  # logistic regression on digits: its B_simple passes 16, 32 and 64 in 3 epochs
     "name": "adaptive",
@@ -263,7 +263,7 @@ def two_workers(tmp_path_factory, subprocess_env):
 
     from test_train import stop_after_the_first_checkpoint_and_resume, wait
 
-    from toolkit import launch as launcher
+    from toolkit.launching import launch as launcher
 
     os.environ["PATH"] = subprocess_env["PATH"]
     root = tmp_path_factory.mktemp("runs")
@@ -318,7 +318,7 @@ def test_run_detail_draws_the_global_batch_as_it_grew(two_workers, monkeypatch):
 
 
 def test_a_probe_measures_an_adaptive_config_at_its_first_batch(tmp_path):
-    from toolkit.probe import probe
+    from toolkit.launching.probe import probe
 
     config = from_mapping(ADAPTIVE, ["workers=1", "batch.adaptive.min=32"])
     result = probe(config, steps=30, runs_root=tmp_path)

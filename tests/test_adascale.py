@@ -14,10 +14,10 @@ import pytest
 import tensorflow as tf
 
 from toolkit import config as config_lib
-from toolkit.adascale import AdaScale, gain_of
 from toolkit.config import ConfigError, from_mapping
-from toolkit.events import read_events
-from toolkit.schedules import Warmup
+from toolkit.optimizers.schedules import Warmup
+from toolkit.runs.events import read_events
+from toolkit.scaling.adascale import AdaScale, gain_of
 
 
 def formula(grad_sq, trace_sigma, base_batch, batch):
@@ -202,7 +202,7 @@ def two_workers(tmp_path_factory, subprocess_env):
 
     from test_train import stop_after_the_first_checkpoint_and_resume, wait
 
-    from toolkit import launch as launcher
+    from toolkit.launching import launch as launcher
 
     os.environ["PATH"] = subprocess_env["PATH"]
     root = tmp_path_factory.mktemp("runs")
@@ -303,7 +303,7 @@ def test_run_detail_draws_the_real_runs_gain_against_s_and_its_clock(one_worker,
 
 
 def test_the_runs_table_shows_an_adascale_runs_own_epochs_and_its_clock(one_worker):
-    from toolkit import rundir
+    from toolkit.runs import rundir
 
     run, events = one_worker
     row = rundir.summary(run, events)

@@ -1,7 +1,7 @@
 """The dashboard (app/), page by page, through Streamlit's AppTest.
 
 Runs are fabricated with app.fabricate (the toolkit's own event writer and run directory), and
-launches go through a fake ``toolkit.launch.launch`` except in the one real-launch test.
+launches go through a fake ``toolkit.launching.launch.launch`` except in the one real-launch test.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from app import charts, data
 from app.data import md_escape
 from app.fabricate import fake_run
 from toolkit import config as config_lib
-from toolkit import files, processes, rundir, theme
-from toolkit import launch as launcher
-from toolkit.curves import downsample
-from toolkit.events import EventWriter, read_events
-from toolkit.rundir import RunDir
+from toolkit import files
+from toolkit.launching import launch as launcher
+from toolkit.runs import processes, rundir, theme
+from toolkit.runs.curves import downsample
+from toolkit.runs.events import EventWriter, read_events
+from toolkit.runs.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "app" / "main.py"
@@ -49,7 +50,8 @@ def root(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def launches(monkeypatch, root):
-    """Replace ``toolkit.launch.launch`` with a recorder that creates the run directory only."""
+    """Replace ``toolkit.launching.launch.launch`` with a recorder that creates the run directory
+    only."""
     calls = []
 
     def fake(config, **kwargs):
@@ -132,8 +134,8 @@ def test_launch_preview_is_the_toolkit_schedule(root, launches):
     assert metrics["Scaled learning rate"] == f"{config.scaled_learning_rate():.4g}"
     (figure,) = figures(at)
     lr, momentum = figure["data"]
-    from toolkit import data as datasets
-    from toolkit.experiment import schedule_preview
+    from toolkit.training import data as datasets
+    from toolkit.training.experiment import schedule_preview
 
     n = len(datasets.load("mnist1d", seed=config.seed).x_train)
     expected = schedule_preview(config, n)
@@ -1007,8 +1009,8 @@ def test_compare_csv_export_holds_the_selected_runs_events(compare_runs, monkeyp
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("hosts", [None, "lbl-h2:1,lbl-h3:1"])
 def test_launch_quickstart_for_real_through_the_form(hosts, root, monkeypatch, request):
-    """The quickstart preset, 2 Horovod workers, through the real toolkit.launch.launch: on
-    this host, and on two hosts of the namespace cluster, each reached over ssh."""
+    """The quickstart preset, 2 Horovod workers, through the real toolkit.launching.launch.launch:
+    on this host, and on two hosts of the namespace cluster, each reached over ssh."""
     bin_dir = str(Path(sys.executable).parent)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     at = page("launch")

@@ -93,7 +93,7 @@ def test_every_page_in_chromium_with_a_live_runs_table_and_screenshots(server, t
     screenshot of each in ``screenshots/`` for review; the Runs table follows a live run with no
     click, and no page shows an exception or a page-not-found dialog."""
     from app.fabricate import fake_run
-    from toolkit.events import EventWriter
+    from toolkit.runs.events import EventWriter
 
     url, runs = server
     fake_run(runs, "lars-done", events=400, gns_every=20, system_every=40)

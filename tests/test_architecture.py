@@ -1,6 +1,7 @@
-"""The layers docs/architecture.md describes: every toolkit module in one, and each importing only
-from its own layer or those below it, so no import goes in a circle. Read from the source with
-``ast``: imports inside functions count too."""
+"""The packages and layers docs/architecture.md describes: every toolkit module or package in a
+layer, each importing only from its own layer or those below it, and no import, between modules
+or between packages, going in a circle. Read from the source with ``ast``: imports inside
+functions count too."""
 
 from __future__ import annotations
 
@@ -11,77 +12,104 @@ import pytest
 from conftest import ROOT
 
 LAYERS = {  # bottom to top, as docs/architecture.md's table gives them (top first)
-    "foundations": {
-        "config", "catalog", "registry", "safe_yaml", "files", "noise_scale", "adaptive_batch",
-        "system", "curves", "theme",
-    },
-    "run directory": {"rundir", "events", "processes", "checkpoints", "monitor", "hosts", "remote"},
-    "arithmetic": {"optimizers", "schedules", "compression", "sync", "adascale"},
-    "a worker": {"train", "callbacks", "experiment", "distributed", "elastic", "data", "models"},
-    "runs": {
-        "launch", "slots", "preflight", "sweep", "probe", "cluster", "tensorboard_export",
-        "jupyter",
-    },
+    "foundations": {"config", "catalog", "registry", "safe_yaml", "files"},
+    "run directory": {"runs"},
+    "arithmetic": {"optimizers", "scaling", "parallel"},
+    "a worker": {"training", "train"},
+    "launching": {"launching"},
     "doors": {"__main__", "__init__"},
-}  # fmt: skip
+}
 LEVEL = {module: level for level, modules in enumerate(LAYERS.values()) for module in modules}
 PARALLEL = {("run directory", "arithmetic")}  # neither imports the other
 
 
-def toolkit_imports(path: Path) -> set[str]:
-    """The top-level toolkit modules ``path`` imports (``toolkit.optimizers.lars`` counts as
-    ``optimizers``)."""
+SOURCES = sorted((ROOT / "toolkit").rglob("*.py"))
+# Every package but optimizers, whose __init__ is its API (optimizers.get, SGD, LARS; all of
+# it needs Keras anyway).
+LAZY_PACKAGES = sorted(
+    path.parent
+    for path in (ROOT / "toolkit").glob("*/__init__.py")
+    if path.parent.name != "optimizers"
+)
+
+
+def dotted(path: Path) -> str:
+    """``toolkit/runs/events.py`` -> ``toolkit.runs.events``; a package's ``__init__.py`` is the
+    package."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {dotted(path) for path in SOURCES}
+
+
+def imports(path: Path) -> set[str]:
+    """The toolkit modules ``path`` imports, by dotted name: ``from toolkit.runs import events``
+    is ``toolkit.runs.events``, ``from toolkit.runs.events import EventTail`` the same."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if (
-            isinstance(node, ast.ImportFrom)
-            and node.module
-            and node.module.split(".")[0] == "toolkit"
-        ):
-            parts = node.module.split(".")
-            found |= {parts[1]} if len(parts) > 1 else {alias.name for alias in node.names}
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "toolkit":
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                found.add(name if name in MODULES else node.module)
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("toolkit.")}
-    return found
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "toolkit"}
+    return found - {dotted(path), "toolkit"}
 
 
-def module_of(path: Path) -> str:
-    relative = path.relative_to(ROOT / "toolkit")
-    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
-
-
-SOURCES = sorted((ROOT / "toolkit").rglob("*.py"))
+def unit(module: str) -> str:
+    """The layer's unit a module belongs to: its package, or itself at the top
+    (``toolkit.runs.events`` -> ``runs``, ``toolkit.train`` -> ``train``)."""
+    return module.split(".")[1] if "." in module else "__init__"
 
 
 def test_every_module_has_a_layer():
-    assert {module_of(path) for path in SOURCES} == set(LEVEL)
+    assert {unit(module) for module in MODULES} == set(LEVEL)
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=[str(p.relative_to(ROOT)) for p in SOURCES])
 def test_each_module_imports_only_from_its_layer_or_below(path):
-    own = module_of(path)
-    names = list(LAYERS)
-    for imported in toolkit_imports(path) - {own}:
+    own, names = unit(dotted(path)), list(LAYERS)
+    for imported in {unit(module) for module in imports(path)} - {own}:
         assert LEVEL[imported] <= LEVEL[own], (
             f"{own} ({names[LEVEL[own]]}) imports {imported} ({names[LEVEL[imported]]})"
         )
         assert (names[LEVEL[imported]], names[LEVEL[own]]) not in PARALLEL, (own, imported)
 
 
-def test_no_import_goes_in_a_circle():
-    graph = {}
-    for path in SOURCES:
-        graph.setdefault(module_of(path), set()).update(toolkit_imports(path) - {module_of(path)})
+def circles(graph: dict[str, set[str]]) -> list[str]:
+    """The nodes of ``graph`` that reach themselves."""
 
     def reaches_itself(start: str) -> bool:
         stack, seen = list(graph[start]), set()
         while stack:
-            module = stack.pop()
-            if module == start:
+            node = stack.pop()
+            if node == start:
                 return True
-            if module not in seen:
-                seen.add(module)
-                stack.extend(graph.get(module, ()))
+            if node not in seen:
+                seen.add(node)
+                stack.extend(graph.get(node, ()))
         return False
 
-    assert [module for module in graph if reaches_itself(module)] == []
+    return [node for node in graph if reaches_itself(node)]
+
+
+def test_no_import_goes_in_a_circle_between_modules():
+    graph = {dotted(path): imports(path) - {dotted(path).rpartition(".")[0]} for path in SOURCES}
+    assert circles(graph) == []
+
+
+def test_no_import_goes_in_a_circle_between_packages():
+    graph: dict[str, set[str]] = {}
+    for path in SOURCES:
+        own = unit(dotted(path))
+        graph.setdefault(own, set()).update({unit(module) for module in imports(path)} - {own})
+    assert circles(graph) == []
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES, ids=[p.name for p in LAZY_PACKAGES])
+def test_importing_a_package_imports_none_of_its_modules(package):
+    """``toolkit.runs.events`` costs what events.py imports, not what the rest of runs/ does
+    (the app reads runs without TensorFlow)."""
+    tree = ast.parse((package / "__init__.py").read_text())
+    assert [type(node).__name__ for node in tree.body] == ["Expr"]  # its docstring only

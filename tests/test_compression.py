@@ -1,5 +1,5 @@
-"""toolkit.compression in this process (one worker, so the reduced update is what this worker
-sent): MXNet's 2-bit layout, DGC's momentum correction against momentum SGD, its sparsity
+"""toolkit.parallel.compression in this process (one worker, so the reduced update is what this
+worker sent): MXNet's 2-bit layout, DGC's momentum correction against momentum SGD, its sparsity
 warm-up against the paper's schedule, and LARS's trust ratio from the dense gradient's norm.
 What two real workers exchange is checked against a simulation in tests/test_distributed.py."""
 
@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 from test_distributed import mxnet_2bit_pack
 
-from toolkit import distributed
-from toolkit.compression import Sparse, TwoBit
 from toolkit.optimizers import LARS, SGD
+from toolkit.parallel import distributed
+from toolkit.parallel.compression import Sparse, TwoBit
 
 
 @pytest.mark.parametrize("entries", [1, 16, 37, 160])

@@ -8,7 +8,7 @@ from conftest import ROOT
 
 from toolkit import config as config_lib
 from toolkit.config import ConfigError, from_mapping, load
-from toolkit.experiment import schedule_preview, steps_per_epoch
+from toolkit.training.experiment import schedule_preview, steps_per_epoch
 
 PRESETS = sorted((ROOT / "experiments").glob("*.yaml"))
 
@@ -319,12 +319,12 @@ def test_a_stored_config_is_read_without_tensorflow(tmp_path, subprocess_env):
     import subprocess
     import sys
 
-    from toolkit.rundir import RunDir
+    from toolkit.runs.rundir import RunDir
 
     run = RunDir.create(tmp_path, "stored")
     run.write_config(load(ROOT / "experiments" / "quickstart.yaml"))
     reader = (
-        "import sys; from pathlib import Path; from toolkit.rundir import RunDir, summary; "
+        "import sys; from pathlib import Path; from toolkit.runs.rundir import RunDir, summary; "
         f"run = RunDir(Path({str(run.path)!r})); "
         "print(run.config().optimizer.name, summary(run)['global_batch']); "
         "print('tensorflow' in sys.modules, 'keras' in sys.modules)"

@@ -1,4 +1,4 @@
-"""``toolkit.curves``: which panels a run's events draw as (the rule every view shares), and
+"""``toolkit.runs.curves``: which panels a run's events draw as (the rule every view shares), and
 the downsampling that thins long curves for drawing."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from toolkit.curves import Curve, bytes_axis, downsample, panels
+from toolkit.runs.curves import Curve, bytes_axis, downsample, panels
 
 
 def test_panels_follow_the_rule_for_known_and_unplanned_metrics():

@@ -10,7 +10,7 @@ import mnist1d.data
 import numpy as np
 import pytest
 
-from toolkit import data
+from toolkit.training import data
 
 
 @pytest.fixture(autouse=True)
@@ -219,7 +219,7 @@ def test_many_epochs_hold_one_copy_of_the_data():
     # 90-epoch CIFAR-10 run over 100 GB). Lazily, one copy, TensorFlow's start-up and a batch.
     script = """
 import resource, numpy as np
-from toolkit import data
+from toolkit.training import data
 x = np.ones((10_000, 1_000), np.float32); y = np.zeros(10_000, np.int32)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 batches = data.epochs_dataset(x, y, batch_size=500, epochs=range(100), steps_per_epoch=20)

@@ -1,5 +1,5 @@
-"""toolkit.distributed: under real ``horovodrun`` with 2 Gloo workers on localhost (one run,
-tests/workers/two_workers.py, shared by the tests that need workers) and in this process
+"""toolkit.parallel.distributed: under real ``horovodrun`` with 2 Gloo workers on localhost (one
+run, tests/workers/two_workers.py, shared by the tests that need workers) and in this process
 (size 1, or a pretended size 2 over the real size-1 Horovod for the hook's mechanics)."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from scenarios import (
     wire_grads,
 )
 
-from toolkit import distributed
 from toolkit.optimizers import LBSGD, SGD
+from toolkit.parallel import distributed
 
 
 def reference(steps: int, rows_per_step: int, embedding: bool = False):
@@ -554,7 +554,7 @@ def test_without_horovod_it_is_one_process(monkeypatch, caplog):
     """A copy of the module imported while ``horovod.tensorflow`` cannot be imported."""
     monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
     spec = importlib.util.spec_from_file_location(
-        "distributed_without_horovod", ROOT / "toolkit" / "distributed.py"
+        "distributed_without_horovod", ROOT / "toolkit" / "parallel" / "distributed.py"
     )
     module = importlib.util.module_from_spec(spec)
     with caplog.at_level(logging.WARNING):

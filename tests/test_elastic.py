@@ -1,6 +1,6 @@
-"""toolkit.elastic: the elastic state's save, restore and sync, on one worker (this process) and
-on two (the shared ``horovodrun -np 2`` run of tests/workers/two_workers.py); the rule that
-deals committed residuals out to a new number of workers, against numpy; and a real elastic
+"""toolkit.parallel.elastic: the elastic state's save, restore and sync, on one worker (this
+process) and on two (the shared ``horovodrun -np 2`` run of tests/workers/two_workers.py); the rule
+that deals committed residuals out to a new number of workers, against numpy; and a real elastic
 ``horovodrun`` on two hosts of the namespace cluster that loses one host's worker mid-epoch and
 ends where one process taking the same global batches ends (tests/workers/elastic_worker.py)."""
 
@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_workers, weights
 
-from toolkit import cluster, distributed, elastic
-from toolkit.compression import reshard_residuals as reshard
-from toolkit.noise_scale import Smoother
+from toolkit.launching import cluster
 from toolkit.optimizers import SGD
+from toolkit.parallel import distributed, elastic
+from toolkit.parallel.compression import reshard_residuals as reshard
+from toolkit.scaling.noise_scale import Smoother
 
 
 def residual_rows(workers: int, shapes=((3, 2), (4,)), seed=0) -> list[list[np.ndarray]]:

@@ -23,13 +23,13 @@ import yaml
 from conftest import run_cli
 from test_train import SMALL
 
-from toolkit import cluster
-from toolkit import launch as launcher
 from toolkit.config import from_mapping
-from toolkit.events import read_events
-from toolkit.experiment import load_dataset, steps_per_epoch, train_batches
-from toolkit.rundir import TERMINAL, RunDir, summary
+from toolkit.launching import cluster
+from toolkit.launching import launch as launcher
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import TERMINAL, RunDir, summary
 from toolkit.train import train
+from toolkit.training.experiment import load_dataset, steps_per_epoch, train_batches
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolkit import events
-from toolkit.events import EventTail, EventWriter, copy_path, read_events, truncate_after
+from toolkit.runs import events
+from toolkit.runs.events import EventTail, EventWriter, copy_path, read_events, truncate_after
 
 
 def test_round_trip_with_varying_keys(tmp_path):

@@ -10,9 +10,9 @@ import pytest
 from conftest import run_cli
 from pydantic import BaseModel
 
-from toolkit import processes
 from toolkit.config import ConfigError, ExperimentConfig, from_mapping
-from toolkit.rundir import RunDir
+from toolkit.runs import processes
+from toolkit.runs.rundir import RunDir
 
 
 def leaf_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, object]]:

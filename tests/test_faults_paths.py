@@ -14,13 +14,14 @@ import time
 import pytest
 from conftest import ROOT
 
-from toolkit import files, rundir
-from toolkit import launch as launcher
+from toolkit import files
 from toolkit.__main__ import main, runs_table
 from toolkit.config import from_mapping
-from toolkit.events import EventWriter, read_events
 from toolkit.files import WriteError
-from toolkit.rundir import RunDir, RunError, list_runs, resolve, summary
+from toolkit.launching import launch as launcher
+from toolkit.runs import rundir
+from toolkit.runs.events import EventWriter, read_events
+from toolkit.runs.rundir import RunDir, RunError, list_runs, resolve, summary
 
 BAD_IDS = [".", "..", "../victim", ".hidden", "a/b", "", "x" * 65, "/etc", "run id"]
 
@@ -131,7 +132,7 @@ def test_readers_never_follow_a_symlink_out_of_a_run(tree, tmp_path):
 
 
 def test_writers_never_follow_a_symlink_out_of_a_run(tree):
-    from toolkit import checkpoints
+    from toolkit.runs import checkpoints
 
     root, victim = tree
     run = resolve("ok", root)

@@ -30,8 +30,10 @@ from hypothesis import strategies as st
 from test_safe_yaml import bomb
 
 from toolkit import __main__ as cli
-from toolkit import cluster, jupyter, launch, safe_yaml, tensorboard_export
+from toolkit import safe_yaml
 from toolkit.config import ExperimentConfig
+from toolkit.launching import cluster, jupyter, launch
+from toolkit.runs import tensorboard_export
 
 BUDGET_S = 5.0
 EXAMPLES = {"per command": 40, "configs": 100, "sweep files": 40, "query parameters": 15}
@@ -217,7 +219,7 @@ def check(argv, work, runs, monkeypatch, allowed=(0, 2)) -> int:
 def test_every_command_survives_generated_arguments(command, sandbox):
     work, runs = sandbox
     from toolkit.config import from_mapping
-    from toolkit.rundir import RunDir
+    from toolkit.runs.rundir import RunDir
 
     for run_id, state in (("done", "completed"), ("live", "running"), ("halted", "stopped")):
         if not (runs / run_id).exists():
@@ -395,9 +397,9 @@ def test_the_budget_and_counts_are_what_the_docs_report():
 
 
 def test_the_same_values_through_python_raise_the_modules_own_error(sandbox):
-    from toolkit import probe
-    from toolkit import sweep as sweeps
     from toolkit.config import ConfigError, from_mapping
+    from toolkit.launching import probe
+    from toolkit.launching import sweep as sweeps
 
     work, runs = sandbox
     config = from_mapping(QUICKSTART)

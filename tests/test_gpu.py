@@ -29,8 +29,10 @@ sys.path.insert(0, str(ROOT / "tests" / "workers"))
 from scenarios import WIRE, WIRE_SHAPES, WIRE_STEPS, wire_grads
 from test_distributed import simulate_workers
 
-from toolkit import distributed, events, optimizers
+from toolkit import optimizers
 from toolkit.optimizers import kernels
+from toolkit.parallel import distributed
+from toolkit.runs import events
 
 GPUS = tf.config.list_physical_devices("GPU")
 pytestmark = pytest.mark.skipif(

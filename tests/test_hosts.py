@@ -1,5 +1,5 @@
-"""Host lists (toolkit.hosts): written out, horovodrun hostfiles and Slurm allocations, and the
-ssh fields of the config as horovodrun receives them."""
+"""Host lists (toolkit.launching.hosts): written out, horovodrun hostfiles and Slurm allocations,
+and the ssh fields of the config as horovodrun receives them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 import pytest
 from conftest import run_cli
 
-from toolkit import hosts
 from toolkit.config import ConfigError, from_mapping
+from toolkit.launching import hosts
 
 
 def test_a_host_list_parses_and_joins_back():
@@ -80,8 +80,8 @@ def test_auto_outside_slurm_and_a_bad_hostfile_exit_2_before_anything_starts(
 
 
 def test_ssh_fields_are_validated_and_reach_horovodrun(tmp_path):
-    from toolkit.launch import horovodrun_argv
-    from toolkit.rundir import RunDir
+    from toolkit.launching.launch import horovodrun_argv
+    from toolkit.runs.rundir import RunDir
 
     config = from_mapping(
         {
@@ -144,8 +144,8 @@ def test_elastic_discovery_reads_a_hosts_file_or_runs_a_script(tmp_path):
 
 
 def test_an_elastic_run_reaches_horovodrun_through_its_discovery_script(tmp_path):
-    from toolkit.launch import horovodrun_argv
-    from toolkit.rundir import RunDir
+    from toolkit.launching.launch import horovodrun_argv
+    from toolkit.runs.rundir import RunDir
 
     listed = tmp_path / "hosts"
     listed.write_text("lbl-h1:1\nlbl-h2:1\n")

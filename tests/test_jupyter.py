@@ -1,5 +1,5 @@
 """The notebook door end to end: JupyterLab started by the code behind ``./lab notebook``
-(``toolkit.jupyter.server``) on a free port, over a copy of ``notebooks/``, and driven by
+(``toolkit.launching.jupyter.server``) on a free port, over a copy of ``notebooks/``, and driven by
 headless Chromium (Debian's /usr/bin/chromium) through Playwright, as a user would: open the
 quickstart, run all cells (smoke size), and see its figures drawn, live view included.
 
@@ -27,7 +27,7 @@ import pytest
 from conftest import free_port, headless_chromium, run_cli, serving
 from playwright.sync_api import sync_playwright
 
-from toolkit import jupyter
+from toolkit.launching import jupyter
 
 QUICKSTART = "01_quickstart.ipynb"
 

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from toolkit import models
+from toolkit.training import models
 
 # name, input shape, classes, parameters (counted by hand for the small ones)
 CASES = [

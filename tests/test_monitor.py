@@ -1,5 +1,5 @@
-"""``toolkit.monitor``: a run followed from outside through its run directory, fed by the events
-a (here simulated) training process appends: the terminal's progress bar (``follow``) and the
+"""``toolkit.runs.monitor``: a run followed from outside through its run directory, fed by the
+events a (here simulated) training process appends: the terminal's progress bar (``follow``) and the
 notebook's live figures (``LiveView``, the widgets built and updated here without a browser;
 tests/test_jupyter.py draws them in one)."""
 
@@ -12,9 +12,9 @@ import time
 import pandas as pd
 import pytest
 
-from toolkit.events import EventWriter, truncate_after
-from toolkit.monitor import LiveView, follow, in_notebook, latest_values, live, watch
-from toolkit.rundir import RunDir
+from toolkit.runs.events import EventWriter, truncate_after
+from toolkit.runs.monitor import LiveView, follow, in_notebook, latest_values, live, watch
+from toolkit.runs.rundir import RunDir
 
 TOTAL = 60
 

@@ -1,5 +1,5 @@
-"""Runs across hosts, for real: the namespace cluster (toolkit.cluster), ssh, horovodrun and the
-run directory's records, from the terminal and from Python (the app's door is in test_app).
+"""Runs across hosts, for real: the namespace cluster (toolkit.launching.cluster), ssh, horovodrun
+and the run directory's records, from the terminal and from Python (the app's door is in test_app).
 
 The hosts share this machine's process table (only their network and hostname are their own),
 so a test can check from here, as ground truth, that a process the toolkit reached over ssh is
@@ -23,11 +23,11 @@ from conftest import ROOT, run_cli
 from test_train import SMALL as TRAIN_SMALL
 from test_train import wait
 
-from toolkit import cluster, slots
-from toolkit import launch as launcher
 from toolkit.config import from_mapping
-from toolkit.events import read_events
-from toolkit.rundir import TERMINAL, RunDir
+from toolkit.launching import cluster, slots
+from toolkit.launching import launch as launcher
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import TERMINAL, RunDir
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,7 +54,7 @@ def in_host(host: str, argv: list[str], env: dict, timeout: float = 300):
 def state_seen_from(host: str, run: RunDir, env: dict) -> str:
     """The run's state as a reader on ``host`` sees it (no process of the run there)."""
     code = (
-        "import sys; from pathlib import Path; from toolkit.rundir import RunDir; "
+        "import sys; from pathlib import Path; from toolkit.runs.rundir import RunDir; "
         "print(RunDir(Path(sys.argv[1])).status()['state'])"
     )
     seen = in_host(host, [sys.executable, "-c", code, str(run.path)], env)
@@ -131,7 +131,7 @@ def test_a_run_launched_from_python_puts_its_workers_where_asked(cluster_hosts, 
 
 def test_a_run_on_one_other_host_names_the_interface_it_is_reached_through(cluster_hosts, runs):
     """horovodrun's own choice for one remote host is loopback half the time (see
-    toolkit.remote.network_interface); the launcher names the interface instead."""
+    toolkit.launching.remote.network_interface); the launcher names the interface instead."""
     config = from_mapping({**SMALL, "epochs": 1})
     run = launcher.launch(config, hosts="lbl-h3:2", run_id="one-other")
     argv = launcher.horovodrun_argv(run.config(), run, resume=False)

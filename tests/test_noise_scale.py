@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from toolkit.noise_scale import Smoother, estimate
+from toolkit.scaling.noise_scale import Smoother, estimate
 
 
 def test_estimate_inverts_the_expected_norms_exactly():
@@ -105,9 +105,9 @@ def two_worker_gns(tmp_path_factory, subprocess_env):
 
     from test_train import wait
 
-    from toolkit import launch as launcher
     from toolkit.config import from_mapping
-    from toolkit.events import read_events
+    from toolkit.launching import launch as launcher
+    from toolkit.runs.events import read_events
 
     os.environ["PATH"] = subprocess_env["PATH"]
     root = tmp_path_factory.mktemp("runs")
@@ -120,7 +120,7 @@ def two_worker_gns(tmp_path_factory, subprocess_env):
 @pytest.fixture(scope="module")
 def one_worker_gns(tmp_path_factory):
     from toolkit.config import from_mapping
-    from toolkit.events import read_events
+    from toolkit.runs.events import read_events
     from toolkit.train import train
 
     run = train(from_mapping(NOISY), tmp_path_factory.mktemp("runs") / "one", verbose=0)
@@ -139,9 +139,9 @@ def test_two_workers_log_every_measurement_at_its_step_however_steps_are_grouped
 
     from test_train import wait
 
-    from toolkit import launch as launcher
     from toolkit.config import from_mapping
-    from toolkit.events import read_events
+    from toolkit.launching import launch as launcher
+    from toolkit.runs.events import read_events
 
     os.environ["PATH"] = subprocess_env["PATH"]
     gns = {}
@@ -267,7 +267,7 @@ def test_a_band_with_unbounded_resamples_is_unbounded_without_a_warning():
     import warnings
 
     from toolkit.config import from_mapping
-    from toolkit.probe import summarize
+    from toolkit.launching.probe import summarize
 
     n = 40  # |G|² measured as 2 and -1.8 in turn: a mean of 0.1, but many resamples' <= 0
     gns = pd.DataFrame({"grad_sq_step": np.resize([2.0, -1.8], n), "trace_sigma_step": 1.0})
@@ -284,7 +284,7 @@ def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
     import pandas as pd
 
     from toolkit.config import from_mapping
-    from toolkit.probe import summarize
+    from toolkit.launching.probe import summarize
 
     rng = np.random.default_rng(0)
     n = 400
@@ -321,7 +321,7 @@ def test_the_probe_cli_on_the_quickstart(tmp_path, subprocess_env):
     from conftest import run_cli
 
     from toolkit.__main__ import runs_table
-    from toolkit.rundir import list_runs
+    from toolkit.runs.rundir import list_runs
 
     args = ["probe", "experiments/quickstart.yaml", "--steps", "80"]
     result = run_cli(args, tmp_path, subprocess_env)
@@ -360,8 +360,8 @@ def test_a_model_trained_by_hand_gets_the_noise_scale_from_a_keras_callback(per_
     that reaches each multiple of ``every`` (k=2 and every=3: steps 4, 6, 10, 12, ...)."""
     import keras
 
-    from toolkit.callbacks import noise_scale_callback
-    from toolkit.noise_scale import Smoother
+    from toolkit.scaling.noise_scale import Smoother
+    from toolkit.training.callbacks import noise_scale_callback
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2048, 8)).astype("float32")
@@ -388,7 +388,7 @@ def test_the_probes_gradient_graph_is_traced_once_and_matches_an_eager_tape():
     import keras
     import tensorflow as tf
 
-    from toolkit import callbacks, data, models
+    from toolkit.training import callbacks, data, models
 
     dataset = data.load("mnist1d")
     model = models.build("cnn1d", input_shape=dataset.input_shape, num_classes=10, seed=0)

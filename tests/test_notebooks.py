@@ -1,7 +1,7 @@
 """Every notebook in notebooks/ runs top to bottom, in its CI size (``LBL_NOTEBOOK_SMOKE=1``),
 offline, in the kernel it names; runs go to a temporary ``$LBL_RUNS``.
 
-That kernel is "Large-Batch Lab", registered by ``toolkit.jupyter.install_kernel`` (what
+That kernel is "Large-Batch Lab", registered by ``toolkit.launching.jupyter.install_kernel`` (what
 ``./lab notebook`` runs) to start this virtualenv's interpreter: a first cell that the test adds
 checks it. Notebooks are stored without outputs; executing them here does not write them back.
 """
@@ -20,7 +20,8 @@ import pytest
 from conftest import ROOT
 from nbclient import NotebookClient
 
-from toolkit import jupyter, theme
+from toolkit.launching import jupyter
+from toolkit.runs import theme
 
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 from toolkit import optimizers
-from toolkit.schedules import MultiFactor, Warmup
+from toolkit.optimizers.schedules import MultiFactor, Warmup
 
 CONFIGS = {
     "sgd": dict(learning_rate=Warmup(0.1, 8), momentum=0.9, dampening=0.1, weight_decay=1e-4),

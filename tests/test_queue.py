@@ -1,5 +1,5 @@
-"""The launch queue (toolkit.slots): slots taken in order, never more than the capacity, not
-even by processes racing for the last slot; stale entries dropped; impossible runs refused."""
+"""The launch queue (toolkit.launching.slots): slots taken in order, never more than the capacity,
+not even by processes racing for the last slot; stale entries dropped; impossible runs refused."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import pytest
 from conftest import ROOT, run_cli
 from test_train import SMALL, wait
 
-from toolkit import launch as launcher
-from toolkit import slots
 from toolkit.config import from_mapping
-from toolkit.rundir import RunDir, RunError
+from toolkit.launching import launch as launcher
+from toolkit.launching import slots
+from toolkit.runs.rundir import RunDir, RunError
 
 RACERS = 8
 RACER = Path(__file__).parent / "workers" / "queue_racer.py"

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from toolkit import config as config_lib
 from toolkit import safe_yaml
-from toolkit import sweep as sweeps
-from toolkit.rundir import RunDir
+from toolkit.launching import sweep as sweeps
+from toolkit.runs.rundir import RunDir
 
 
 def bomb(levels: int = 9, fan: int = 9) -> str:

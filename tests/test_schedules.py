@@ -8,8 +8,8 @@ import keras
 import numpy as np
 import pytest
 
-from toolkit import schedules
-from toolkit.schedules import MultiFactor, Poly, Warmup
+from toolkit.optimizers import schedules
+from toolkit.optimizers.schedules import MultiFactor, Poly, Warmup
 
 
 def value(schedule, step):

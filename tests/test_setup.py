@@ -91,7 +91,7 @@ def test_setup_refuses_an_unknown_argument(tmp_path):
 def test_the_launch_queue_counts_the_gpus_setup_builds_for(tmp_path, monkeypatch):
     """One rule for both: where setup.sh builds for GPUs, the queue's capacity is the GPU
     count (one process per GPU)."""
-    from toolkit import slots
+    from toolkit.launching import slots
 
     assert detect(tmp_path, (TWO_GPUS, 0)).stdout.startswith("gpu")
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from toolkit.optimizers import SGD
-from toolkit.schedules import MultiFactor
+from toolkit.optimizers.schedules import MultiFactor
 
 SHAPES = [(7, 5), (5,), (3, 4, 2)]
 STEPS = 120

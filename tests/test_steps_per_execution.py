@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from test_train import SMALL
 
 from toolkit.config import from_mapping
-from toolkit.events import read_events
-from toolkit.rundir import RunDir
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import RunDir
 from toolkit.train import steps_per_execution
 
 EPOCHS = 3
@@ -173,8 +173,8 @@ def test_every_event_comes_at_its_step_with_the_same_values(runs):
 
 
 def test_a_nan_is_caught_and_logged_within_one_execution(tmp_path):
-    from toolkit.callbacks import NonFiniteLoss
     from toolkit.train import train
+    from toolkit.training.callbacks import NonFiniteLoss
 
     steps = {}
     for every in (10, 1):  # 5 steps per execution, then 1: the step it really diverged

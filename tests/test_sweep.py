@@ -1,4 +1,4 @@
-"""Sweeps (toolkit.sweep): expansion and validation of sweep files, the results and their
+"""Sweeps (toolkit.launching.sweep): expansion and validation of sweep files, the results and their
 aggregate against numpy, and one real sweep of 4 cells on 2 slots under horovodrun whose
 runner is killed mid-way and run again."""
 
@@ -19,9 +19,10 @@ import pytest
 import yaml
 from conftest import ROOT, run_cli
 
-from toolkit import rundir, slots, sweep
 from toolkit.config import ConfigError, load, run_name_problem
-from toolkit.rundir import RunDir, list_runs
+from toolkit.launching import slots, sweep
+from toolkit.runs import rundir
+from toolkit.runs.rundir import RunDir, list_runs
 
 QUICK = str(ROOT / "experiments" / "quickstart.yaml")
 METHODS = {

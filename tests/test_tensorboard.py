@@ -25,10 +25,10 @@ from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, event_accumulator
 from tensorboard.backend.event_processing import plugin_event_multiplexer as multiplexer
 
-from toolkit import tensorboard_export
 from toolkit.config import from_mapping
-from toolkit.events import EventWriter, truncate_after
-from toolkit.rundir import RunDir
+from toolkit.runs import tensorboard_export
+from toolkit.runs.events import EventWriter, truncate_after
+from toolkit.runs.rundir import RunDir
 
 SHORT = {
     "name": "tb",

@@ -1,4 +1,5 @@
-"""Training runs end to end: ``toolkit.launch`` -> supervisor -> horovodrun (2 Gloo workers)
+"""Training runs end to end: ``toolkit.launching.launch`` -> supervisor -> horovodrun (2 Gloo
+workers)
 -> ``toolkit.train``, and what they leave in the run directory."""
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import psutil
 import pytest
 from conftest import ROOT
 
-from toolkit import launch as launcher
 from toolkit.config import from_mapping
-from toolkit.events import read_events
-from toolkit.rundir import TERMINAL, RunDir
+from toolkit.launching import launch as launcher
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import TERMINAL, RunDir
 
 SMALL = {
     "name": "small",
@@ -186,9 +187,9 @@ def test_killed_worker_leaves_a_failed_run_with_events_and_logs(runs):
 
 
 def test_nan_loss_stops_the_run_as_failed_with_a_reason(tmp_path, monkeypatch):
-    from toolkit import events as events_lib
-    from toolkit.callbacks import NonFiniteLoss
+    from toolkit.runs import events as events_lib
     from toolkit.train import train
+    from toolkit.training.callbacks import NonFiniteLoss
 
     monkeypatch.setattr(events_lib, "COPY_AFTER", 1)  # any log gets its columnar copy
 
@@ -254,7 +255,7 @@ def test_bad_input_is_refused_before_anything_starts(args, message, runs, subpro
 
 def test_runs_table_shows_times_and_numbers_a_person_can_read(completed, tmp_path):
     from toolkit.__main__ import runs_table
-    from toolkit.rundir import summary
+    from toolkit.runs.rundir import summary
 
     row = summary(completed)
     table = runs_table(completed.path.parent)

@@ -1,10 +1,13 @@
 """Large-Batch Lab: large-batch distributed training for Keras 3 with Horovod.
 
-Modules: ``optimizers`` (SGD, LARS, LBSGD), ``schedules``, ``config`` (the experiment schema),
-``data``, ``models``, ``distributed`` (Horovod glue), ``train``, ``launch``, ``monitor``,
-``rundir``, ``events``, ``checkpoints``, ``callbacks``, ``experiment``. Importing the package
-imports none of them, so ``toolkit.events`` or ``toolkit.rundir`` stay cheap for readers such
-as the app.
+At the top: ``config`` (the experiment schema), ``catalog``, ``registry``, ``safe_yaml``,
+``files`` and ``train`` (one worker: ``python -m toolkit.train``). The packages: ``runs`` (the
+run directory and its readers), ``optimizers`` (with ``schedules``), ``scaling`` (the noise
+scale, AdaScale, the adaptive batch), ``parallel`` (Horovod for Keras 3), ``training`` (a
+config's experiment and its callbacks) and ``launching`` (runs, the queue, sweeps, hosts).
+docs/architecture.md maps them. Importing the package, or any of them but ``optimizers``,
+imports none of their modules, so ``toolkit.runs.events`` stays cheap for readers such as the
+app.
 """
 
 import os as _os

@@ -12,8 +12,8 @@ python -m toolkit delete RUN
 python -m toolkit probe CONFIG [--np N] [--steps K] [--set k=v ...]
 python -m toolkit sweep SWEEP [--dry-run | --status] [--max-parallel K] [--retry-failed] [--csv F]
 python -m toolkit queue [--capacity h1:2,h2:2 | --capacity default]
-python -m toolkit notebook [JUPYTERLAB ARGS]   (see toolkit.jupyter)
-python -m toolkit cluster up [--hosts N] [--bandwidth 1gbit] [--delay 100us]   (toolkit.cluster)
+python -m toolkit notebook [JUPYTERLAB ARGS]   (toolkit.launching.jupyter)
+python -m toolkit cluster up [--hosts N] [--bandwidth 1gbit] [--delay 100us]   (namespaces)
 python -m toolkit cluster status | shape [--bandwidth R] [--delay D] | down
 python -m toolkit cluster exec HOST -- COMMAND...
 
@@ -32,13 +32,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from toolkit import cluster, jupyter, safe_yaml, slots
-from toolkit import launch as launcher
-from toolkit import probe as probe_lib
-from toolkit.cluster import ClusterError
+from toolkit import safe_yaml
 from toolkit.config import MAX_WORKERS
-from toolkit.monitor import follow
-from toolkit.rundir import list_runs, matches, progress_text, resolve, runs_root, summary
+from toolkit.launching import cluster, jupyter, slots
+from toolkit.launching import launch as launcher
+from toolkit.launching import probe as probe_lib
+from toolkit.launching.cluster import ClusterError
+from toolkit.runs.monitor import follow
+from toolkit.runs.rundir import list_runs, matches, progress_text, resolve, runs_root, summary
 
 
 class Parser(argparse.ArgumentParser):
@@ -118,7 +119,7 @@ def build_parser() -> Parser:
         "--steps", type=integer(1, probe_lib.MAX_PROBE_STEPS), default=200, help="updates"
     )
     probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    grid = sub.add_parser("sweep", help="run a grid of experiments (toolkit.sweep)")
+    grid = sub.add_parser("sweep", help="run a grid of experiments (toolkit.launching.sweep)")
     grid.add_argument("sweep")
     shown = grid.add_mutually_exclusive_group()
     shown.add_argument("--dry-run", action="store_true", help="print the cells, start nothing")
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 def _tensorboard(args) -> int:
     """Export the named runs (or every run but probes, listed again each round while serving)
     under the logdir, then serve them with TensorBoard on 127.0.0.1 until interrupted."""
-    from toolkit import tensorboard_export
+    from toolkit.runs import tensorboard_export
 
     named = [resolve(run_id, args.runs) for run_id in args.run_ids]
 
@@ -299,7 +300,7 @@ def _cell(value) -> str:
 
 def _sweep(args) -> int:
     """``sweep``: the plan, the state, or the run; the aggregate over seeds at the end."""
-    from toolkit import sweep
+    from toolkit.launching import sweep
 
     grid = sweep.load(args.sweep)
     if args.dry_run:
@@ -355,7 +356,7 @@ def _cluster_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _cluster(args) -> int:
-    """``cluster``: up, shape, status, exec or down (see :mod:`toolkit.cluster`)."""
+    """``cluster``: up, shape, status, exec or down (see :mod:`toolkit.launching.cluster`)."""
     if args.action == "up":
         given = args.bandwidth or args.delay
         made = cluster.up(

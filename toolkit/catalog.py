@@ -10,17 +10,20 @@ from toolkit.registry import Registry
 DATASETS = Registry(
     "dataset",
     {
-        "mnist1d": "toolkit.data:load_mnist1d",
-        "digits": "toolkit.data:load_digits",
-        "synthetic": "toolkit.data:load_synthetic",
-        "mnist": "toolkit.data:load_mnist",
-        "fashion_mnist": "toolkit.data:load_fashion_mnist",
-        "cifar10": "toolkit.data:load_cifar10",
+        "mnist1d": "toolkit.training.data:load_mnist1d",
+        "digits": "toolkit.training.data:load_digits",
+        "synthetic": "toolkit.training.data:load_synthetic",
+        "mnist": "toolkit.training.data:load_mnist",
+        "fashion_mnist": "toolkit.training.data:load_fashion_mnist",
+        "cifar10": "toolkit.training.data:load_cifar10",
     },
 )
 MODELS = Registry(
     "model",
-    {name: f"toolkit.models:{name}" for name in ("logreg", "mlp", "cnn1d", "resnet20", "resnet50")},
+    {
+        name: f"toolkit.training.models:{name}"
+        for name in ("logreg", "mlp", "cnn1d", "resnet20", "resnet50")
+    },
 )
 OPTIMIZERS = Registry(
     "optimizer",
@@ -39,12 +42,12 @@ OPTIMIZERS = Registry(
 SCHEDULES = Registry(
     "schedule",
     {
-        "poly": "toolkit.schedules:Poly",
+        "poly": "toolkit.optimizers.schedules:Poly",
         "polynomial": "keras.optimizers.schedules:PolynomialDecay",
         "exponential": "keras.optimizers.schedules:ExponentialDecay",
         "piecewise": "keras.optimizers.schedules:PiecewiseConstantDecay",
         "cosine": "keras.optimizers.schedules:CosineDecay",
-        "multifactor": "toolkit.schedules:MultiFactor",
-        "warmup": "toolkit.schedules:Warmup",
+        "multifactor": "toolkit.optimizers.schedules:MultiFactor",
+        "warmup": "toolkit.optimizers.schedules:Warmup",
     },
 )

@@ -247,8 +247,8 @@ class ScheduleConfig(_Section):
 
 
 class AdaptiveBatchConfig(_Section):
-    """An adaptive global batch (:mod:`toolkit.adaptive_batch`): it starts at ``min`` and, at
-    the start of every ``every_epochs``-th epoch, becomes the power of two nearest the
+    """An adaptive global batch (:mod:`toolkit.scaling.adaptive_batch`): it starts at ``min`` and,
+    at the start of every ``every_epochs``-th epoch, becomes the power of two nearest the
     measured ``B_simple``, within ``[min, max]`` and at most 2x from the last. Both are powers
     of two; each worker's batch per step stays ``batch.per_worker``, and local accumulation
     makes up the rest."""
@@ -287,7 +287,7 @@ class ScalingConfig(_Section):
     """How the learning rate, tuned at ``base_batch``, follows the global batch. ``linear``:
     Goyal et al.'s rule, ``lr * global_batch / base_batch``; ``sqrt``:
     ``lr * sqrt(global_batch / base_batch)`` (Krizhevsky 2014; often better for LARS);
-    ``adascale`` (:mod:`toolkit.adascale`): ``lr`` times a gain in ``[1, global_batch /
+    ``adascale`` (:mod:`toolkit.scaling.adascale`): ``lr`` times a gain in ``[1, global_batch /
     base_batch]`` measured every update from the gradient noise, the schedule read on AdaScale's
     clock ``τ``; ``epochs`` are then the base run's (at ``base_batch``), and the run ends when
     ``τ`` has done them, after as many epochs of its own as the gain makes it."""
@@ -331,7 +331,7 @@ class LoggingConfig(_Section):
 
 
 class AllreduceConfig(_Section):
-    """What the gradient allreduce sends (:mod:`toolkit.compression`): ``none`` (float32),
+    """What the gradient allreduce sends (:mod:`toolkit.parallel.compression`): ``none`` (float32),
     ``fp16`` (clipped before the cast), SINGA's sparsified modes, ``topk`` (the fraction
     ``ratio`` of entries of largest magnitude; with ``topk_sample``, about that many, the cut
     estimated from a sample as DGC does) and ``threshold`` (entries with
@@ -450,8 +450,8 @@ class AllreduceConfig(_Section):
 
 
 class SyncConfig(_Section):
-    """What is averaged over the workers (:mod:`toolkit.sync`): ``full``, the gradients of every
-    update (allreduce); ``partial`` (SINGA), each worker updates locally and every ``period``
+    """What is averaged over the workers (:mod:`toolkit.parallel.sync`): ``full``, the gradients of
+    every update (allreduce); ``partial`` (SINGA), each worker updates locally and every ``period``
     updates the next partition of the parameters (``allreduce.fusion_threshold_mb`` each) is
     averaged; ``local_sgd`` (Lin et al. 2020), all parameters every ``period`` updates."""
 
@@ -511,7 +511,7 @@ class ExperimentConfig(_Section):
     """One experiment. ``workers``, ``hosts`` and the ssh fields are used by the launcher:
     ``ssh_port``, ``ssh_identity_file`` and ``network_interface`` are horovodrun's ``-p``,
     ``-i`` and ``--network-interfaces``, and pre-flight, ``stop`` and ``status`` reach the
-    hosts with the same ssh options (:mod:`toolkit.remote`)."""
+    hosts with the same ssh options (:mod:`toolkit.launching.remote`)."""
 
     name: str = "run"
     seed: int = 0

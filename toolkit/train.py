@@ -22,10 +22,16 @@ from pathlib import Path
 
 import keras
 
-from toolkit import adaptive_batch, callbacks, checkpoints, distributed, elastic, monitor, processes
 from toolkit import config as config_lib
-from toolkit.events import EventWriter, read_events, truncate_after
-from toolkit.experiment import (
+from toolkit.files import WriteError
+from toolkit.parallel import distributed, elastic
+from toolkit.runs import checkpoints, monitor, processes
+from toolkit.runs.events import EventWriter, read_events, truncate_after
+from toolkit.runs.rundir import RunDir, RunError
+from toolkit.scaling import adaptive_batch
+from toolkit.scaling.noise_scale import Smoother
+from toolkit.training import callbacks
+from toolkit.training.experiment import (
     adascale_of,
     batch_plan,
     build_model,
@@ -37,9 +43,6 @@ from toolkit.experiment import (
     test_batches,
     train_batches,
 )
-from toolkit.files import WriteError
-from toolkit.noise_scale import Smoother
-from toolkit.rundir import RunDir, RunError
 
 
 def train(
@@ -276,8 +279,8 @@ def _fit(config, run, run_dir, resume, rank0, world, verbose, view):
 def _fit_adaptive(config, fit, model, dataset, spe, first, last, plan, adascale):
     """Train from epoch ``first`` with an adaptive batch (``batch.adaptive``), a ``fit`` call
     per ``every_epochs`` epochs, the batch decided before each but the run's first
-    (:func:`~toolkit.adaptive_batch.follow`) from AdaScale's averaged ``B_simple``: rank 0's,
-    which every worker has too (it is measured on averaged gradients). Rank 0 says when it
+    (:func:`~toolkit.scaling.adaptive_batch.follow`) from AdaScale's averaged ``B_simple``: rank
+    0's, which every worker has too (it is measured on averaged gradients). Rank 0 says when it
     changes. A resumed run decides again at the epoch it resumes at, from the same state."""
     adaptive = config.batch.adaptive
     epoch = first
@@ -300,13 +303,13 @@ def _fit_adaptive(config, fit, model, dataset, spe, first, last, plan, adascale)
 def _fit_elastic(
     config, run_dir, model, dataset, spe, position, residuals, meter, smoother, verbose
 ):
-    """Train from ``position`` under elastic horovodrun (:mod:`toolkit.elastic`).
+    """Train from ``position`` under elastic horovodrun (:mod:`toolkit.parallel.elastic`).
 
     The state (model, optimizer, the noise meter and ``smoother``, residuals, epoch and batch)
     is committed every ``elastic.commit_every_steps`` steps and at each epoch's end. When the
     world changes, training goes on from the last commit with the workers there are: every
-    worker takes its new share (:func:`~toolkit.experiment.train_batches`) of the same global
-    batches (the per-worker batch is ``batch.global_size`` over the workers), skipping the
+    worker takes its new share (:func:`~toolkit.training.experiment.train_batches`) of the same
+    global batches (the per-worker batch is ``batch.global_size`` over the workers), skipping the
     committed part of the epoch, so each example of the epoch is still seen once, apart from the
     steps since the commit, which are trained again. The callbacks are rebuilt for each world
     (rank 0, who writes, may have moved), the events after the commit are dropped, and rank 0
@@ -316,7 +319,7 @@ def _fit_elastic(
 
     A resumed run starts from rank 0's checkpoint (``position``, and every worker's
     ``residuals`` there, dealt out to the world there is now, whatever its size, by
-    :func:`~toolkit.compression.reshard_residuals`)."""
+    :func:`~toolkit.parallel.compression.reshard_residuals`)."""
     state = elastic.TrainingState(
         model,
         variables=meter.variables if meter is not None else (),
@@ -422,7 +425,7 @@ def _callbacks(
     """The callbacks of a fit with ``world`` workers (``run``: rank 0's, else ``None``), in
     their order, the NaN guard last; and the event writer, if this worker has one. ``plan``:
     how the steps group into updates. With ``adascale`` and no ``meter`` (one worker), a
-    :class:`~toolkit.callbacks.HalfBatchMeter` measures the noise before every update."""
+    :class:`~toolkit.training.callbacks.HalfBatchMeter` measures the noise before every update."""
     logging, optimizer = config.logging, model.optimizer
     hooks = [counter, distributed.MetricAverageCallback()]
     if adascale and meter is None:
@@ -499,14 +502,14 @@ def steps_per_execution(config: config_lib.ExperimentConfig, spe: int, world: in
     so each of them still acts at exactly its step, and that is below the event interval (1 if
     that is 1), so the first event's throughput clock starts before it. With several workers
     the noise scale is measured inside the compiled step at its own update
-    (:class:`~toolkit.distributed.GradientNoiseMeter`) and only read by a callback, so its
+    (:class:`~toolkit.parallel.distributed.GradientNoiseMeter`) and only read by a callback, so its
     interval need not be a multiple of ``k``; ``k`` is only kept at most that interval, so every
     measurement is read before the next. AdaScale (``lr_scaling.rule: adascale``) takes ``k =
     1``: it ends at the update its clock reaches the end, and with one worker measures before
     every update. Training is unchanged: the same steps in the same
     order, to the bit. Only the NaN guard coarsens: a non-finite loss is caught at the end of
     its execution, at most ``k - 1`` steps late
-    (:class:`~toolkit.callbacks.StopOnNonFiniteLoss`)."""
+    (:class:`~toolkit.training.callbacks.StopOnNonFiniteLoss`)."""
     logging = config.logging
     if config.lr_scaling.rule == "adascale":
         return 1
@@ -543,7 +546,7 @@ def _restore_residuals(optimizer, checkpoint: Path | None, world: int) -> None:
 def _noise_scale_logger(config, writer, counter, meter, dataset, spe, plan, smoother):
     """The ``gns`` event logger: the ``meter``'s norms (the allreduce hook's with several
     workers), else two halves of an extra batch (see
-    :class:`~toolkit.callbacks.HalfBatchNorms`); it smooths on with ``smoother``."""
+    :class:`~toolkit.training.callbacks.HalfBatchNorms`); it smooths on with ``smoother``."""
     return callbacks.NoiseScaleLogger(
         writer,
         counter,

@@ -9,10 +9,10 @@ from app import charts, data
 from app.axes import X_AXES, x_values
 from app.charts import Series
 from app.data import md_escape
-from toolkit import curves as curves_lib
-from toolkit import launch as launcher
 from toolkit.config import ConfigError
-from toolkit.rundir import LIVE
+from toolkit.launching import launch as launcher
+from toolkit.runs import curves as curves_lib
+from toolkit.runs.rundir import LIVE
 
 REFRESH_S = 2.0
 BAND_READINGS = 10  # B_simple's band: the spread of its last readings
@@ -36,8 +36,8 @@ color = data.colors()[run_id]
 live = run.status().get("state") in LIVE
 with st.expander("Open this run in a notebook"):
     st.code(
-        "from toolkit import monitor, rundir\n"
-        "from toolkit.events import read_events\n\n"
+        "from toolkit.runs import monitor, rundir\n"
+        "from toolkit.runs.events import read_events\n\n"
         f"run = rundir.resolve({run.run_id!r}, {str(run.path.parent.resolve())!r})\n"
         "events = read_events(run.events_path)  # every event, a DataFrame\n"
         "monitor.live(run)  # these curves, growing in place until the run ends",
@@ -236,7 +236,7 @@ def noise_scale(frame) -> None:
 
 def system_metrics(frame) -> None:
     """Each worker's CPU, memory (and GPU memory) over training, a curve per rank, two charts a
-    row (``system`` events, :mod:`toolkit.system`)."""
+    row (``system`` events, :mod:`toolkit.training.system`)."""
     rows = data.phase(frame, "system")
     x = x_values(frame, rows, x_axis, config) if not rows.empty else None
     if x is None:

@@ -1,6 +1,6 @@
 """Launch: a form generated from the config schema and registries (prefilled from a preset),
 the run's schedule and batch/learning-rate scaling before it starts, and validation messages
-next to the fields. Runs start only through ``toolkit.launch.launch``."""
+next to the fields. Runs start only through ``toolkit.launching.launch.launch``."""
 
 import streamlit as st
 import yaml
@@ -8,13 +8,13 @@ import yaml
 from app import charts, data, form
 from app.data import md_escape
 from toolkit import config as config_lib
-from toolkit import launch as launcher
-from toolkit import probe as probe_lib
 from toolkit import safe_yaml
 from toolkit.config import SCHEDULES, ConfigError, field_errors
-from toolkit.data import DATASETS
-from toolkit.models import MODELS
+from toolkit.launching import launch as launcher
+from toolkit.launching import probe as probe_lib
 from toolkit.optimizers import OPTIMIZERS
+from toolkit.training.data import DATASETS
+from toolkit.training.models import MODELS
 
 st.title("Launch a run")
 preset = st.selectbox(

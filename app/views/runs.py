@@ -10,10 +10,12 @@ import streamlit as st
 from app import data
 from app.columns import RUN_COLUMNS
 from app.data import md_escape
-from toolkit import files, rundir, slots
-from toolkit import launch as launcher
+from toolkit import files
 from toolkit.config import ConfigError
-from toolkit.rundir import LIVE
+from toolkit.launching import launch as launcher
+from toolkit.launching import slots
+from toolkit.runs import rundir
+from toolkit.runs.rundir import LIVE
 
 REFRESH_S = 2.0
 # The table's columns, in the order a researcher reads them: what, how far, how well, how fast.
@@ -71,7 +73,7 @@ if not runs:
 
 
 def summaries(runs: list) -> pd.DataFrame:
-    """One row per run (:func:`toolkit.rundir.summary`), with its place in the launch queue and
+    """One row per run (:func:`toolkit.runs.rundir.summary`), with its place in the launch queue and
     its progress as text."""
     rows = [data.summary(r) for r in runs]
     frame = pd.DataFrame(rows)

@@ -12,8 +12,8 @@ from app import data, form
 from app.columns import RUN_COLUMNS
 from app.data import md_escape
 from toolkit import safe_yaml
-from toolkit import sweep as sweeps
 from toolkit.config import ConfigError
+from toolkit.launching import sweep as sweeps
 
 REFRESH_S = 2.0
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"

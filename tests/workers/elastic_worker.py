@@ -37,7 +37,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from toolkit import distributed, elastic
+from toolkit.parallel import distributed, elastic
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scenarios import GLOBAL_BATCH, WIRE_SHAPES, global_data, make_model, sgd, wire_grads

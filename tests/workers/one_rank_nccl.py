@@ -10,7 +10,7 @@ from pathlib import Path
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from toolkit import distributed
+from toolkit.parallel import distributed
 
 distributed.init()
 with tf.device("/GPU:0"):

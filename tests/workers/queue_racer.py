@@ -16,8 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from toolkit import processes, slots
-from toolkit.rundir import RunDir
+from toolkit.launching import slots
+from toolkit.runs import processes
+from toolkit.runs.rundir import RunDir
 
 CYCLES = 10
 

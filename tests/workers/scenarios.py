@@ -6,7 +6,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from toolkit import distributed
+from toolkit.parallel import distributed
 
 GLOBAL_BATCH = 32  # per step, over all workers
 STEPS = 5
@@ -56,8 +56,8 @@ def sgd() -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(LEARNING_RATE)
 
 
-# What goes on the wire (toolkit.compression): DistributedOptimizer options per scenario (with
-# "momentum": the toolkit's SGD with that momentum, else Keras's SGD, both at rate 1), and the
+# What goes on the wire (toolkit.parallel.compression): DistributedOptimizer options per scenario
+# (with "momentum": the toolkit's SGD with that momentum, else Keras's SGD, both at rate 1), and the
 # known gradients each rank feeds it, WIRE_STEPS times, on variables of WIRE_SHAPES. The DGC
 # scenarios warm up for 3 epochs of one update, so the last steps run at the final ratio.
 WIRE_SHAPES = ((6, 5), (7,), (4, 3))
@@ -95,7 +95,8 @@ WIRE = {
 }
 
 
-# Partial synchronisation and local SGD (toolkit.sync), on the same gradients, SYNC_STEPS steps.
+# Partial synchronisation and local SGD (toolkit.parallel.sync), on the same gradients,
+# SYNC_STEPS steps.
 SYNC_STEPS = 5
 SYNC = {
     "partial": {"sync": "partial", "fusion_threshold_mb": 1e-4},  # one variable per partition

@@ -16,10 +16,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from toolkit import distributed
-from toolkit.elastic import TrainingState
-from toolkit.noise_scale import Smoother
 from toolkit.optimizers import SGD
+from toolkit.parallel import distributed
+from toolkit.parallel.elastic import TrainingState
+from toolkit.scaling.noise_scale import Smoother
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scenarios import (
@@ -211,7 +211,7 @@ def main(out: Path) -> None:
     info["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
     distributed.on_rank0(model.save)(out / "fit.keras")
 
-    # The elastic state (toolkit.elastic): sync from rank 0, commit, train on, restore, and
+    # The elastic state (toolkit.parallel.elastic): sync from rank 0, commit, train on, restore, and
     # train the same steps again. Momentum, sparsified residuals and the noise meter's counters
     # all differ per rank before the sync, and the residuals after it.
     meter = distributed.GradientNoiseMeter(every=3)

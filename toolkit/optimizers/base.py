@@ -8,7 +8,7 @@ from collections.abc import Callable
 import keras
 
 from toolkit.optimizers.kernels import coupled, heavy_ball
-from toolkit.schedules import value_at
+from toolkit.optimizers.schedules import value_at
 
 Hyperparameter = float | Callable  # a constant, or a schedule called with the optimizer step
 

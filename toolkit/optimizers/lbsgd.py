@@ -6,8 +6,8 @@ import keras
 from keras import ops
 
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
+from toolkit.optimizers.schedules import WARMUP_STRATEGIES, warmup_ramp
 from toolkit.optimizers.trust_ratio import AppliedRatios, layer_trust_ratio
-from toolkit.schedules import WARMUP_STRATEGIES, warmup_ramp
 
 LBSGD_STRATEGIES = (*WARMUP_STRATEGIES, "lars")
 

@@ -15,11 +15,12 @@ import pandas as pd
 import tensorflow as tf
 from keras.optimizers.schedules import CosineDecay, ExponentialDecay, PolynomialDecay
 
-from toolkit import data, models, optimizers
-from toolkit.adaptive_batch import BatchPlan
-from toolkit.adascale import AdaScale
+from toolkit import optimizers
 from toolkit.config import ConfigError, ExperimentConfig
-from toolkit.schedules import MultiFactor, Poly, Warmup
+from toolkit.optimizers.schedules import MultiFactor, Poly, Warmup
+from toolkit.scaling.adaptive_batch import BatchPlan
+from toolkit.scaling.adascale import AdaScale
+from toolkit.training import data, models
 
 
 def steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -> int:
@@ -71,7 +72,7 @@ def train_batches(
 ) -> tf.data.Dataset:
     """Worker ``rank``'s batches of epochs ``epoch`` to ``last`` (default: ``epoch`` alone):
     its shard of the training set in each epoch's seeded order, :func:`steps_per_epoch`
-    batches of its per-worker size, built lazily (:func:`toolkit.data.epochs_dataset`)."""
+    batches of its per-worker size, built lazily (:func:`toolkit.training.data.epochs_dataset`)."""
     return data.epochs_dataset(
         dataset.x_train,
         dataset.y_train,
@@ -138,7 +139,7 @@ def learning_rate_schedule(config: ExperimentConfig, steps_per_epoch: int, world
 
 def noise_batches(config: ExperimentConfig, world_size: int) -> tuple[int, int]:
     """The two batch sizes ``(b_small, b_big)`` the noise scale is measured at, as the run
-    starts (:meth:`~toolkit.adaptive_batch.BatchPlan.noise_batches`)."""
+    starts (:meth:`~toolkit.scaling.adaptive_batch.BatchPlan.noise_batches`)."""
     return batch_plan(config, world_size).noise_batches()
 
 
@@ -182,7 +183,7 @@ def build_optimizer(
     """The configured optimizer with the scheduled learning rate. LBSGD's
     ``updates_per_epoch`` defaults to the run's real ``steps_per_epoch``. AdaScale's rate
     (``lr_scaling.rule: adascale``) is its base schedule, laid out over the base run's epochs
-    of ``num_train`` examples, times its gain (:class:`~toolkit.adascale.AdaScale`)."""
+    of ``num_train`` examples, times its gain (:class:`~toolkit.scaling.adascale.AdaScale`)."""
     params = dict(config.optimizer.params)
     if config.optimizer.name == "lbsgd":
         params.setdefault("updates_per_epoch", steps_per_epoch)
@@ -205,8 +206,8 @@ def build_optimizer(
 
 
 def adascale_of(optimizer: keras.optimizers.Optimizer) -> AdaScale | None:
-    """The :class:`~toolkit.adascale.AdaScale` rate of ``optimizer`` (or of the one a wrapper
-    holds), if it has one."""
+    """The :class:`~toolkit.scaling.adascale.AdaScale` rate of ``optimizer`` (or of the one a
+    wrapper holds), if it has one."""
     rate = optimizers.unwrapped(optimizer)._learning_rate
     return rate if isinstance(rate, AdaScale) else None
 

@@ -1,6 +1,6 @@
 """The pre-flight probe: "what batch should I use?". It trains a config briefly, measuring the
-gradient noise scale at every update (:mod:`toolkit.noise_scale`), and reads ``B_simple``, its
-spread and a suggested batch off the measurements.
+gradient noise scale at every update (:mod:`toolkit.scaling.noise_scale`), and reads ``B_simple``,
+its spread and a suggested batch off the measurements.
 
 Its own module, above training: the probe needs :mod:`toolkit.train`, which needs the noise
 scale's estimator through its callbacks, so the estimator stays below both.
@@ -132,8 +132,8 @@ def probe(
     otherwise under horovodrun, as a launched run. Its run directory is marked ``probe: true`` in
     ``meta.json`` (the Runs page hides probes unless asked)."""
     from toolkit import config as config_lib
-    from toolkit.events import read_events
-    from toolkit.experiment import load_dataset, steps_per_epoch
+    from toolkit.runs.events import read_events
+    from toolkit.training.experiment import load_dataset, steps_per_epoch
 
     for name, value, high in (
         ("steps", steps, MAX_PROBE_STEPS),
@@ -164,7 +164,8 @@ def probe(
 
         run = train(short, runs_root=runs_root, verbose=0, meta={"probe": True})
     else:
-        from toolkit import launch, monitor
+        from toolkit.launching import launch
+        from toolkit.runs import monitor
 
         run = launch.launch(short, runs_root_dir=runs_root, meta={"probe": True})
         state = monitor.follow(run, progress=False)["state"]

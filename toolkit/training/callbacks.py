@@ -16,13 +16,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from toolkit import checkpoints, system
-from toolkit.adaptive_batch import BatchPlan
-from toolkit.distributed import allgather_rows
-from toolkit.events import EventWriter
-from toolkit.experiment import rates_at
-from toolkit.noise_scale import Smoother, estimate
 from toolkit.optimizers import unwrapped
+from toolkit.parallel.distributed import allgather_rows
+from toolkit.runs import checkpoints
+from toolkit.runs.events import EventWriter
+from toolkit.scaling.adaptive_batch import BatchPlan
+from toolkit.scaling.noise_scale import Smoother, estimate
+from toolkit.training import system
+from toolkit.training.experiment import rates_at
 
 
 class NonFiniteLoss(RuntimeError):
@@ -56,13 +57,13 @@ class EventLogger(keras.callbacks.Callback):
     (``world_size``: an elastic run's changes), lr and momentum used at that step, Keras's
     running loss/accuracy of the epoch, and global ``samples_per_sec`` over the interval (the
     first interval starts after the first step, so tracing is not counted).
-    With a ``traffic`` counter (:class:`toolkit.compression.Traffic`) it also holds
+    With a ``traffic`` counter (:class:`toolkit.parallel.compression.Traffic`) it also holds
     ``comm/bytes_sent``, the bytes a worker sent per update over the interval, and
     ``comm/compression_ratio``, a dense float32 allreduce's bytes over those (when any were
-    sent). With ``adascale`` (:class:`~toolkit.adascale.AdaScale`), ``lr`` is the rate the
+    sent). With ``adascale`` (:class:`~toolkit.scaling.adascale.AdaScale`), ``lr`` is the rate the
     latest update applied, and the event holds that update's ``gain`` and the clock ``tau``
-    after it. Given the run's ``plan`` (:class:`~toolkit.adaptive_batch.BatchPlan`: how steps
-    group into updates), bytes are counted per update of the plan (without one, per step), and
+    after it. Given the run's ``plan`` (:class:`~toolkit.scaling.adaptive_batch.BatchPlan`: how
+    steps group into updates), bytes are counted per update of the plan (without one, per step), and
     if the batch is adaptive, train and eval events hold the ``global_batch`` of the latest
     update.
     """
@@ -232,13 +233,14 @@ class HalfBatchNorms:
 
 class NoiseScaleLogger(keras.callbacks.Callback):
     """Every ``every_updates`` updates, a ``gns`` event with the gradient noise scale
-    (:mod:`toolkit.noise_scale`): the smoothed ``b_simple``, ``grad_sq`` and ``trace_sigma``,
-    this step's ``grad_sq_step`` and ``trace_sigma_step``, the measured ``small_sq`` and
+    (:mod:`toolkit.scaling.noise_scale`): the smoothed ``b_simple``, ``grad_sq`` and
+    ``trace_sigma``, this step's ``grad_sq_step`` and ``trace_sigma_step``, the measured
+    ``small_sq`` and
     ``big_sq`` and their batch sizes ``b_small`` and ``b_big`` (the ``plan``'s, as measured:
-    :meth:`~toolkit.adaptive_batch.BatchPlan.noise_batches`).
+    :meth:`~toolkit.scaling.adaptive_batch.BatchPlan.noise_batches`).
 
-    The norms come from ``meter`` (a :class:`~toolkit.distributed.GradientNoiseMeter` in the
-    allreduce hook, with more than one worker), which measures inside the compiled step at
+    The norms come from ``meter`` (a :class:`~toolkit.parallel.distributed.GradientNoiseMeter` in
+    the allreduce hook, with more than one worker), which measures inside the compiled step at
     its update, and is read here once a multiple of the interval has passed; or, with one
     worker, from ``halves`` (:class:`HalfBatchNorms`), measured here at the end of the Keras
     execution that reaches the multiple. Either way the event's step is the step measured.
@@ -344,7 +346,7 @@ class HalfBatchMeter(keras.callbacks.Callback):
     """One worker's noise meter for AdaScale, which needs a measurement at every update: before
     each update (its first batch), ``halves`` measured at the weights the update starts from,
     handed to ``adascale`` before the update reads its rate. Read like a
-    :class:`~toolkit.distributed.GradientNoiseMeter` (:meth:`read`), so the ``gns`` events
+    :class:`~toolkit.parallel.distributed.GradientNoiseMeter` (:meth:`read`), so the ``gns`` events
     come from the same measurements. Costs one extra forward and backward pass of a batch per
     update, and needs Keras's ``steps_per_execution`` of 1."""
 
@@ -447,10 +449,10 @@ class Checkpointer(keras.callbacks.Callback):
 
 class SystemLogger(keras.callbacks.Callback):
     """At step ``first_step`` and every ``every_steps`` steps, a sample of every worker's system
-    metrics (:mod:`toolkit.system`), gathered from all of them (every worker runs this callback,
-    at the same steps) and written by the one with the ``writer`` (rank 0) as a ``system``
-    event. With a ``traffic`` counter (:class:`toolkit.compression.Traffic`), each worker's own
-    bytes per update since its previous sample are in it (per worker: a threshold's differ)."""
+    metrics (:mod:`toolkit.training.system`), gathered from all of them (every worker runs this
+    callback, at the same steps) and written by the one with the ``writer`` (rank 0) as a ``system``
+    event. With a ``traffic`` counter (:class:`toolkit.parallel.compression.Traffic`), each worker's
+    own bytes per update since its previous sample are in it (per worker: a threshold's differ)."""
 
     def __init__(
         self,

@@ -6,13 +6,13 @@
       config.yaml    the resolved config, exactly what ran
       meta.json      run id, created time, argv, world size, versions, git commit, seed
       status.json    state (queued | running | completed | failed | stopped), the run's
-                     processes (toolkit.processes), exit code, reason; launched,
+                     processes (toolkit.runs.processes), exit code, reason; launched,
                      released, slots: when it took and gave back its slots, and how
-                     many on each host (toolkit.slots)
-      events.jsonl   one JSON object per line (toolkit.events)
-      events.parquet its columnar copy, kept by readers and the writer (toolkit.events)
+                     many on each host (toolkit.launching.slots)
+      events.jsonl   one JSON object per line (toolkit.runs.events)
+      events.parquet its columnar copy, kept by readers and the writer (toolkit.runs.events)
       stdout.log     combined output of horovodrun
-      checkpoints/   model + optimizer state (toolkit.checkpoints)
+      checkpoints/   model + optimizer state (toolkit.runs.checkpoints)
 
 The rules that keep it safe and truthful:
 
@@ -52,8 +52,9 @@ import pandas as pd
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic needs this one on Python 3.11
 
-from toolkit import files, processes, safe_yaml
+from toolkit import files, safe_yaml
 from toolkit.config import ExperimentConfig, from_yaml, run_name_problem
+from toolkit.runs import processes
 
 STATES = ("queued", "running", "completed", "failed", "stopped")
 TERMINAL = ("completed", "failed", "stopped")
@@ -350,7 +351,7 @@ class RunDir:
     def status(self) -> dict[str, Any]:
         """The run's state, checked against its processes: a ``queued``/``running`` run none of
         whose recorded processes is alive (on this host, or by its heartbeat on another:
-        :func:`toolkit.processes.running`) is ``failed`` (a run that has recorded none is given
+        :func:`toolkit.runs.processes.running`) is ``failed`` (a run that has recorded none is given
         :data:`STARTUP_GRACE_S` to start one). Never raises."""
         status = self.recorded_status()
         if not status:  # no status.json: a directory being created, or abandoned
@@ -407,7 +408,7 @@ class RunDir:
     def record_processes(
         self, *entries: dict[str, Any], replacing: str | None = None, **fields
     ) -> None:
-        """Add process records (:func:`toolkit.processes.record`) and ``fields`` to the
+        """Add process records (:func:`toolkit.runs.processes.record`) and ``fields`` to the
         status; ``replacing``: a role whose earlier records go (an elastic run's new world
         replaces its workers, so the departed are not looked for)."""
         with self.lock(timeout=120):
@@ -518,7 +519,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
     (``events``: the run's events if the caller has already read them). Never raises: what
     cannot be read is left empty and named in ``reason`` as ``unreadable: ...``."""
     from toolkit.config import ConfigError
-    from toolkit.events import read_events
+    from toolkit.runs.events import read_events
 
     status, meta = run.status(), run.meta()
     problems = []

@@ -3,7 +3,7 @@
 McCandlish et al. (2018) find the efficient batch near the gradient noise scale, which grows as
 the loss falls; AdaptDL/Pollux (OSDI 2021) grow the batch while training. Here, at the start of
 every ``every_epochs``-th epoch, the global batch becomes the power of two nearest the smoothed
-``B_simple`` (:func:`next_batch`), and AdaScale's gain (:mod:`toolkit.adascale`) sets the
+``B_simple`` (:func:`next_batch`), and AdaScale's gain (:mod:`toolkit.scaling.adascale`) sets the
 learning rate for whatever batch that is.
 
 The batch changes by *local accumulation*: each worker still takes one batch of ``per_worker``
@@ -11,7 +11,7 @@ examples per step, through the same compiled step, and an update sums ``k`` step
 before they are averaged over the workers, so the global batch is ``k · per_worker · workers``.
 ``k`` is a variable the compiled step reads (:func:`accumulate`), so changing it retraces
 nothing. Epochs of an adaptive run are a whole number of updates at any batch it may take
-(:func:`toolkit.experiment.steps_per_epoch`), so a change always falls between two updates.
+(:func:`toolkit.training.experiment.steps_per_epoch`), so a change always falls between two updates.
 
 :class:`BatchPlan` is how a run's steps group into updates, the one place callbacks and
 checkpoints ask: a fixed ``k`` for any other run, the current ``k`` and where it started for an
@@ -96,7 +96,7 @@ class BatchPlan:
         """The two batch sizes ``(b_small, b_big)`` the noise scale is measured at now: each
         worker's examples per update and the global batch with several workers (the
         allreduce hook); two halves of a per-worker batch with one
-        (:class:`~toolkit.callbacks.HalfBatchNorms`)."""
+        (:class:`~toolkit.training.callbacks.HalfBatchNorms`)."""
         if self.world > 1:
             return self.global_batch // self.world, self.global_batch
         half = self.per_worker // 2
@@ -149,7 +149,7 @@ def accumulate(optimizer: keras.optimizers.Optimizer, plan: BatchPlan, variables
     between only add to one accumulator per variable, and the optimizer's ``iterations`` count
     updates; the update itself (the allreduce hook included) runs once per count. Replaces
     ``apply`` on the instance: call it after
-    :func:`~toolkit.distributed.DistributedOptimizer`, which hooks inside ``apply``."""
+    :func:`~toolkit.parallel.distributed.DistributedOptimizer`, which hooks inside ``apply``."""
     variables = list(variables)
     optimizer.build(variables)
     sums = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in variables]

@@ -14,10 +14,10 @@ gives unbiased estimates of both. One step's estimates are noisy (either may be 
 :class:`Smoother` keeps bias-corrected exponential averages of each and reports their ratio;
 the ratio of noisy numbers is never averaged. Data-parallel training measures both norms almost
 for free: each worker's gradient is a ``b_small`` gradient and the allreduced one a ``b_big``
-gradient (:class:`toolkit.distributed.GradientNoiseMeter`).
+gradient (:class:`toolkit.parallel.distributed.GradientNoiseMeter`).
 
 Nothing here imports Keras or TensorFlow; the probe that trains a config to measure it is
-:mod:`toolkit.probe`.
+:mod:`toolkit.launching.probe`.
 """
 
 from __future__ import annotations

@@ -7,16 +7,16 @@ went), ``restore()`` brings back the last commit after a worker died mid-step
 0 after Horovod restarted with the new world. Horovod's ``TensorFlowKerasState`` targets Keras 2
 (``optimizer.variables()`` is a property in Keras 3, and Horovod's ops need ``v.value``);
 :class:`TrainingState` is the same contract on Horovod's ``ObjectState``, over everything a
-bit-for-bit resume restores (:mod:`toolkit.checkpoints`):
+bit-for-bit resume restores (:mod:`toolkit.runs.checkpoints`):
 
 - the model's weights (trainable or not) and the optimizer's variables (iteration count,
   momentum buffers, gradient accumulators), and any ``variables`` outside both (the noise
   meter's counters);
-- the noise-scale :class:`~toolkit.noise_scale.Smoother`, restored in place, so the callback that
-  holds it goes on from the committed averages;
+- the noise-scale :class:`~toolkit.scaling.noise_scale.Smoother`, restored in place, so the callback
+  that holds it goes on from the committed averages;
 - the sparsified allreduce's residuals, which differ per worker: each commit gathers every
   worker's (one ``allgather``), so a worker that dies takes nothing committed with it; after a
-  reset they are dealt out by :func:`~toolkit.compression.reshard_residuals`;
+  reset they are dealt out by :func:`~toolkit.parallel.compression.reshard_residuals`;
 - plain Python values given as keywords (the epoch, the batch within it), read and set as
   attributes, as with ``ObjectState``.
 
@@ -37,9 +37,9 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from toolkit import distributed
-from toolkit.compression import Residuals, reshard_residuals
-from toolkit.noise_scale import Smoother
+from toolkit.parallel import distributed
+from toolkit.parallel.compression import Residuals, reshard_residuals
+from toolkit.scaling.noise_scale import Smoother
 
 T = TypeVar("T")
 LOST, HOSTS_REMOVED, HOSTS_ADDED = "a worker was lost", "hosts were removed", "hosts were added"
@@ -54,7 +54,7 @@ def run(fit: Callable[..., T]) -> Callable[..., T]:
     position the state holds, and must not call a collective before its first step.
 
     A Horovod collective that failed inside TensorFlow is a lost worker, whatever its op: the
-    grouped allreduce and allgather of :func:`toolkit.distributed.DistributedOptimizer`
+    grouped allreduce and allgather of :func:`toolkit.parallel.distributed.DistributedOptimizer`
     included, which ``hvd.elastic.run`` does not recognise (it looks for
     ``HorovodAllreduce``, ``HorovodAllgather`` or ``HorovodBroadcast`` in the message).
 

@@ -2,7 +2,7 @@
 
 :func:`launch` validates the config (a bad one raises :class:`~toolkit.config.ConfigError`
 before anything is created), creates ``runs/<run_id>/`` all or nothing, puts it in the launch
-queue (:mod:`toolkit.slots`) and starts a small *supervisor* process in a new session. The
+queue (:mod:`toolkit.launching.slots`) and starts a small *supervisor* process in a new session. The
 supervisor waits, ``queued``, until the run's workers fit the free slots, then runs::
 
     horovodrun --gloo -np N -H HOSTS python -m toolkit.train runs/<id>/config.yaml --run-dir ...
@@ -11,12 +11,12 @@ supervisor waits, ``queued``, until the run's workers fit the free slots, then r
 as an argv list (never a shell string) with output to ``stdout.log``, waits for it, and records
 the final state when training could not (a killed worker, a crash during start-up): so no run
 stays ``running`` after its processes are gone. The supervisor, horovodrun and every worker
-record themselves in ``status.json`` (:mod:`toolkit.processes`), so :func:`stop` finds and ends
+record themselves in ``status.json`` (:mod:`toolkit.runs.processes`), so :func:`stop` finds and ends
 them all even when the supervisor itself was killed.
 
-Every function here takes the run's lock (:meth:`~toolkit.rundir.RunDir.lock`) for its whole
+Every function here takes the run's lock (:meth:`~toolkit.runs.rundir.RunDir.lock`) for its whole
 check-then-act, so of two racing requests exactly one wins; the other raises
-:class:`~toolkit.rundir.RunError` with the reason, as does any request about an invalid id, a
+:class:`~toolkit.runs.rundir.RunError` with the reason, as does any request about an invalid id, a
 run outside the runs root, or a run in the wrong state.
 """
 
@@ -39,10 +39,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from toolkit import config as config_lib
-from toolkit import files, preflight, processes, remote, rundir, slots
-from toolkit import hosts as hosts_lib
+from toolkit import files
 from toolkit.files import writing
-from toolkit.rundir import LIVE, RUN_FILES, RunDir, RunError, resolve, runs_root
+from toolkit.launching import hosts as hosts_lib
+from toolkit.launching import preflight, remote, slots
+from toolkit.runs import processes, rundir
+from toolkit.runs.rundir import LIVE, RUN_FILES, RunDir, RunError, resolve, runs_root
 
 
 def launch(
@@ -61,14 +63,14 @@ def launch(
     max_np: int | None = None,
     discovery: str | Path | None = None,
 ) -> RunDir:
-    """Validate ``config`` (a path or an object), check its hosts (:mod:`toolkit.preflight`),
-    create its run directory and start it with ``np`` workers on ``hosts`` (``name:slots,...``,
-    or ``auto`` in a Slurm allocation; default ``localhost:np``) or the hosts of a horovodrun
-    ``hostfile`` (:mod:`toolkit.hosts`). ``min_np``, ``max_np`` and ``discovery`` set the
-    config's ``elastic`` section (horovodrun's ``--min-np``, ``--max-np`` and its hosts file or
-    discovery script); the discovery path is stored absolute. ``meta``: extra fields for
-    ``meta.json`` (e.g. ``{"probe": True}``); ``tags`` and ``notes``: the run's (see
-    :meth:`~toolkit.rundir.RunDir.set_tags`), checked before anything is created."""
+    """Validate ``config`` (a path or an object), check its hosts
+    (:mod:`toolkit.launching.preflight`), create its run directory and start it with ``np`` workers
+    on ``hosts`` (``name:slots,...``, or ``auto`` in a Slurm allocation; default ``localhost:np``)
+    or the hosts of a horovodrun ``hostfile`` (:mod:`toolkit.launching.hosts`). ``min_np``,
+    ``max_np`` and ``discovery`` set the config's ``elastic`` section (horovodrun's ``--min-np``,
+    ``--max-np`` and its hosts file or discovery script); the discovery path is stored absolute.
+    ``meta``: extra fields for ``meta.json`` (e.g. ``{"probe": True}``); ``tags`` and ``notes``: the
+    run's (see :meth:`~toolkit.runs.rundir.RunDir.set_tags`), checked before anything is created."""
     labels = {"tags": sorted({rundir.check_tag(t) for t in tags})} if tags else {}
     if notes:
         labels["notes"] = rundir.check_notes(notes)
@@ -132,7 +134,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
 def check_fits_dataset(config: config_lib.ExperimentConfig) -> None:
     """Raise :class:`~toolkit.config.ConfigError` if each worker's shard of the training set is
     smaller than one batch (checked here so it fails before any process starts)."""
-    from toolkit.experiment import load_dataset, steps_per_epoch
+    from toolkit.training.experiment import load_dataset, steps_per_epoch
 
     try:
         dataset = load_dataset(config)
@@ -224,13 +226,23 @@ def _start(
     )
     slots.enqueue(run, slots.slots_of(config))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_package_root()), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(remote.PACKAGE_ROOT), env.get("PYTHONPATH")])
+    )
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
     with writing(run.stdout_path):
         log = os.open(run.stdout_path, flags, 0o644)
     try:
         supervisor = subprocess.Popen(
-            [sys.executable, "-m", "toolkit.launch", "supervise", str(run.path), "--", *argv],
+            [
+                sys.executable,
+                "-m",
+                "toolkit.launching.launch",
+                "supervise",
+                str(run.path),
+                "--",
+                *argv,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -270,8 +282,8 @@ def supervise(run: RunDir, argv: list[str]) -> int:
 
 def _start_when_free(run: RunDir, argv: list[str]) -> subprocess.Popen | None:
     """``argv`` started once the run has its slots (recorded in its status from then on, see
-    :mod:`toolkit.slots`); ``None`` if it was stopped first. The start and the stop check hold
-    the run's lock, so a stop either sees the child recorded (and ends it) or is seen here (and
+    :mod:`toolkit.launching.slots`); ``None`` if it was stopped first. The start and the stop check
+    hold the run's lock, so a stop either sees the child recorded (and ends it) or is seen here (and
     nothing starts)."""
     try:
         if not slots.wait_turn(run):
@@ -356,8 +368,8 @@ def stop(
     time. This works when the supervisor itself, or horovodrun, is gone. A run trained in a
     process of its own (a notebook's kernel: role ``in-process``) is not signalled, whoever
     stops it, nor is anything that process started: it stops itself at its next check
-    (:class:`~toolkit.callbacks.StopWhenRequested`). Raises
-    :class:`~toolkit.rundir.RunError` naming any process that survived; a run that has already
+    (:class:`~toolkit.training.callbacks.StopWhenRequested`). Raises
+    :class:`~toolkit.runs.rundir.RunError` naming any process that survived; a run that has already
     ended is left as it is.
 
     ``by`` names the door the stop came from (``"the CLI"``, ``"the app"``; by default ``"a
@@ -448,18 +460,16 @@ def delete(run: RunDir | str, runs_root_dir: str | Path | None = None) -> None:
 
 
 def _as_run(run: RunDir | str, root) -> RunDir:
-    """``run`` (an id under ``root``, or a RunDir) checked by :func:`~toolkit.rundir.resolve`."""
+    """``run`` (an id under ``root``, or a RunDir) checked by
+    :func:`~toolkit.runs.rundir.resolve`."""
     if isinstance(run, RunDir):
         return resolve(run.run_id, run.path.parent)
     return resolve(run, runs_root(root))
 
 
-def _package_root() -> Path:
-    return Path(__file__).resolve().parents[1]
-
-
-if __name__ == "__main__":  # the supervisor: python -m toolkit.launch supervise RUN_DIR -- ARGV
-    parser = argparse.ArgumentParser(prog="python -m toolkit.launch")
+# The supervisor: python -m toolkit.launching.launch supervise RUN_DIR -- ARGV
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m toolkit.launching.launch")
     parser.add_argument("command", choices=["supervise"])
     parser.add_argument("run_dir")
     parser.add_argument("argv", nargs=argparse.REMAINDER)

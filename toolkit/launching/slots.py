@@ -25,7 +25,7 @@ The rules:
 - **Nothing stale.** A waiting entry whose run is gone, or has ended with no live process left,
   is dropped by the next reader.
 
-The waiting itself is done by the run's supervisor (:mod:`toolkit.launch`), in its own
+The waiting itself is done by the run's supervisor (:mod:`toolkit.launching.launch`), in its own
 session: a queued run starts even when nothing that launched it is still running, and stopping
 it ends the supervisor before it ever starts ``horovodrun``.
 """
@@ -44,10 +44,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from toolkit import files, processes
-from toolkit import hosts as hosts_lib
+from toolkit import files
 from toolkit.config import ExperimentConfig
-from toolkit.rundir import LIVE, RunDir, RunError, list_runs, runs_root
+from toolkit.launching import hosts as hosts_lib
+from toolkit.runs import processes
+from toolkit.runs.rundir import LIVE, RunDir, RunError, list_runs, runs_root
 
 QUEUE_FILE = ".queue.json"
 POLL_S = 0.5
@@ -96,7 +97,7 @@ def set_capacity(hosts: str | None, root: str | Path | None = None) -> dict[str,
 
 
 def check_fits(slots: dict[str, int], root: str | Path | None = None) -> None:
-    """Raise :class:`~toolkit.rundir.RunError` if a run needing ``slots`` could never start
+    """Raise :class:`~toolkit.runs.rundir.RunError` if a run needing ``slots`` could never start
     (more workers on a host than the host has slots), so it is refused instead of waiting
     forever."""
     have = capacity(root)

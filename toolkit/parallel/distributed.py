@@ -24,8 +24,8 @@ trust ratios see the global gradient, and the optimizer's class, config and save
 untouched (a dynamic subclass would not do: Keras serialises a registered class by its
 registered name, which a subclass lacks, so ``model.save`` could not be loaded back).
 
-What that hook sends is :mod:`toolkit.compression`'s choice (float32, fp16, or a sparsified
-allgather with error feedback). Partial synchronisation and local SGD (:mod:`toolkit.sync`)
+What that hook sends is :mod:`toolkit.parallel.compression`'s choice (float32, fp16, or a sparsified
+allgather with error feedback). Partial synchronisation and local SGD (:mod:`toolkit.parallel.sync`)
 reduce no gradient: they wrap the instance's ``apply`` instead, averaging parameters after the
 update.
 
@@ -54,10 +54,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from toolkit import compression as compression_lib
 from toolkit import config as config_lib
-from toolkit import sync as sync_lib
 from toolkit.optimizers import unwrapped
+from toolkit.parallel import compression as compression_lib
+from toolkit.parallel import sync as sync_lib
 
 _log = logging.getLogger(__name__)
 
@@ -207,15 +207,15 @@ def allreduce_mean(value: float | np.ndarray, name: str | None = None) -> float 
 
 
 class GradientNoiseMeter:
-    """The two squared gradient norms of the noise scale (:mod:`toolkit.noise_scale`), measured
-    inside the allreduce hook every ``every`` updates, on the gradients the loss produced
+    """The two squared gradient norms of the noise scale (:mod:`toolkit.scaling.noise_scale`),
+    measured inside the allreduce hook every ``every`` updates, on the gradients the loss produced
     (after loss-scale unscaling and local accumulation, before clipping, weight decay or trust
     ratios): ``small_sq``, each worker's own gradient norm² averaged over the workers (one
     scalar allreduce), and ``big_sq``, the norm² of the allreduced gradient. Their batch sizes
     are the per-worker examples per update and the global batch. Read after a step with
     :meth:`read`; the variables live outside the optimizer, so checkpoints do not change.
     ``on_measure(small_sq, big_sq)``, if given, is called in the graph with each measurement,
-    before the update reads its learning rate (AdaScale's gain: :mod:`toolkit.adascale`)."""
+    before the update reads its learning rate (AdaScale's gain: :mod:`toolkit.scaling.adascale`)."""
 
     def __init__(
         self, every: int, on_measure: Callable[[tf.Tensor, tf.Tensor], None] | None = None
@@ -255,7 +255,7 @@ class GradientNoiseMeter:
     @property
     def variables(self) -> list[tf.Variable]:
         """Its counters and latest norms: state outside the optimizer, which an elastic run
-        commits (:class:`toolkit.elastic.TrainingState`)."""
+        commits (:class:`toolkit.parallel.elastic.TrainingState`)."""
         return [self._updates, self._measured, self._small_sq, self._big_sq]
 
     def read(self) -> tuple[int, float, float]:
@@ -303,7 +303,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     Wrap before ``model.compile``. Each update reduces all gradients at once right before the
     optimizer's clipping and update (see the module docstring). Sparse gradients
     (``IndexedSlices``, from ``Embedding``) are made dense first. What goes on the wire
-    (:mod:`toolkit.compression`):
+    (:mod:`toolkit.parallel.compression`):
 
     - ``"none"``: one ``grouped_allreduce`` (average) in float32;
     - ``"fp16"``: the same in float16 (half the bytes, ~3 significant digits), finite values
@@ -328,8 +328,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     norms (the workers' mean ``‖g‖²``, one small allreduce), not the sparse update's; always
     so under momentum correction, where the update is a velocity.
 
-    ``sync="partial"`` or ``"local_sgd"`` (:mod:`toolkit.sync`): no gradient is reduced; each
-    worker updates from its own gradient, and every ``period`` updates one partition of the
+    ``sync="partial"`` or ``"local_sgd"`` (:mod:`toolkit.parallel.sync`): no gradient is reduced;
+    each worker updates from its own gradient, and every ``period`` updates one partition of the
     parameters (``partial``: up to ``fusion_threshold_mb`` each, in turn) or all of them
     (``local_sgd``) is averaged. Not with a compression or local accumulation.
 

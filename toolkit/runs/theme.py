@@ -2,7 +2,7 @@
 template named ``lab`` (white, the lab's colours in order) and the colours runs are drawn in.
 
 The dashboard applies it with :func:`use` and draws its charts with Streamlit's own theme off;
-a notebook calls :func:`use` once, and :class:`toolkit.monitor.LiveView` names it on its own
+a notebook calls :func:`use` once, and :class:`toolkit.runs.monitor.LiveView` names it on its own
 figures. Importing this module registers the template and changes nothing else.
 """
 

@@ -1,8 +1,8 @@
 """What a worker's machine is doing, sampled at a low rate (as W&B's system metrics): the
 worker process's CPU use and memory, its host's memory use, where it has a GPU the memory
 TensorFlow holds on it, and where it sends gradients the bytes it sent per update.
-:class:`toolkit.callbacks.SystemLogger` gathers one sample from every worker and rank 0 logs
-them as a ``system`` event, one column per metric and rank (``cpu_percent/rank1``), which the
+:class:`toolkit.training.callbacks.SystemLogger` gathers one sample from every worker and rank 0
+logs them as a ``system`` event, one column per metric and rank (``cpu_percent/rank1``), which the
 dashboard and the notebooks' live view draw per worker."""
 
 from __future__ import annotations

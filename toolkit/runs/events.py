@@ -51,7 +51,7 @@ TEXT_KEYS = ("phase", "reason", "hosts")
 """The keys whose values are text; every other key's are numbers."""
 COPY_AFTER = 256 * 1024
 """Bytes of a log past its columnar copy at which a read rewrites the copy."""
-_COPY_KEY = b"toolkit.events"  # the Parquet metadata entry that ties a copy to its log
+_COPY_KEY = b"toolkit.runs.events"  # the Parquet metadata entry that ties a copy to its log
 _CHECKED_BYTES = 64  # how many bytes before the copy's offset must match
 
 

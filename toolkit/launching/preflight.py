@@ -1,14 +1,14 @@
 """Pre-flight for a run on several hosts: every check runs before any run directory exists.
 
 For each host of the run's host list that is not this machine, all at once, over ssh with the
-run's options (:class:`toolkit.remote.Ssh`):
+run's options (:class:`toolkit.launching.remote.Ssh`):
 
-- it answers ssh within :data:`~toolkit.remote.CONNECT_TIMEOUT_S` seconds;
+- it answers ssh within :data:`~toolkit.launching.remote.CONNECT_TIMEOUT_S` seconds;
 - it has this Python at the same path, this repository at the same path and the same toolkit
   version (horovodrun starts every worker with the launcher's interpreter and working
   directory);
 - it has the network interface the workers will talk over, where one is named
-  (:func:`toolkit.remote.network_interface`);
+  (:func:`toolkit.launching.remote.network_interface`);
 - it sees the runs root: a file written here is read there, because rank 0 writes events,
   checkpoints and the status into the shared run directory and the others read checkpoints
   back from it on resume;
@@ -30,10 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import toolkit
-from toolkit import remote, slots
 from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.files import writing
-from toolkit.remote import PACKAGE_ROOT, Ssh
+from toolkit.launching import remote, slots
+from toolkit.launching.remote import PACKAGE_ROOT, Ssh
 
 PROBE = """
 import json, os, socket, sys
@@ -51,7 +51,7 @@ except Exception:
     found["interfaces"] = None
 try:
     import toolkit
-    from toolkit.slots import local_slots
+    from toolkit.launching.slots import local_slots
     found["version"], found["slots"] = toolkit.__version__, local_slots()
 except Exception as error:
     found["version"], found["slots"] = None, None

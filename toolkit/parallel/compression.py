@@ -5,7 +5,7 @@
   ``clip`` is clipped to it *before* the cast, as SINGA's
   ``backward_and_update_half(clipping=True)`` does, so an overflow never reaches the wire as
   ``inf``; a gradient that is already ``inf`` or ``NaN`` stays so (a divergence stays visible).
-  Horovod sums the float16 values, so the default clip (in :mod:`toolkit.distributed`) is
+  Horovod sums the float16 values, so the default clip (in :mod:`toolkit.parallel.distributed`) is
   65504, float16's largest, over the number of workers.
 - :class:`CompressedAllreduce`: each worker sends an encoding of its gradient that Horovod
   cannot sum, so the encodings travel by ``grouped_allgather`` (one call per payload dtype, as
@@ -61,8 +61,8 @@
 same gradients.
 
 Keras's ``clipnorm``/``clipvalue`` act after all of this, on the reduced gradient (see
-:mod:`toolkit.distributed`); :class:`Float16`'s clip acts on each worker's gradient before the
-cast.
+:mod:`toolkit.parallel.distributed`); :class:`Float16`'s clip acts on each worker's gradient before
+the cast.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit.config import SPARSE, VALUE_DTYPES
-from toolkit.schedules import value_at
+from toolkit.optimizers.schedules import value_at
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 Residuals = list[list[np.ndarray]]  # per worker, in rank order: that worker's state

@@ -13,10 +13,10 @@ the paper writes it with the base batch's variance ``σ² = tr Σ / B0``). ``r``
 update, the base schedule is read at ``τ``, and training ends when ``τ`` reaches the base run's
 number of updates. So the rate of update ``t`` is ``r_t · base(τ_t)`` with ``τ_{t+1} = τ_t + r_t``.
 
-``|G|²`` and ``tr Σ`` are the noise meter's estimates (:func:`toolkit.noise_scale.estimate`)
+``|G|²`` and ``tr Σ`` are the noise meter's estimates (:func:`toolkit.scaling.noise_scale.estimate`)
 from two squared gradient norms measured at batch sizes ``b_small < b_big``, averaged with the
-bias-corrected EMA of :class:`toolkit.noise_scale.Smoother`: here in the graph, every update,
-right before the update reads its rate. A negative average ``tr Σ`` counts as 0 (gain 1), a
+bias-corrected EMA of :class:`toolkit.scaling.noise_scale.Smoother`: here in the graph, every
+update, right before the update reads its rate. A negative average ``tr Σ`` counts as 0 (gain 1), a
 non-positive ``|G|²`` as pure noise (gain ``S``).
 """
 
@@ -25,8 +25,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from toolkit.noise_scale import estimate
-from toolkit.schedules import Wrapper, value_at
+from toolkit.optimizers.schedules import Wrapper, value_at
+from toolkit.scaling.noise_scale import estimate
 
 
 @keras.saving.register_keras_serializable(package="toolkit")

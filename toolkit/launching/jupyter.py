@@ -21,10 +21,12 @@ import os
 import sys
 from pathlib import Path
 
+from toolkit.launching.remote import PACKAGE_ROOT
+
 KERNEL_NAME = "large-batch-lab"
 KERNEL_DISPLAY_NAME = "Large-Batch Lab"
 PLOTLY_RENDERER = "plotly_mimetype"
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = PACKAGE_ROOT / "notebooks"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _SECRETS = ("token", "password", "hashed_password")  # options that must never be empty
 

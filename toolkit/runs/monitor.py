@@ -1,5 +1,5 @@
 """Following a run from its run directory, as the terminal, notebooks and scripts do. The run's
-events file is read as it grows (:class:`~toolkit.events.EventTail`). Nothing here talks to a
+events file is read as it grows (:class:`~toolkit.runs.events.EventTail`). Nothing here talks to a
 training process, so a run started by the app, the terminal or this kernel is watched alike.
 
 Two views share one loop (:func:`watch`):
@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from toolkit import curves as curves_lib
-from toolkit.events import EventTail
-from toolkit.rundir import LIVE, RunDir
+from toolkit.runs import curves as curves_lib
+from toolkit.runs.events import EventTail
+from toolkit.runs.rundir import LIVE, RunDir
 
 # (label on the bar, phase of the event, column): the newest value of each is shown.
 SHOWN = (("epoch", None, "epoch"), ("loss", "train", "loss"), ("test_acc", "eval", "accuracy"))
@@ -152,12 +152,12 @@ class ProgressBar:
 
 class LiveView:
     """The notebook view: a progress line over Plotly ``FigureWidget``s, one per panel of
-    :func:`toolkit.curves.panels`, extended in place from the run's events file. The figures
+    :func:`toolkit.runs.curves.panels`, extended in place from the run's events file. The figures
     have a fixed size and wrap to the notebook's width (a figure sized to its container is drawn
     before the container has a width, and overflows it).
 
     A panel appears when its first number does; a curve is redrawn only when it has new rows,
-    thinned to :data:`toolkit.curves.MAX_POINTS` points. ``refresh`` may be called as often as
+    thinned to :data:`toolkit.runs.curves.MAX_POINTS` points. ``refresh`` may be called as often as
     wanted: ``at_most_every_s`` skips calls that come sooner (a training callback's pace).
     """
 
@@ -165,7 +165,7 @@ class LiveView:
         import ipywidgets as widgets
         from plotly.graph_objects import FigureWidget  # a second's imports: paid here, not mid-run
 
-        from toolkit import theme  # the dashboard's look
+        from toolkit.runs import theme  # the dashboard's look
 
         self._figure_widget, self._template = FigureWidget, theme.NAME
         self.run, self.size = run, {"width": width, "height": height}

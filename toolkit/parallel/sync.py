@@ -3,8 +3,8 @@ gradient every step, and parameters are averaged over the workers only now and t
 
 - ``partial`` (SINGA's ``DistOpt.backward_and_partial_update``): the parameters are cut, in
   variable order, into partitions of at most the fusion threshold's bytes
-  (:func:`toolkit.compression.fusion_buckets`); every ``period`` updates (SINGA: every update)
-  the next partition is averaged, cycling through them.
+  (:func:`toolkit.parallel.compression.fusion_buckets`); every ``period`` updates (SINGA: every
+  update) the next partition is averaged, cycling through them.
 - ``local_sgd`` (Lin et al., ICLR 2020, "Don't use large mini-batches, use local SGD"): every
   ``period`` updates (their H) all parameters are averaged: the same mechanism with one
   partition.
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from toolkit.compression import Traffic, fusion_buckets, nbytes
+from toolkit.parallel.compression import Traffic, fusion_buckets, nbytes
 
 MODES = ("full", "partial", "local_sgd")
 

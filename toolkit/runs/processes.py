@@ -152,9 +152,10 @@ def terminate_records(
 
 
 def terminate_on(host: str, entries: list[dict[str, Any]], timeout: float, ssh) -> list[int]:
-    """:func:`terminate_records` run on ``host`` over ``ssh`` (a :class:`toolkit.remote.Ssh`);
-    returns the surviving pids. Raises :class:`OSError` if ``host`` cannot be reached."""
-    args = ["-m", "toolkit.processes", "terminate", "--timeout", str(timeout)]
+    """:func:`terminate_records` run on ``host`` over ``ssh`` (a
+    :class:`toolkit.launching.remote.Ssh`); returns the surviving pids. Raises :class:`OSError` if
+    ``host`` cannot be reached."""
+    args = ["-m", "toolkit.runs.processes", "terminate", "--timeout", str(timeout)]
     answer = ssh.python(host, args, stdin=json.dumps(entries), timeout_s=timeout + 60)
     try:
         return json.loads(answer.stdout.strip().splitlines()[-1])
@@ -183,7 +184,7 @@ def _send(signal_it) -> None:
 
 
 if __name__ == "__main__":  # on another host, for terminate_on: records on stdin
-    parser = argparse.ArgumentParser(prog="python -m toolkit.processes")
+    parser = argparse.ArgumentParser(prog="python -m toolkit.runs.processes")
     parser.add_argument("command", choices=["terminate"])
     parser.add_argument("--timeout", type=float, required=True)
     args = parser.parse_args()

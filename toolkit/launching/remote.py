@@ -19,10 +19,10 @@ from pathlib import Path
 
 import psutil
 
-from toolkit import hosts as hosts_lib
+from toolkit.launching import hosts as hosts_lib
 
 CONNECT_TIMEOUT_S = 5
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout that holds toolkit/
 
 
 @dataclass(frozen=True)

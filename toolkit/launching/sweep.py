@@ -25,8 +25,8 @@ Each cell is an ordinary run directory, labelled in ``meta.json`` with ``sweep``
 resumes by looking, not by remembering: :func:`run` skips completed cells, waits for cells
 already queued or running (launched by an earlier runner that was killed), reports failed or
 stopped ones (and reruns them, as a new attempt beside the old run, with ``retry_failed``), and
-launches the rest, at most ``max_parallel`` at a time, through :mod:`toolkit.launch` and its
-slot-aware queue. Editing the base or a value makes new cells; the old runs stay but are no
+launches the rest, at most ``max_parallel`` at a time, through :mod:`toolkit.launching.launch` and
+its slot-aware queue. Editing the base or a value makes new cells; the old runs stay but are no
 longer the sweep's.
 
 :func:`results` reads one row per cell back from the run directories, :func:`aggregate` the mean
@@ -57,12 +57,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from toolkit import config as config_lib
-from toolkit import files, launch, safe_yaml
+from toolkit import files, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig
-from toolkit.curves import updates_by_epoch
-from toolkit.events import read_events
-from toolkit.rundir import LIVE, RunDir, list_runs, runs_root, summary
-from toolkit.slots import capacity, check_fits, positions, slots_of
+from toolkit.launching import launch, remote
+from toolkit.launching.slots import capacity, check_fits, positions, slots_of
+from toolkit.runs.curves import updates_by_epoch
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import LIVE, RunDir, list_runs, runs_root, summary
 
 SWEEPS_DIR = ".sweeps"
 """Where :func:`run` keeps each sweep's resolved file, in the runs root (``<name>.yaml``)."""
@@ -72,7 +73,7 @@ POLL_S = 1.0
 MAX_CELLS = 10_000  # each cell is a run directory: more is a typo in the grid
 DIVERGED = "NonFiniteLoss: loss became"
 """What training's failure reason holds when the loss became NaN or infinite
-(``toolkit.callbacks.NonFiniteLoss``, named here without importing TensorFlow)."""
+(``toolkit.training.callbacks.NonFiniteLoss``, named here without importing TensorFlow)."""
 METRICS = (
     "final_test_accuracy",
     "best_test_accuracy",
@@ -304,7 +305,7 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     base run, at a gain of 1). Raises :class:`SweepError` naming every cell that could not
     launch: a batch larger than its workers' shards of the dataset, or more workers than the
     launch queue's slots (of the runs root ``root``)."""
-    from toolkit.experiment import (  # Keras: for the plan only
+    from toolkit.training.experiment import (  # Keras: for the plan only
         adascale_updates,
         load_dataset,
         most_steps_per_update,
@@ -346,7 +347,7 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
 def throughputs(root: str | Path | None = None, summarize=summary) -> dict[tuple, float]:
     """The median samples/s of the completed runs under ``root``, by what sets a run's speed on
     this machine: dataset, model, workers and per-worker batch (``summarize``: the dashboard
-    passes its cached :func:`~toolkit.rundir.summary`)."""
+    passes its cached :func:`~toolkit.runs.rundir.summary`)."""
     measured = collections.defaultdict(list)
     for run in list_runs(root):
         row = summarize(run)
@@ -541,7 +542,7 @@ def start(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            cwd=Path(__file__).resolve().parents[1],
+            cwd=remote.PACKAGE_ROOT,
         )
     return runner.pid
 
@@ -593,7 +594,7 @@ def results(sweep: Sweep, root: str | Path | None = None, events=None) -> pd.Dat
     """One row per cell, in the sweep's order: coordinates, ``run_id``, ``state``, ``diverged``
     (the loss became NaN or infinite), the :data:`METRICS` (final ones only for a completed
     run; ``updates``: optimizer updates taken) and ``global_batch``. ``events(run)`` reads a
-    run's events (default :func:`toolkit.events.read_events`; the app passes its cache)."""
+    run's events (default :func:`toolkit.runs.events.read_events`; the app passes its cache)."""
     runs = cell_runs(sweep, root)
     rows = []
     for cell in sweep.cells:
@@ -699,7 +700,7 @@ def figure(
     when it is the only other axis); a log x-axis for numbers spanning a factor of 8 or more."""
     import plotly.graph_objects as go
 
-    from toolkit import theme
+    from toolkit.runs import theme
 
     axes = [a for a in axes_of(table) if a != x]
     lines = sorted(axes, key=lambda a: a != color)

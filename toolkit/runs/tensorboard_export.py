@@ -7,8 +7,8 @@ scalars, so TensorBoard reads back exactly what ``events.jsonl`` holds. NaN (a k
 lacks, or a diverged loss) is left out: TensorBoard cannot draw it.
 
 An export is incremental: ``<logdir>/<run id>/lbl-position.json`` keeps where the last one
-stopped (:meth:`toolkit.events.EventTail.position`), and the next appends an event file with the
-records after it. A log that was rewound (a resumed run) or replaced, or a position that is
+stopped (:meth:`toolkit.runs.events.EventTail.position`), and the next appends an event file with
+the records after it. A log that was rewound (a resumed run) or replaced, or a position that is
 missing or unreadable, means exporting the run again from its start, its old event files
 removed. The run directory itself is only read.
 
@@ -32,8 +32,8 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 
 from toolkit import files
-from toolkit.events import EventTail
-from toolkit.rundir import RunDir
+from toolkit.runs.events import EventTail
+from toolkit.runs.rundir import RunDir
 
 POSITION = "lbl-position.json"
 EVENT_FILES = "events.out.tfevents.*"
