@@ -3,12 +3,15 @@
 Commands: each ``python -m toolkit ...`` line of a ``bash`` block (continuation lines joined,
 comments cut) is parsed by the CLI's own parser, so its command and options exist and its
 values pass their checks, and the presets it names exist. What the commands do is tested where
-they are implemented. Links: each relative link names a file in the repository, and each
-``#anchor`` a heading of the page it points to.
+they are implemented. Python: each name a ``python`` block imports from the toolkit exists
+(what the blocks do is what the notebooks, which the tests run, do). Links: each relative
+link names a file in the repository, and each ``#anchor`` a heading of the page it points to.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
 import shlex
 from pathlib import Path
@@ -70,6 +73,36 @@ def test_every_command_shown_parses(page, command):
     for word in argv:
         if word.startswith("experiments/"):
             assert (ROOT / word).exists(), word
+
+
+def imports_shown(page: Path) -> list[ast.ImportFrom]:
+    """The ``from toolkit... import ...`` lines of ``page``'s ``python`` blocks (a line each; a
+    block may elide code with ``...``, so each line is parsed alone)."""
+    found, in_python = [], False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            in_python = line == "```python" and not in_python
+        elif in_python and re.match(r"from toolkit[\w.]* import ", line):
+            found.append(ast.parse(line).body[0])
+    return found
+
+
+IMPORTS = [(page, node) for page in PAGES for node in imports_shown(page)]
+
+
+def test_the_pages_import_from_the_toolkit():
+    assert {page.name for page, _ in IMPORTS} >= {"README.md", "runs.md"}
+
+
+@pytest.mark.parametrize(
+    "page, node", IMPORTS, ids=[f"{p.name}: {n.module} {n.names[0].name}" for p, n in IMPORTS]
+)
+def test_every_import_shown_resolves(page, node):
+    module = importlib.import_module(node.module)
+    for alias in node.names:
+        assert hasattr(module, alias.name) or importlib.util.find_spec(
+            f"{node.module}.{alias.name}"
+        ), f"{page.name}: from {node.module} import {alias.name}"
 
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
