@@ -1,4 +1,4 @@
 """Starting runs, on this host or many: a run under a supervisor (``launch``), the queue
 (``slots``), sweeps (``sweep``), the noise-scale probe (``probe``), the hosts (``hosts``,
 ``remote`` over ssh, ``preflight`` before a multi-host launch, ``cluster``: the namespace
-cluster) and JupyterLab (``jupyter``). Imports no TensorFlow until a run is probed in-process."""
+cluster) and JupyterLab (``jupyter``)."""
