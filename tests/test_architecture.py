@@ -57,6 +57,9 @@ def imports(path: Path) -> set[str]:
     return found - {dotted(path), "toolkit"}
 
 
+GRAPH = {dotted(path): imports(path) for path in SOURCES}
+
+
 def unit(module: str) -> str:
     """The layer's unit a module belongs to: its package, or itself at the top
     (``toolkit.runs.events`` -> ``runs``, ``toolkit.train`` -> ``train``)."""
@@ -70,7 +73,7 @@ def test_every_module_has_a_layer():
 @pytest.mark.parametrize("path", SOURCES, ids=[str(p.relative_to(ROOT)) for p in SOURCES])
 def test_each_module_imports_only_from_its_layer_or_below(path):
     own, names = unit(dotted(path)), list(LAYERS)
-    for imported in {unit(module) for module in imports(path)} - {own}:
+    for imported in {unit(module) for module in GRAPH[dotted(path)]} - {own}:
         assert LEVEL[imported] <= LEVEL[own], (
             f"{own} ({names[LEVEL[own]]}) imports {imported} ({names[LEVEL[imported]]})"
         )
@@ -95,15 +98,14 @@ def circles(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_import_goes_in_a_circle_between_modules():
-    graph = {dotted(path): imports(path) - {dotted(path).rpartition(".")[0]} for path in SOURCES}
-    assert circles(graph) == []
+    assert circles(GRAPH) == []
 
 
 def test_no_import_goes_in_a_circle_between_packages():
     graph: dict[str, set[str]] = {}
-    for path in SOURCES:
-        own = unit(dotted(path))
-        graph.setdefault(own, set()).update({unit(module) for module in imports(path)} - {own})
+    for module, found in GRAPH.items():
+        own = unit(module)
+        graph.setdefault(own, set()).update({unit(imported) for imported in found} - {own})
     assert circles(graph) == []
 
 

@@ -10,8 +10,6 @@ link names a file in the repository, and each ``#anchor`` a heading of the page 
 
 from __future__ import annotations
 
-import ast
-import importlib
 import re
 import shlex
 from pathlib import Path
@@ -75,34 +73,28 @@ def test_every_command_shown_parses(page, command):
             assert (ROOT / word).exists(), word
 
 
-def imports_shown(page: Path) -> list[ast.ImportFrom]:
+def imports_shown(page: Path) -> list[str]:
     """The ``from toolkit... import ...`` lines of ``page``'s ``python`` blocks (a line each; a
-    block may elide code with ``...``, so each line is parsed alone)."""
+    block may elide code with ``...``, so each line runs alone)."""
     found, in_python = [], False
     for line in page.read_text().splitlines():
         if line.startswith("```"):
             in_python = line == "```python" and not in_python
         elif in_python and re.match(r"from toolkit[\w.]* import ", line):
-            found.append(ast.parse(line).body[0])
+            found.append(line)
     return found
 
 
-IMPORTS = [(page, node) for page in PAGES for node in imports_shown(page)]
+IMPORTS = [(page, line) for page in PAGES for line in imports_shown(page)]
 
 
 def test_the_pages_import_from_the_toolkit():
     assert {page.name for page, _ in IMPORTS} >= {"README.md", "runs.md"}
 
 
-@pytest.mark.parametrize(
-    "page, node", IMPORTS, ids=[f"{p.name}: {n.module} {n.names[0].name}" for p, n in IMPORTS]
-)
-def test_every_import_shown_resolves(page, node):
-    module = importlib.import_module(node.module)
-    for alias in node.names:
-        assert hasattr(module, alias.name) or importlib.util.find_spec(
-            f"{node.module}.{alias.name}"
-        ), f"{page.name}: from {node.module} import {alias.name}"
+@pytest.mark.parametrize("page, line", IMPORTS, ids=[f"{p.name}: {li}" for p, li in IMPORTS])
+def test_every_import_shown_resolves(page, line):
+    exec(line, {})  # ImportError (a moved module or a renamed name) fails the test
 
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
