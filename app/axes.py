@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from toolkit.config import ExperimentConfig
+from toolkit.plan import Scale
 from toolkit.runs.curves import bytes_axis
 
 X_AXES = {
@@ -27,8 +28,9 @@ def x_values(
     is ``global batch / steps per update`` examples), logged traffic for bytes, wall times."""
     if x_axis in ("step", "epoch"):
         return rows.get(x_axis)
-    steps_per_update = config.steps_per_update() if config else 1
-    step_batch = config.global_batch() // steps_per_update if config else None
+    scale = Scale.of(config) if config else None
+    steps_per_update = scale.steps_per_update if scale else 1
+    step_batch = scale.examples_per_step if scale else None
     if x_axis == "samples seen":
         if config is None or "step" not in rows:
             return None

@@ -17,7 +17,7 @@ import streamlit as st
 
 from toolkit import config as config_lib
 from toolkit import files
-from toolkit.runs import rundir
+from toolkit.runs import rundir, table
 from toolkit.runs.events import EventTail, read_events
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.theme import COLORS
@@ -119,11 +119,11 @@ def _summary(path: str, stamps: tuple, state: str) -> dict:
         frame = _events(str(run.events_path), stamps[-1])
     except OSError:
         frame = None
-    return rundir.summary(run, frame)
+    return table.summary(run, frame)
 
 
 def summary(run: RunDir) -> dict:
-    """``toolkit.runs.rundir.summary(run)``, re-computed when any of the run's files or its
+    """``toolkit.runs.table.summary(run)``, re-computed when any of the run's files or its
     liveness (a dead process reads as failed) changes."""
     paths = (run.status_path, run.config_path, run.meta_path, run.events_path)  # events last
     return _summary(str(run.path), tuple(map(stamp, paths)), run.status().get("state"))

@@ -4,6 +4,7 @@ registries, error slots next to fields, and the cached schedule preview."""
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ import yaml
 from app.data import md_escape
 from toolkit import config as config_lib
 from toolkit import safe_yaml
+from toolkit.catalog import SCHEDULES
 from toolkit.optimizers import OPTIMIZERS
+from toolkit.plan import RunPlan, Scale
 from toolkit.training import data as datasets
-from toolkit.training.experiment import schedule_preview, steps_per_epoch
+from toolkit.training.experiment import schedule_preview
 
 # Streamlit collects garbage after every rerun; TensorFlow's ~450k long-lived objects, imported
 # just above (once per server process, by the first page that builds configs), made each
@@ -105,10 +108,22 @@ def title(name: str) -> str:
     return " ".join(words)[:1].upper() + " ".join(words)[1:]
 
 
-def warmup_shortfall(config, preview: pd.DataFrame) -> str | None:
+def schedule_help(name: str) -> str:
+    """What schedule ``name`` does and the parameters it takes, with their defaults, as the
+    catalog's table gives them (lengths in epochs)."""
+    builder = SCHEDULES.constructor(name)
+    required = SCHEDULES.required(name)
+    taken = ", ".join(
+        f"`{p}` ({'required' if p in required else d})"
+        for p, d in SCHEDULES.parameters(name).items()
+    )
+    return f"{inspect.getdoc(builder)} Parameters: {taken or 'none'}."
+
+
+def warmup_shortfall(config, plan: Scale, preview: pd.DataFrame) -> str | None:
     """A warning when the warmup overlaps the decay so much that the learning rate never comes
     near the scaled rate the form shows (5% short or more), else ``None``."""
-    warmup, scaled = config.schedule.warmup.epochs, config.scaled_learning_rate()
+    warmup, scaled = config.schedule.warmup.epochs, plan.learning_rate
     peak = float(preview["lr"].max()) if len(preview) else scaled
     if not warmup or peak >= 0.95 * scaled:
         return None
@@ -193,10 +208,11 @@ def num_train(name: str, seed: int, params_json: str) -> int:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def preview(config_yaml: str) -> tuple[pd.DataFrame, int]:
-    """``schedule_preview`` of a validated config (given as its YAML) and its steps per epoch;
-    raises ``ConfigError`` when the batch does not fit the dataset, or the dataset's error."""
+def preview(config_yaml: str) -> tuple[pd.DataFrame, RunPlan]:
+    """``schedule_preview`` of a validated config (given as its YAML) and its plan, which
+    training will read too; raises ``ConfigError`` when the batch does not fit the dataset, or
+    the dataset's error."""
     config = config_lib.from_yaml(config_yaml)
     dataset = config.dataset
     n = num_train(dataset.name, config.seed, json.dumps(dataset.params, sort_keys=True))
-    return schedule_preview(config, n), steps_per_epoch(config, n, config.workers)
+    return schedule_preview(config, n), RunPlan.of(config, n)

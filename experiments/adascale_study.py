@@ -51,7 +51,8 @@ import critical_batch  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from toolkit.launching import sweep  # noqa: E402
+from toolkit.launching import sweep, sweep_results  # noqa: E402
+from toolkit.plan import Scale  # noqa: E402
 from toolkit.runs.curves import updates_by_epoch  # noqa: E402
 from toolkit.runs.events import read_events  # noqa: E402
 from toolkit.runs.rundir import resolve  # noqa: E402
@@ -114,7 +115,7 @@ def run_rows(task: Task, sweep_file: Path, runs_root: Path | None, accuracy: flo
     An adaptive batch's row has its largest batch as ``global_batch`` and the batch it ended
     at; its updates are counted epoch by epoch, at the batch each evaluation says it had."""
     plan = sweep.load(sweep_file)
-    results = sweep.results(plan, runs_root)
+    results = sweep_results.results(plan, runs_root)
     if accuracy is None:  # the baseline is in this sweep
         accuracy = target_accuracy(results)
     rows = []
@@ -123,7 +124,7 @@ def run_rows(task: Task, sweep_file: Path, runs_root: Path | None, accuracy: flo
             continue  # not ended yet
         events = read_events(resolve(cell["run_id"], runs_root).events_path)
         train, evals = events[events.phase == "train"], events[events.phase == "eval"].copy()
-        batch, per_update = int(cell["global_batch"]), spec.config.steps_per_update()
+        batch, per_update = int(cell["global_batch"]), Scale.of(spec.config).steps_per_update
         step_batch = batch // per_update  # examples per step (LBSGD: its device batch)
         row = {"global_batch": batch, "scale": batch / BASE_BATCH}
         evals["updates"] = evals.step / per_update
@@ -311,7 +312,7 @@ def second_task(runs: Path | None, out: Path) -> str:
 
 def baseline_noise(sweep_file: Path, runs: Path | None) -> pd.DataFrame:
     """``B_simple`` epoch by epoch over the baseline runs' own ``gns`` events."""
-    table = sweep.results(sweep.load(sweep_file), runs)
+    table = sweep_results.results(sweep.load(sweep_file), runs)
     done = table[(table.method == BASELINE) & (table.state == "completed")]
     events = [read_events(resolve(run_id, runs).events_path) for run_id in done.run_id]
     return critical_batch.b_simple_by_epoch(events) if events else pd.DataFrame()

@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
 
+import benchmark_csv  # noqa: E402
+
 
 def fabricate(root: Path, runs: int, events: int) -> list[str]:
     """Run ids of ``runs`` fabricated runs under ``root`` (those already there are kept)."""
@@ -109,6 +111,12 @@ def main() -> int:
         spread = f"{min(times):.2f}-{max(times):.2f}"
         return f"| {name} | {statistics.median(times):.2f} | {spread} |"
 
+    raw = {
+        "first render (new process, copies on disk)": first,
+        "warm render": warm,
+        "control changed (smoothing)": changed,
+        "parse without copies (once)": [parsing],
+    }
     print(f"\nCompare page, {len(ids)} runs x {lines} events, 3 charts, AppTest")
     print(f"(median of {args.repeat}, min-max)\n")
     print("| case | seconds | spread |\n| --- | --- | --- |")
@@ -120,6 +128,15 @@ def main() -> int:
         new, reload = zip(*(in_chromium(root, ids) for _ in range(args.repeat)), strict=True)
         print(row("Chromium: charts drawn, new server", list(new)))
         print(row("Chromium: charts drawn, reload", list(reload)))
+        raw |= {"Chromium: charts drawn, new server": new, "Chromium: charts drawn, reload": reload}
+    benchmark_csv.save(
+        __file__,
+        [
+            {"case": case, "repeat": i, "seconds": seconds, "runs": len(ids), "events": lines}
+            for case, times in raw.items()
+            for i, seconds in enumerate(times, 1)
+        ],
+    )
     return 0
 
 

@@ -29,7 +29,8 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PAT
 from toolkit import config as config_lib  # noqa: E402
 from toolkit.launching import cluster  # noqa: E402  (after the path is set)
 from toolkit.launching import launch as launcher  # noqa: E402
-from toolkit.runs.rundir import TERMINAL, summary  # noqa: E402
+from toolkit.runs.rundir import TERMINAL  # noqa: E402
+from toolkit.runs.table import summary  # noqa: E402
 
 SIDES = {"one host": "lbl-h1:2", "two hosts": "lbl-h1:1,lbl-h2:1"}
 

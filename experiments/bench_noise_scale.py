@@ -30,6 +30,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import benchmark_csv  # noqa: E402  (beside this script)
+
 
 def hook_worker(repeat: int) -> None:
     """Under horovodrun: time one update with and without the meter (see the module doc)."""
@@ -39,9 +41,9 @@ def hook_worker(repeat: int) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from toolkit.config import NOISE_SCALE_AUTO
     from toolkit.optimizers import LARS
     from toolkit.parallel import distributed
+    from toolkit.plan import NOISE_SCALE_AUTO
     from toolkit.training import data, models
 
     distributed.init()
@@ -77,6 +79,15 @@ def hook_worker(repeat: int) -> None:
                 step()
             timings[name].append((time.perf_counter() - start) / 200 * 1e6)
     if distributed.is_rank0():
+        benchmark_csv.save(
+            __file__,
+            [
+                {"case": name, "repeat": i, "microseconds": us}
+                for name, values in timings.items()
+                for i, us in enumerate(values, 1)
+            ],
+            "hook",
+        )
         step_us = float(np.median(timings.pop("train step")))
         off = np.array(timings["off"])
         print(f"quickstart train step (32 examples per worker): {step_us:,.0f} us")
@@ -112,10 +123,11 @@ def main() -> int:
 
     from toolkit import config as config_lib
     from toolkit.launching import launch
+    from toolkit.plan import NOISE_SCALE_AUTO
     from toolkit.runs import monitor
     from toolkit.runs.events import read_events
 
-    default = config_lib.NOISE_SCALE_AUTO["allreduce"]  # several workers' default ('auto')
+    default = NOISE_SCALE_AUTO["allreduce"]  # several workers' default ('auto')
     settings = {"off": 0, f"every {default} updates (default)": default, "every update": 1}
     ratios: dict[str, list[float]] = {name: [] for name in settings}
     with tempfile.TemporaryDirectory() as root:
@@ -136,6 +148,14 @@ def main() -> int:
             for name in settings:
                 ratios[name].append(speed["off"] / speed[name])  # step time vs off
             print(f"round {round_ + 1}: " + ", ".join(f"{k} {v:,.0f}/s" for k, v in speed.items()))
+    benchmark_csv.save(
+        __file__,
+        [
+            {"noise_scale": name, "round": i, "step_time_x_off": ratio, "workers": args.np}
+            for name, values in ratios.items()
+            for i, ratio in enumerate(values, 1)
+        ],
+    )
     print(f"\nquickstart, {args.np} workers, {args.epochs} epochs, {args.repeat} rounds")
     print("| noise scale | step time x off (median) | spread (min-max) |")
     print("| --- | --- | --- |")

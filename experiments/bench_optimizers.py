@@ -8,7 +8,8 @@ noise hits every optimizer alike; on a GPU the clock stops when the device has f
 update (``tf.test.experimental.sync_devices``), not when it was launched. Printed for each: the
 median time of ``--repeats`` updates, its ratio to ``keras.optimizers.SGD(momentum=0.9)``,
 and its ratio to the toolkit's own SGD-momentum update (the median of the ratios within each
-round, with their 10th-90th percentiles).
+round, with their 10th-90th percentiles; lower is faster). Every repeat's time goes to
+``experiments/bench_optimizers.csv`` (:mod:`benchmark_csv`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import benchmark_csv  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -69,6 +71,15 @@ def main(repeats: int, jit: bool) -> pd.DataFrame:
                 finish()
             times[name].append(time.perf_counter() - start)
     times = pd.DataFrame(times)
+    benchmark_csv.save(
+        __file__,
+        [
+            {"optimizer": name, "repeat": i, "seconds": seconds, "jit": jit}
+            for name in times
+            for i, seconds in enumerate(times[name], 1)
+        ],
+        "jit" if jit else "",
+    )
     ours = times[OUR_SGD]
     ratios = times.div(ours, axis=0)
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)

@@ -19,7 +19,9 @@ NaN-guard settings (a run directory, events, checkpoints), and the peer is a bar
 pipeline, evaluation on the test set after every epoch, built and compiled the same way. Each
 side is timed from nothing built to the model trained (wall-clock, including tracing). The two
 run in pairs, ``--repeat`` of them after one warm-up pair, which goes first swapping every
-pair; the table gives the median of each side and the median ratio with its spread.
+pair; the table gives the median of each side and the median ratio with its spread (lower is
+better: below 1, ``toolkit.train`` is the faster), and every pair goes to
+``experiments/bench_training[_horovod|_matched|_gpu].csv`` (:mod:`benchmark_csv`).
 ``toolkit.train`` runs several steps per call of Keras's compiled function (its
 ``steps_per_execution``, chosen from the event intervals); the bare fit runs Keras's default
 of one, or with ``--matched`` as many as ``toolkit.train``, which isolates what the callbacks
@@ -113,12 +115,12 @@ def bare_fit(config, matched: bool = False) -> None:
         scaling = config.lr_scaling.model_copy(update={"rule": "none"})
         config = config.model_copy(update={"lr_scaling": scaling})
 
-    from toolkit.train import steps_per_execution
+    from toolkit.optimizers import applies_trust_ratios
+    from toolkit.plan import RunPlan
     from toolkit.training.experiment import (
         build_model,
         build_optimizer,
         load_dataset,
-        steps_per_epoch,
         test_batches,
         train_batches,
     )
@@ -126,9 +128,10 @@ def bare_fit(config, matched: bool = False) -> None:
     keras.utils.set_random_seed(config.seed)
     keras.config.set_dtype_policy(config.precision)
     dataset = load_dataset(config)
-    spe = steps_per_epoch(config, len(dataset.x_train), 1)
+    plan = RunPlan.of(config, len(dataset.x_train), 1)
     model = build_model(config, dataset)
-    optimizer = build_optimizer(config, spe, 1)
+    optimizer = build_optimizer(config, plan)
+    per_execution = plan.steps_per_execution(applies_trust_ratios(optimizer))
     if config.precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     model.compile(
@@ -136,12 +139,12 @@ def bare_fit(config, matched: bool = False) -> None:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
         jit_compile=False,
-        steps_per_execution=steps_per_execution(config, spe, 1) if matched else 1,
+        steps_per_execution=per_execution if matched else 1,
     )
     model.fit(
-        train_batches(config, dataset, 0, last=config.epochs),
+        train_batches(plan, dataset, 0, seed=config.seed, last=config.epochs),
         epochs=config.epochs,
-        steps_per_epoch=spe,
+        steps_per_epoch=plan.steps_per_epoch,
         validation_data=test_batches(dataset),
         shuffle=False,
         verbose=0,
@@ -155,11 +158,11 @@ def horovod_fit(config) -> None:
     import keras
     import tensorflow as tf
 
+    from toolkit.plan import RunPlan
     from toolkit.training.experiment import (
         build_model,
         build_optimizer,
         load_dataset,
-        steps_per_epoch,
         test_batches,
         train_batches,
     )
@@ -168,9 +171,9 @@ def horovod_fit(config) -> None:
     world = hvd.size()
     keras.utils.set_random_seed(config.seed)
     dataset = load_dataset(config)
-    spe = steps_per_epoch(config, len(dataset.x_train), world)
+    plan = RunPlan.of(config, len(dataset.x_train), world)
     model = build_model(config, dataset)
-    optimizer = build_optimizer(config, spe, world)
+    optimizer = build_optimizer(config, plan)
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     accuracy = keras.metrics.SparseCategoricalAccuracy()
@@ -195,7 +198,7 @@ def horovod_fit(config) -> None:
         return loss_fn(y, logits), tf.reduce_sum(tf.cast(tf.argmax(logits, 1) == y, tf.float32))
 
     for epoch in range(config.epochs):
-        shard = train_batches(config, dataset, epoch, world, hvd.rank())
+        shard = train_batches(plan, dataset, epoch, seed=config.seed, rank=hvd.rank())
         for i, (x, y) in enumerate(shard):
             train_step(x, y, epoch == 0 and i == 0)
         for x, y in test_batches(dataset):
@@ -214,7 +217,9 @@ def horovod_worker(repeat: int, epochs: int | None) -> None:
     )
     if hvd.rank() == 0:
         print(f"\n2 Gloo workers, {config.epochs} epochs, median of {repeat} (min-max)\n")
-        table("Horovod loop", [("quickstart, 2 workers", ours, peer)])
+        rows = [("quickstart, 2 workers", ours, peer)]
+        table("Horovod loop", rows)
+        record(rows, "Horovod loop", "horovod")
 
 
 def alternate(config, peer, repeat: int, name: str, peer_name: str, barrier=None, rank=0):
@@ -277,6 +282,28 @@ def table(peer: str, rows: list[tuple[str, list[float], list[float]]]) -> None:
         )
 
 
+def record(rows: list[tuple[str, list[float], list[float]]], peer: str, variant: str) -> None:
+    """Every pair of every workload, as the CSV beside this script."""
+    import benchmark_csv
+
+    benchmark_csv.save(
+        __file__,
+        [
+            {
+                "workload": name,
+                "peer": peer,
+                "pair": pair,
+                "toolkit_train_s": a,
+                "peer_s": b,
+                "ratio": a / b,
+            }
+            for name, ours, theirs in rows
+            for pair, (a, b) in enumerate(zip(ours, theirs, strict=True), 1)
+        ],
+        variant,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -312,7 +339,9 @@ def main() -> int:
         ours, bare = alternate(config, peer, args.repeat, name, "bare fit")
         rows.append((name, ours, bare))
     print(f"\nIn-process training, one worker, median of {args.repeat} (min-max)\n")
-    table("bare fit, matched" if args.matched else "bare fit", rows)
+    peer = "bare fit, matched" if args.matched else "bare fit"
+    table(peer, rows)
+    record(rows, peer, "gpu" if args.gpu else "matched" if args.matched else "")
     return 0
 
 

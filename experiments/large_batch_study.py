@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 import pandas as pd  # noqa: E402
 
-from toolkit.launching import sweep  # noqa: E402
+from toolkit.launching import sweep, sweep_results  # noqa: E402
 
 STUDY_DIR = ROOT / "experiments" / "study"
 STUDY, TUNING = STUDY_DIR / "study.yaml", STUDY_DIR / "tuning.yaml"
@@ -50,7 +50,7 @@ COLUMNS = [
     "method",
     "global_batch",
     "seed",
-    *sweep.METRICS,
+    *sweep_results.METRICS,
     "state",
     "diverged",
     "reason",
@@ -60,16 +60,19 @@ COLUMNS = [
 
 def study_results(study: sweep.Sweep, root: Path | str | None = None) -> pd.DataFrame:
     """One row per cell of ``study`` (a sweep whose axes are method, batch and seed)."""
-    return sweep.results(study, root)[COLUMNS]
+    return sweep_results.results(study, root)[COLUMNS]
 
 
 def summarize(results: pd.DataFrame) -> pd.DataFrame:
-    """Per method and global batch: :func:`toolkit.launching.sweep.aggregate` over seeds (final test
-    accuracy over the completed runs), plus ``at_chance``, the runs that failed or ended below
-    :data:`CHANCE` (a collapsed network predicts one class: about 10% on MNIST-1D's balanced
-    test set), ``updates_max`` (the updates planned: a diverged run recorded them too), and the
-    best accuracy and wall time averaged over every run, diverged ones included."""
-    table = sweep.aggregate(results, ("final_test_accuracy",), by=["method", "global_batch"])
+    """Per method and global batch: :func:`toolkit.launching.sweep_results.aggregate` over
+    seeds (final test accuracy over the completed runs), plus ``at_chance``, the runs that
+    failed or ended below :data:`CHANCE` (a collapsed network predicts one class: about 10% on
+    MNIST-1D's balanced test set), ``updates_max`` (the updates planned: a diverged run recorded
+    them too), and the best accuracy and wall time averaged over every run, diverged ones
+    included."""
+    table = sweep_results.aggregate(
+        results, ("final_test_accuracy",), by=["method", "global_batch"]
+    )
     low = results.assign(
         low=(results["state"] != "completed") | (results["final_test_accuracy"] < CHANCE)
     )
@@ -119,12 +122,13 @@ def markdown_table(results: pd.DataFrame) -> str:
 
 
 def figure(results: pd.DataFrame, title: str = "MNIST-1D CNN: final test accuracy vs global batch"):
-    """:func:`toolkit.launching.sweep.figure` of final test accuracy (%) against the global batch,
-    one line per method, with the small-batch baseline as a band instead of a point."""
+    """:func:`toolkit.launching.sweep_results.figure` of final test accuracy (%) against the
+    global batch, one line per method, with the small-batch baseline as a band instead of a
+    point."""
     percent = results.assign(final_test_accuracy=100 * results["final_test_accuracy"])
     base = percent[percent["method"] == BASELINE]
     others = percent[percent["method"] != BASELINE]
-    fig = sweep.figure(others, "final_test_accuracy", x="global_batch", title=title)
+    fig = sweep_results.figure(others, "final_test_accuracy", x="global_batch", title=title)
     for trace in fig.data:
         trace.name = LABELS.get(trace.name, trace.name)
     if len(base):
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     results = study_results(sweep.load(STUDY), args.runs)
-    tuning = sweep.results(sweep.load(TUNING), args.runs)
+    tuning = sweep_results.results(sweep.load(TUNING), args.runs)
     pending = (~results["state"].isin(["completed", "failed", "stopped"])).sum()
     if pending:
         print(f"note: {pending} of {len(results)} study runs have not ended: run the sweep first")

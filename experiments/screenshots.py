@@ -42,7 +42,8 @@ from bench_first_page import answers, chromium, dashboard, free_port  # noqa: E4
 
 from toolkit import safe_yaml  # noqa: E402
 from toolkit.launching import jupyter  # noqa: E402
-from toolkit.runs.rundir import list_runs, summary  # noqa: E402
+from toolkit.runs.rundir import list_runs  # noqa: E402
+from toolkit.runs.table import summary  # noqa: E402
 
 BATCHES = (32, 64, 128)
 EPOCHS = 8

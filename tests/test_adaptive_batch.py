@@ -13,8 +13,9 @@ import pytest
 from test_adascale import assert_resumed_bit_for_bit, numpy_adascale
 
 from toolkit.config import ConfigError, from_mapping
+from toolkit.plan import RunPlan, Scale
 from toolkit.runs.events import read_events
-from toolkit.scaling.adaptive_batch import BatchPlan, accumulate, next_batch
+from toolkit.scaling.adaptive_batch import Accumulation, accumulate, next_batch
 from toolkit.training import experiment
 
 ADAPTIVE = {  # logistic regression on digits: its B_simple passes 16, 32 and 64 in 3 epochs
@@ -88,7 +89,7 @@ def test_a_variable_count_accumulates_exactly_as_keras_does(steps):
     reference = keras.optimizers.SGD(0.1, momentum=0.9, gradient_accumulation_steps=keras_steps)
     want = fit(tiny_model(), reference, x, y)
     model, optimizer = tiny_model(), keras.optimizers.SGD(0.1, momentum=0.9)
-    accumulate(optimizer, BatchPlan(8, 1, steps), model.trainable_variables)
+    accumulate(optimizer, Accumulation(8, 1, steps), model.trainable_variables)
     got = fit(model, optimizer, x, y)
     for a, b in zip(want.get_weights(), got.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -101,33 +102,45 @@ def test_the_count_changes_between_updates_without_retracing():
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(64, 4)).astype("float32"), rng.integers(0, 3, 64)
     model, optimizer = tiny_model(), keras.optimizers.SGD(0.1)
-    plan = BatchPlan(8, 1, 1)
-    accumulate(optimizer, plan, model.trainable_variables)
+    accumulation = Accumulation(8, 1, 1)
+    accumulate(optimizer, accumulation, model.trainable_variables)
     traces = []
     apply = optimizer.apply
     optimizer.apply = lambda grads, variables=None: (traces.append(1), apply(grads, variables))[1]
     fit(model, optimizer, x, y)  # 8 updates of one step
-    plan.switch(8, 32)  # then 4 steps each, through the same compiled step
+    accumulation.switch(8, 32)  # then 4 steps each, through the same compiled step
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     assert int(optimizer.iterations) == 8 + 2 and len(traces) == 1
-    assert plan.updates(16) == 10 and plan.updates(8) == 8 and plan.updates(4) == 4
-    assert plan.step_of(10) == 16 and plan.starts_update(12) and not plan.starts_update(13)
+    assert (
+        accumulation.updates(16) == 10
+        and accumulation.updates(8) == 8
+        and accumulation.updates(4) == 4
+    )
+    assert (
+        accumulation.step_of(10) == 16
+        and accumulation.starts_update(12)
+        and not accumulation.starts_update(13)
+    )
 
 
-def test_a_plan_counts_updates_across_its_changes():
-    plan = BatchPlan(per_worker=16, world=4, steps_per_update=1)
-    assert plan.global_batch == 64 and plan.noise_batches() == (16, 64)
-    plan.switch(100, 256)  # 4 steps per update from step 100
-    assert plan.global_batch == 256 and plan.noise_batches() == (64, 256)
-    assert plan.updates(100) == 100 and plan.updates(106) == 101.5
-    assert plan.updates(50) == 50  # before the change: its own stretch
-    plan.switch(108, 128)
-    assert plan.updates(110) == 103 and plan.updates(104) == 101 and plan.step_of(104) == 112
+def test_an_accumulation_counts_updates_across_its_changes():
+    accumulation = Accumulation(per_worker=16, world=4, steps_per_update=1)
+    assert accumulation.global_batch == 64 and accumulation.noise_batches() == (16, 64)
+    accumulation.switch(100, 256)  # 4 steps per update from step 100
+    assert accumulation.global_batch == 256 and accumulation.noise_batches() == (64, 256)
+    assert accumulation.updates(100) == 100 and accumulation.updates(106) == 101.5
+    assert accumulation.updates(50) == 50  # before the change: its own stretch
+    accumulation.switch(108, 128)
+    assert (
+        accumulation.updates(110) == 103
+        and accumulation.updates(104) == 101
+        and accumulation.step_of(104) == 112
+    )
     with pytest.raises(ValueError, match="end of an update"):
-        plan.switch(111, 256)
+        accumulation.switch(111, 256)
     with pytest.raises(ValueError, match="multiple of 64"):
-        plan.switch(110, 96)
-    one = BatchPlan(per_worker=32, world=1, steps_per_update=4)
+        accumulation.switch(110, 96)
+    one = Accumulation(per_worker=32, world=1, steps_per_update=4)
     assert one.global_batch == 128 and one.noise_batches() == (16, 32)  # halves of a step
 
 
@@ -165,10 +178,10 @@ def test_bad_adaptive_fields_are_named(change, message):
 def test_an_adaptive_epoch_is_whole_updates_at_its_largest_batch():
     config = from_mapping(ADAPTIVE)
     # 1437 examples: 718 per worker, 89 steps of 8, cut to 88: a multiple of 128 / 16 = 8
-    assert experiment.steps_per_epoch(config, 1437, 2) == 88
-    assert config.global_batch(2) == 16 and config.steps_per_update(2) == 1
+    assert RunPlan.of(config, 1437, 2).steps_per_epoch == 88
+    assert Scale.of(config, 2).global_batch == 16 and Scale.of(config, 2).steps_per_update == 1
     with pytest.raises(ConfigError, match="batch.adaptive.max=2048 is larger"):
-        experiment.steps_per_epoch(from_mapping(ADAPTIVE, ["batch.adaptive.max=2048"]), 1437, 2)
+        RunPlan.of(from_mapping(ADAPTIVE, ["batch.adaptive.max=2048"]), 1437, 2)
 
 
 def softmax_regression_replay(config, events):
@@ -184,14 +197,15 @@ def softmax_regression_replay(config, events):
     kernel, bias = (
         w.astype(np.float64) for w in experiment.build_model(config, dataset).get_weights()
     )
-    spe = experiment.steps_per_epoch(config, len(dataset.x_train), world)
+    plan = RunPlan.of(config, len(dataset.x_train), world)
+    spe = plan.steps_per_epoch
     train = events[events.phase == "train"].set_index("step")
     step_batch = config.batch.per_worker * world
     step = 0
     while step < train.index.max():
         epoch, first = divmod(step, spe)
         batches = [
-            list(experiment.train_batches(config, dataset, epoch, world, rank))
+            list(experiment.train_batches(plan, dataset, epoch, seed=config.seed, rank=rank))
             for rank in range(world)
         ]
         while first < spe and step < train.index.max():
@@ -220,7 +234,7 @@ def check_the_run(config, run):
     train, gns = events[events.phase == "train"], events[events.phase == "gns"]
     evals = events[events.phase == "eval"]
     assert train.global_batch.notna().all() and evals.global_batch.notna().all()
-    spe = experiment.steps_per_epoch(config, 1437, config.workers)
+    spe = RunPlan.of(config, 1437).steps_per_epoch
     batches = train.drop_duplicates("global_batch")
     assert batches.global_batch.tolist() == [16, 32, 64, 128]  # grew, doubling each time
     assert ((batches.step - 1) % spe == 0).all()  # at epoch starts only

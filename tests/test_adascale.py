@@ -16,6 +16,7 @@ import tensorflow as tf
 from toolkit import config as config_lib
 from toolkit.config import ConfigError, from_mapping
 from toolkit.optimizers.schedules import Warmup
+from toolkit.plan import Scale
 from toolkit.runs.events import read_events
 from toolkit.scaling.adascale import AdaScale, gain_of
 
@@ -269,9 +270,9 @@ def test_what_adascale_cannot_do_is_refused_naming_the_field(change, field):
 def test_the_noise_scale_interval_is_auto_by_default():
     config = from_mapping(ADASCALE, ["logging.noise_scale_every_steps=auto"])
     assert config_lib.LoggingConfig().noise_scale_every_steps == "auto"
-    assert config.noise_scale_interval(1) == 100  # an extra gradient each
-    assert config.noise_scale_interval(2) == 25  # free in the allreduce
-    assert from_mapping(ADASCALE).noise_scale_interval(1) == 1  # a number means that number
+    assert Scale.of(config, 1).noise_every == 100  # an extra gradient each
+    assert Scale.of(config, 2).noise_every == 25  # free in the allreduce
+    assert Scale.of(from_mapping(ADASCALE), 1).noise_every == 1  # a number means that number
     with pytest.raises(ConfigError, match="noise_scale_every_steps"):
         from_mapping(ADASCALE, ["logging.noise_scale_every_steps=sometimes"])
 
@@ -303,12 +304,12 @@ def test_run_detail_draws_the_real_runs_gain_against_s_and_its_clock(one_worker,
 
 
 def test_the_runs_table_shows_an_adascale_runs_own_epochs_and_its_clock(one_worker):
-    from toolkit.runs import rundir
+    from toolkit.runs import table
 
     run, events = one_worker
-    row = rundir.summary(run, events)
+    row = table.summary(run, events)
     epochs = events[events.phase == "train"].epoch.iloc[-1]
-    assert rundir.progress_text(row) == f"{round(epochs, 2):g} epochs, τ 100%"
+    assert table.progress_text(row) == f"{round(epochs, 2):g} epochs, τ 100%"
 
 
 def poly(lr, total, power=2.0):

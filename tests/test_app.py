@@ -30,7 +30,8 @@ from app.fabricate import fake_run
 from toolkit import config as config_lib
 from toolkit import files
 from toolkit.launching import launch as launcher
-from toolkit.runs import processes, rundir, theme
+from toolkit.plan import Scale
+from toolkit.runs import processes, table, theme
 from toolkit.runs.curves import downsample
 from toolkit.runs.events import EventWriter, read_events
 from toolkit.runs.rundir import RunDir
@@ -130,8 +131,8 @@ def test_launch_preview_is_the_toolkit_schedule(root, launches):
     assert not at.error, [e.value for e in at.error]
     config = config_lib.load(ROOT / "experiments" / "quickstart.yaml")
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Global batch"] == f"{config.global_batch():,}"
-    assert metrics["Scaled learning rate"] == f"{config.scaled_learning_rate():.4g}"
+    assert metrics["Global batch"] == f"{Scale.of(config).global_batch:,}"
+    assert metrics["Scaled learning rate"] == f"{Scale.of(config).learning_rate:.4g}"
     (figure,) = figures(at)
     lr, momentum = figure["data"]
     from toolkit.training import data as datasets
@@ -245,7 +246,7 @@ def test_launch_elastic_fields_need_a_global_batch_for_every_world(root, launche
     ((config, _),) = launches
     elastic = config.elastic
     assert (elastic.min_workers, elastic.max_workers) == (2, 3)
-    assert elastic.discovery == str(tmp_path / "hosts") and config.global_batch(3) == 96
+    assert elastic.discovery == str(tmp_path / "hosts") and Scale.of(config, 3).global_batch == 96
 
 
 def test_launch_adascale_fields(root, launches):
@@ -263,7 +264,7 @@ def test_launch_adascale_fields(root, launches):
     ((config, _),) = launches
     assert config.lr_scaling.rule == "adascale" and config.lr_scaling.base_batch == 32
     assert config.logging.noise_scale_every_steps == "auto"
-    assert config.global_batch() / config.lr_scaling.base_batch == 4
+    assert Scale.of(config).global_batch / config.lr_scaling.base_batch == 4
 
 
 def test_the_launch_form_sets_an_adaptive_batch(root, launches):
@@ -354,7 +355,7 @@ def test_launch_form_sets_dgcs_switches(root, launches):
     assert (allreduce.momentum_correction, allreduce.momentum_masking) == (None, False)
     assert (allreduce.local_clipnorm, allreduce.sparsity_warmup_epochs) == (2.5, 2)
     assert allreduce.dense_1d is None and not allreduce.dense_norm
-    assert allreduce.summary() == (
+    assert config.communication().summary() == (
         "topk 1%, float16 values; DGC: momentum correction, local clip 2.5, "
         "warm-up 2 epochs, 1-D dense"
     )
@@ -625,10 +626,10 @@ def test_detail_header_says_what_the_run_is_how_it_went_and_how_sure_b_simple_is
     run = fake_run(root, "lars-run", events=600, epochs=4, gns_every=20)
     at = page("detail")
     header = next(m.value for m in at.markdown if "global batch" in m.value)
-    config, row = run.config(), rundir.summary(run)
+    config, row = run.config(), table.summary(run)
     for said in (
         "lars",
-        f"global batch {config.global_batch()}",
+        f"global batch {Scale.of(config).global_batch}",
         "on 2 workers",
         "constant",
         "4 epochs",
@@ -694,7 +695,7 @@ def test_detail_draws_against_samples_seen_smoothed(root):
     events = read_events(run.events_path)
     train = events[events["phase"] == "train"]
     (raw,) = [t for t in loss["data"] if t.get("opacity") == 0.25 and t["name"] == "train"]
-    batch = run.config().global_batch()
+    batch = Scale.of(run.config()).global_batch
     np.testing.assert_array_equal(decode(raw["x"]), train["step"].to_numpy() * batch)
     (solid,) = [t for t in loss["data"] if t["name"] == "train" and "opacity" not in t]
     np.testing.assert_allclose(decode(solid["y"]), charts.ema(train["loss"].to_numpy(), 0.9))

@@ -8,7 +8,8 @@ from conftest import ROOT
 
 from toolkit import config as config_lib
 from toolkit.config import ConfigError, from_mapping, load
-from toolkit.training.experiment import schedule_preview, steps_per_epoch
+from toolkit.plan import RunPlan, Scale, world_sizes
+from toolkit.training.experiment import schedule_preview
 
 PRESETS = sorted((ROOT / "experiments").glob("*.yaml"))
 
@@ -177,9 +178,9 @@ def test_global_batch_and_linear_scaling():
             "lr_scaling": {"rule": "linear", "base_batch": 256},
         }
     )
-    assert config.global_batch() == 512
-    assert config.scaled_learning_rate() == pytest.approx(0.2)
-    assert config.global_batch(world_size=1) == 128
+    assert Scale.of(config).global_batch == 512
+    assert Scale.of(config).learning_rate == pytest.approx(0.2)
+    assert Scale.of(config, 1).global_batch == 128
     lbsgd = from_mapping(
         {
             "optimizer": {"name": "lbsgd", "params": {"batch_scale": 4}},
@@ -187,10 +188,10 @@ def test_global_batch_and_linear_scaling():
             "workers": 2,
         }
     )
-    assert lbsgd.global_batch() == 256
+    assert Scale.of(lbsgd).global_batch == 256
     raw = {**config.model_dump(), "lr_scaling": {"rule": "sqrt", "base_batch": 128}}
     sqrt_rule = from_mapping(raw)
-    assert sqrt_rule.scaled_learning_rate() == pytest.approx(0.1 * 2.0)  # sqrt(512 / 128)
+    assert Scale.of(sqrt_rule).learning_rate == pytest.approx(0.1 * 2.0)  # sqrt(512 / 128)
 
 
 def test_yaml_round_trip(tmp_path):
@@ -254,7 +255,7 @@ def test_schedule_preview_matches_the_formula():
             "lr_scaling": {"rule": "linear", "base_batch": 50},
         }
     )
-    spe = steps_per_epoch(config, 4000, 2)
+    spe = RunPlan.of(config, 4000, 2).steps_per_epoch
     assert spe == 40
     preview = schedule_preview(config, num_train=4000, points=10_000)
     assert len(preview) == 400 and preview["momentum"].eq(0.9).all()
@@ -268,7 +269,7 @@ def test_schedule_preview_matches_the_formula():
 def test_batch_larger_than_shard_is_refused():
     config = from_mapping({"batch": {"per_worker": 4096}, "workers": 2})
     with pytest.raises(ConfigError, match="batch.per_worker=4096 is larger than"):
-        steps_per_epoch(config, 4000, 2)
+        RunPlan.of(config, 4000, 2)
 
 
 def test_lbsgd_preview_includes_its_warmup_multiplier():
@@ -298,9 +299,13 @@ def test_lbsgd_preview_includes_its_warmup_multiplier():
 
 def test_fixed_global_batch_derives_the_per_worker_batch():
     config = from_mapping({"batch": {"global_size": 128, "accumulation": 2}, "workers": 2})
-    assert [config.per_worker_batch(w) for w in (1, 2, 4)] == [64, 32, 16]
-    assert {config.global_batch(w) for w in (1, 2, 4)} == {128}
-    assert steps_per_epoch(config, 4000, 1) == steps_per_epoch(config, 4000, 4) == 62
+    assert [Scale.of(config, w).per_worker for w in (1, 2, 4)] == [64, 32, 16]
+    assert {Scale.of(config, w).global_batch for w in (1, 2, 4)} == {128}
+    assert (
+        RunPlan.of(config, 4000, 1).steps_per_epoch
+        == RunPlan.of(config, 4000, 4).steps_per_epoch
+        == 62
+    )
     with pytest.raises(ConfigError, match="batch.global_size=100 must be a multiple of"):
         from_mapping({"batch": {"global_size": 100}, "workers": 3})
     lbsgd = from_mapping(
@@ -310,7 +315,7 @@ def test_fixed_global_batch_derives_the_per_worker_batch():
             "workers": 2,
         }
     )
-    assert lbsgd.per_worker_batch() == 32 and lbsgd.global_batch() == 256
+    assert Scale.of(lbsgd).per_worker == 32 and Scale.of(lbsgd).global_batch == 256
 
 
 def test_a_stored_config_is_read_without_tensorflow(tmp_path, subprocess_env):
@@ -324,7 +329,8 @@ def test_a_stored_config_is_read_without_tensorflow(tmp_path, subprocess_env):
     run = RunDir.create(tmp_path, "stored")
     run.write_config(load(ROOT / "experiments" / "quickstart.yaml"))
     reader = (
-        "import sys; from pathlib import Path; from toolkit.runs.rundir import RunDir, summary; "
+        "import sys; from pathlib import Path; from toolkit.runs.rundir import RunDir; "
+        "from toolkit.runs.table import summary; "
         f"run = RunDir(Path({str(run.path)!r})); "
         "print(run.config().optimizer.name, summary(run)['global_batch']); "
         "print('tensorflow' in sys.modules, 'keras' in sys.modules)"
@@ -355,15 +361,15 @@ def test_warmup_from_unscaled_starts_at_the_small_batch_rate():
             "epochs": 4,
         }
     )
-    assert config.warmup_multiplier() == pytest.approx(16 / 64)
-    spe = steps_per_epoch(config, 1437, 1)
+    assert Scale.of(config).warmup_multiplier == pytest.approx(16 / 64)
+    spe = RunPlan.of(config, 1437, 1).steps_per_epoch
     curve = schedule_preview(config, num_train=1437, points=10**6)
     eta, k, warm = 0.1, 64 / 16, 2 * spe
     n = curve["step"].to_numpy()
     expected = np.where(n < warm, eta + (k * eta - eta) * n / warm, k * eta)
     np.testing.assert_allclose(curve["lr"], expected, rtol=1e-6)
     smaller = from_mapping(config.model_dump(), ["batch.per_worker=8"])  # B < base: no ramp down
-    assert smaller.warmup_multiplier() == 1.0
+    assert Scale.of(smaller).warmup_multiplier == 1.0
     with pytest.raises(ConfigError, match="initial_multiplier or from_unscaled, not both"):
         from_mapping(config.model_dump(), ["schedule.warmup.initial_multiplier=0.5"])
 
@@ -377,8 +383,8 @@ def test_lbsgd_batch_scale_auto_keeps_the_device_batch(workers, global_size, sca
     }
     config = from_mapping(raw)
     assert config.optimizer.params["batch_scale"] == scale  # resolved: the stored config says so
-    assert config.per_worker_batch() == 128 and config.global_batch() == global_size
-    assert config.steps_per_update() == scale
+    assert Scale.of(config).per_worker == 128 and Scale.of(config).global_batch == global_size
+    assert Scale.of(config).steps_per_update == scale
 
 
 @pytest.mark.parametrize("batch", [{"per_worker": 128}, {"per_worker": 128, "global_size": 1000}])
@@ -431,11 +437,15 @@ def test_an_elastic_config_keeps_its_global_batch_in_every_world_or_is_refused(c
 
 def test_an_elastic_epoch_is_the_same_steps_in_every_world_of_its_range():
     config = from_mapping({"workers": 2, "batch": {"global_size": 120}, "elastic": ELASTIC})
-    assert list(config.world_sizes()) == [2, 3, 4]
+    assert list(world_sizes(config)) == [2, 3, 4]
     for world in (2, 3, 4):
-        assert config.per_worker_batch(world) * world == config.global_batch(world) == 120
+        assert (
+            Scale.of(config, world).per_worker * world
+            == Scale.of(config, world).global_batch
+            == 120
+        )
     for examples in (1003, 1079, 1199, 120 * 9 - 1, 120 * 9):
-        steps = [steps_per_epoch(config, examples, w) for w in (2, 3, 4)]
+        steps = [RunPlan.of(config, examples, w).steps_per_epoch for w in (2, 3, 4)]
         assert steps == [examples // 120] * 3, examples
     plain = from_mapping({"workers": 2, "batch": {"global_size": 120}})
-    assert list(plain.world_sizes()) == [2]
+    assert list(world_sizes(plain)) == [2]

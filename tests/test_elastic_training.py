@@ -26,10 +26,12 @@ from test_train import SMALL
 from toolkit.config import from_mapping
 from toolkit.launching import cluster
 from toolkit.launching import launch as launcher
+from toolkit.plan import RunPlan
 from toolkit.runs.events import read_events
-from toolkit.runs.rundir import TERMINAL, RunDir, summary
+from toolkit.runs.rundir import TERMINAL, RunDir
+from toolkit.runs.table import summary
 from toolkit.train import train
-from toolkit.training.experiment import load_dataset, steps_per_epoch, train_batches
+from toolkit.training.experiment import load_dataset, train_batches
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -212,11 +214,12 @@ def test_the_global_batches_are_the_one_process_batches_in_every_world():
     x = dataset.x_train
     ids = np.arange(len(x)).reshape(-1, *[1] * (x.ndim - 1)) * np.ones_like(x)
     tagged = dataclasses.replace(dataset, x_train=ids)
-    spe = steps_per_epoch(config, len(x), 3)
-    assert spe == steps_per_epoch(one, len(x), 1) == len(x) // GLOBAL_BATCH
+    spe = RunPlan.of(config, len(x), 3).steps_per_epoch
+    assert spe == RunPlan.of(one, len(x), 1).steps_per_epoch == len(x) // GLOBAL_BATCH
 
     def examples(config, epoch, world, rank, skip):
-        batches = train_batches(config, tagged, epoch, world, rank).skip(skip)
+        plan = RunPlan.of(config, len(x), world)
+        batches = train_batches(plan, tagged, epoch, seed=config.seed, rank=rank).skip(skip)
         return [b.numpy().reshape(len(b), -1)[:, 0] for b, _ in batches]
 
     for epoch in (0, 1):

@@ -18,7 +18,8 @@ from streamlit.testing.v1 import AppTest
 from app.fabricate import fake_run
 from toolkit.__main__ import runs_table
 from toolkit.runs.events import TEXT_KEYS, read_events
-from toolkit.runs.rundir import STATES, UNREADABLE, RunDir, list_runs, summary
+from toolkit.runs.rundir import STATES, UNREADABLE, RunDir, list_runs
+from toolkit.runs.table import summary
 
 MAIN = ROOT / "app" / "main.py"
 JSON_FILES = ("status.json", "meta.json")

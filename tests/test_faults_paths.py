@@ -21,7 +21,8 @@ from toolkit.files import WriteError
 from toolkit.launching import launch as launcher
 from toolkit.runs import rundir
 from toolkit.runs.events import EventWriter, read_events
-from toolkit.runs.rundir import RunDir, RunError, list_runs, resolve, summary
+from toolkit.runs.rundir import RunDir, RunError, list_runs, resolve
+from toolkit.runs.table import summary
 
 BAD_IDS = [".", "..", "../victim", ".hidden", "a/b", "", "x" * 65, "/etc", "run id"]
 

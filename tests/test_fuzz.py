@@ -398,7 +398,7 @@ def test_the_budget_and_counts_are_what_the_docs_report():
 
 def test_the_same_values_through_python_raise_the_modules_own_error(sandbox):
     from toolkit.config import ConfigError, from_mapping
-    from toolkit.launching import probe
+    from toolkit.launching import probe, sweep_runner
     from toolkit.launching import sweep as sweeps
 
     work, runs = sandbox
@@ -415,9 +415,9 @@ def test_the_same_values_through_python_raise_the_modules_own_error(sandbox):
     grid = sweeps.load(work / "sweep.yaml")
     for bad in (0, -1, 1.5, True):
         with pytest.raises(sweeps.SweepError, match="max_parallel must be an integer >= 1"):
-            sweeps.run(grid, runs, max_parallel=bad)
+            sweep_runner.run(grid, runs, max_parallel=bad)
         with pytest.raises(sweeps.SweepError, match="max_parallel must be an integer >= 1"):
-            sweeps.start(grid, runs, max_parallel=bad)
+            sweep_runner.start(grid, runs, max_parallel=bad)
     for bad in (0, 51, "3"):
         with pytest.raises(cluster.ClusterError, match="--hosts must be between 1 and 50"):
             cluster.up(bad)

@@ -100,6 +100,21 @@ def test_matches_published_rule(options):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(v), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_the_velocity_slot_holds_minus_v_as_documented():
+    """The docstrings' ``v`` (MXNet's, positive) is stored negated, as Keras's SGD stores it:
+    what ``velocities`` and a checkpoint hold."""
+    rng = np.random.default_rng(3)
+    w = keras.Variable(rng.standard_normal((6, 4)).astype("float32"))
+    opt = LARS(learning_rate=0.1, momentum=0.9, trust_coefficient=0.01)
+    v = np.zeros((6, 4))
+    for _ in range(3):
+        g = rng.standard_normal((6, 4)).astype("float32")
+        before = keras.ops.convert_to_numpy(w).astype(np.float64)
+        v = 0.9 * v + 0.1 * 0.01 * np.linalg.norm(before) / np.linalg.norm(g) * g
+        opt.apply([g], [w])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(opt.velocities[0]), -v, rtol=1e-5)
+
+
 def test_default_exclusions_are_one_dimensional_variables():
     layer = keras.layers.Dense(3)
     layer.build((None, 4))

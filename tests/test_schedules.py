@@ -1,4 +1,5 @@
-"""Every schedule against its published formula, written out independently."""
+"""Every schedule against its published formula, written out independently, and the one table
+of the schedules a config can name."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import keras
 import numpy as np
 import pytest
 
+from toolkit.catalog import SCHEDULES
 from toolkit.optimizers import schedules
 from toolkit.optimizers.schedules import MultiFactor, Poly, Warmup
 
 
 def value(schedule, step):
-    return float(keras.ops.convert_to_numpy(schedule(step)))
+    """A schedule's (or a constant's) value at ``step``."""
+    return float(keras.ops.convert_to_numpy(schedules.value_at(schedule, step)))
 
 
 @pytest.mark.parametrize("step", [0, 1, 49, 50, 51, 99, 100, 150, 151, 400])
@@ -60,35 +63,45 @@ def test_warmup_of_a_constant():
     assert value(Warmup(0.5, 0), 0) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize(
-    "name, params, formula",
-    [
-        (
-            "cosine",
-            dict(initial_learning_rate=1.0, decay_steps=100),
-            lambda n: 0.5 * (1 + math.cos(math.pi * min(n, 100) / 100)),
-        ),
-        (
-            "exponential",
-            dict(initial_learning_rate=1.0, decay_steps=10, decay_rate=0.5),
-            lambda n: 0.5 ** (n / 10),
-        ),
-        (
-            "piecewise",
-            dict(boundaries=[10, 20], values=[1.0, 0.5, 0.1]),
-            lambda n: 1.0 if n <= 10 else 0.5 if n <= 20 else 0.1,
-        ),
-        (
-            "polynomial",
-            dict(initial_learning_rate=1.0, decay_steps=100, end_learning_rate=0.1),
-            lambda n: 0.9 * (1 - min(n, 100) / 100) + 0.1,
-        ),
-    ],
-)
-def test_keras_schedules_by_name(name, params, formula):
-    schedule = schedules.get(name, **params)
-    for n in (0, 7, 10, 15, 20, 50, 100, 200):
+BY_NAME = [  # base rate 1, a run of 100 steps, epochs of 10
+    ("constant", {}, lambda n: 1.0),
+    ("poly", {"power": 2.0}, lambda n: (1 - min(n, 100) / 100) ** 2),
+    ("polynomial", {"end_learning_rate": 0.1}, lambda n: 0.9 * (1 - min(n, 100) / 100) + 0.1),
+    (
+        "cosine",
+        {"alpha": 0.1},
+        lambda n: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(n, 100) / 100)),
+    ),
+    ("exponential", {"decay_epochs": 1, "decay_rate": 0.5}, lambda n: 0.5 ** (n / 10)),
+    (
+        "exponential",
+        {"decay_epochs": 2, "decay_rate": 0.5, "staircase": True},
+        lambda n: 0.5 ** (n // 20),
+    ),
+    (
+        "multifactor",
+        {"epochs": [1, 2.5], "factor": 0.5},
+        lambda n: 0.5 ** sum(n > s for s in (10, 25)),
+    ),
+]
+
+
+@pytest.mark.parametrize("name, params, formula", BY_NAME, ids=[case[0] for case in BY_NAME])
+def test_every_schedule_a_config_names_by_its_formula(name, params, formula):
+    """What ``schedule.name`` builds (lengths in epochs become steps), against the formula."""
+    schedule = schedules.get(name, 1.0, total_steps=100, steps_per_epoch=10, **params)
+    for n in (0, 7, 10, 15, 20, 25, 26, 50, 100, 200):
         assert value(schedule, n) == pytest.approx(formula(n), rel=1e-5, abs=1e-7)
+
+
+def test_the_config_names_the_table_and_every_name_is_tested():
+    """One table: the config's choices are its names, in its order, and each has a formula
+    above (a schedule added to the catalog without one fails here)."""
+    from toolkit import config
+
+    enum = config.json_schema()["$defs"]["ScheduleConfig"]["properties"]["name"]["enum"]
+    assert enum == list(SCHEDULES)
+    assert {name for name, _, _ in BY_NAME} == set(SCHEDULES)
 
 
 @pytest.mark.parametrize(
@@ -119,13 +132,14 @@ def test_serialization_round_trip(schedule):
         (lambda: MultiFactor(0.1, [10], factor=2.0), "factor"),
         (lambda: Poly(0.1, 0), "max_update"),
         (
-            lambda: schedules.get("triangle"),
+            lambda: schedules.get("triangle", 0.1, 100, 10),
             "unknown schedule 'triangle'; choose one of",
         ),
         (
-            lambda: schedules.get("poly", base_lr=0.1, max_updates=10),
+            lambda: schedules.get("poly", 0.1, 100, 10, max_updates=10),
             "no parameter 'max_updates'",
         ),
+        (lambda: schedules.get("multifactor", 0.1, 100, 10), "needs the parameter 'epochs'"),
     ],
 )
 def test_validation(build, message):

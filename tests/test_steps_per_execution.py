@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from test_train import SMALL
 
 from toolkit.config import from_mapping
+from toolkit.plan import RunPlan, Scale
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import RunDir
-from toolkit.train import steps_per_execution
 
 EPOCHS = 3
 
@@ -41,8 +41,8 @@ def acting_steps(config, spe: int, epochs: int, world: int) -> set[int]:
     intervals = [spe, logging.every_steps]
     if config.optimizer.name == "lars":
         intervals.append(logging.trust_ratio_every_steps)
-    if config.noise_scale_interval(1) and world == 1:
-        intervals.append(config.noise_scale_interval(1) * config.steps_per_update(1))
+    if Scale.of(config, 1).noise_every and world == 1:
+        intervals.append(Scale.of(config, 1).noise_every * Scale.of(config, 1).steps_per_update)
     total = epochs * spe
     return {s for every in intervals for s in range(every, total + 1, every)}
 
@@ -50,7 +50,7 @@ def acting_steps(config, spe: int, epochs: int, world: int) -> set[int]:
 def every_measurement_read(k: int, config, spe: int, epochs: int, world: int) -> bool:
     """Whether, with several workers, a callback reads each noise-scale measurement before the
     compiled step overwrites it with the next: no two measured steps between execution ends."""
-    every = config.noise_scale_interval(world) * config.steps_per_update(world)
+    every = Scale.of(config, world).noise_every * Scale.of(config, world).steps_per_update
     if world == 1 or not every:
         return True
     ends = sorted(execution_ends(k, spe, epochs))
@@ -102,7 +102,9 @@ def test_every_callback_acts_at_an_execution_end_and_k_is_the_largest_that_does(
             },
         }
     )
-    k = steps_per_execution(config, spe, world)
+    plan = RunPlan.of(config, num_train=32 * spe * world, world_size=world)  # spe steps
+    assert plan.steps_per_epoch == spe
+    k = plan.steps_per_execution(trust_ratios=optimizer == "lars")
     assert serves(k, config, spe, world)
     assert k < every or k == 1  # the first event's clock starts before it
     assert not any(serves(larger, config, spe, world) for larger in range(k + 1, every))

@@ -20,8 +20,10 @@ import yaml
 from conftest import ROOT, run_cli
 
 from toolkit.config import ConfigError, load, run_name_problem
-from toolkit.launching import slots, sweep
-from toolkit.runs import rundir
+from toolkit.launching import slots, sweep, sweep_results, sweep_runner
+from toolkit.plan import Scale
+from toolkit.runs import table
+from toolkit.runs.events import EventWriter
 from toolkit.runs.rundir import RunDir, list_runs
 
 QUICK = str(ROOT / "experiments" / "quickstart.yaml")
@@ -69,7 +71,7 @@ def test_a_cell_is_the_base_then_its_method_then_its_coordinates_then_its_seed()
     assert lars.model_dump(exclude={"name", "lr_scaling", "batch", "seed"}) == base.model_dump(
         exclude={"name", "lr_scaling", "batch", "seed"}
     )
-    assert lars.scaled_learning_rate() == pytest.approx(0.5 * math.sqrt(256 / 64))
+    assert Scale.of(lars).learning_rate == pytest.approx(0.5 * math.sqrt(256 / 64))
 
 
 def test_a_list_of_grids_is_the_union_and_method_restricts_the_methods_axis():
@@ -121,13 +123,13 @@ def test_the_study_sweeps_expand_to_their_93_and_11_cells():
     assert (len(study.cells), len(tuning.cells)) == (93, 11)
     cells = {(c.coordinates["method"], c.coordinates["batch.global_size"]): c for c in study.cells}
     warm = cells[("sgd_linear_warmup", 1024)].config  # Goyal: from the B=32 rate to 32x it
-    assert warm.scaled_learning_rate() == pytest.approx(0.1 * 1024 / 32)
-    assert warm.warmup_multiplier() == pytest.approx(32 / 1024)
+    assert Scale.of(warm).learning_rate == pytest.approx(0.1 * 1024 / 32)
+    assert Scale.of(warm).warmup_multiplier == pytest.approx(32 / 1024)
     lbsgd = cells[("lbsgd_sqrt", 4096)].config  # a device batch of 128, 32 of them per update
-    assert lbsgd.per_worker_batch() == 128 and lbsgd.optimizer.params["batch_scale"] == 32
-    assert lbsgd.global_batch() == 4096
+    assert Scale.of(lbsgd).per_worker == 128 and lbsgd.optimizer.params["batch_scale"] == 32
+    assert Scale.of(lbsgd).global_batch == 4096
     root_sqrt = cells[("lars_sqrt", 1024)].config
-    assert root_sqrt.scaled_learning_rate() == pytest.approx(0.3 * math.sqrt(1024 / 32))
+    assert Scale.of(root_sqrt).learning_rate == pytest.approx(0.3 * math.sqrt(1024 / 32))
 
 
 def test_the_second_study_task_sweep_scales_each_recipe_from_its_b32_rate():
@@ -137,12 +139,12 @@ def test_the_second_study_task_sweep_scales_each_recipe_from_its_b32_rate():
         (c.coordinates["method"], c.coordinates.get("batch.global_size")): c for c in grid.cells
     }
     base = cells[("sgd", 32)].config
-    assert base.dataset.params["num_samples"] == 80000 and base.global_batch() == 32
+    assert base.dataset.params["num_samples"] == 80000 and Scale.of(base).global_batch == 32
     warm = cells[("sgd_linear_warmup", 1024)].config
-    assert warm.scaled_learning_rate() == pytest.approx(0.1 * 1024 / 32)
+    assert Scale.of(warm).learning_rate == pytest.approx(0.1 * 1024 / 32)
     assert cells[("lbsgd_lars", 4096)].config.optimizer.params["batch_scale"] == 32
     adascale = cells[("adascale_lars", 256)].config
-    assert adascale.lr_scaling.rule == "adascale" and adascale.scaled_learning_rate() == 0.3
+    assert adascale.lr_scaling.rule == "adascale" and Scale.of(adascale).learning_rate == 0.3
     adaptive = cells[("adaptive_sgd", None)].config.batch.adaptive
     assert (adaptive.min, adaptive.max) == (256, 4096)
 
@@ -235,7 +237,7 @@ def test_aggregate_is_the_mean_and_spread_over_seeds_of_completed_cells():
             }
         )
     table = pd.DataFrame(rows)
-    summary = sweep.aggregate(table, ("final_test_accuracy",))
+    summary = sweep_results.aggregate(table, ("final_test_accuracy",))
     assert len(summary) == 4
     for _, row in summary.iterrows():
         values = [
@@ -250,7 +252,9 @@ def test_aggregate_is_the_mean_and_spread_over_seeds_of_completed_cells():
         assert row["completed"] == len(values) and row["cells"] == 3
     failed = summary[(summary["method"] == "b") & (summary["batch.global_size"] == 256)]
     assert failed[["failed", "diverged"]].values.tolist() == [[1, 1]]
-    figure = sweep.figure(table, "final_test_accuracy", x="batch.global_size", color="method")
+    figure = sweep_results.figure(
+        table, "final_test_accuracy", x="batch.global_size", color="method"
+    )
     assert [trace.name for trace in figure.data] == ["a", "b"]
     assert figure.layout.xaxis.type is None  # 64..256 spans less than 8x: linear
     np.testing.assert_allclose(
@@ -295,7 +299,7 @@ def real(tmp_path_factory, subprocess_env):
         if len(entries) == 3 and [e["position"] for e in entries].count(None) == 2:
             waiting = [e["run_id"] for e in entries if e["position"] == 1]
         time.sleep(0.05)
-    at_kill = {key: run.run_id for key, run in sweep.cell_runs("real", root).items()}
+    at_kill = {key: run.run_id for key, run in sweep_results.cell_runs("real", root).items()}
     first.send_signal(signal.SIGKILL)
     first.wait()
     second = subprocess.run(
@@ -324,7 +328,7 @@ def test_every_cell_completes_once(real):
 
 def test_the_second_runner_adopts_the_cells_in_flight_and_launches_only_the_missing(real):
     assert len(real["at_kill"]) == 3
-    now = {key: run.run_id for key, run in sweep.cell_runs("real", real["root"]).items()}
+    now = {key: run.run_id for key, run in sweep_results.cell_runs("real", real["root"]).items()}
     for key, run_id in real["at_kill"].items():
         assert now[key] == run_id  # the same run directory, not a new attempt
     first_line = real["second"].stdout.splitlines()[0]
@@ -350,7 +354,7 @@ def test_no_more_than_two_workers_were_ever_busy(real):
 
 
 def test_the_results_table_has_a_row_per_cell_with_its_coordinates(real):
-    table = sweep.results(real["sweep"], real["root"])
+    table = sweep_results.results(real["sweep"], real["root"])
     assert len(table) == 4
     got = set(zip(table["method"], table["batch.global_size"], table["seed"]))
     assert got == {(m, b, 0) for m in ("sgd", "lars") for b in (32, 64)}
@@ -358,7 +362,7 @@ def test_the_results_table_has_a_row_per_cell_with_its_coordinates(real):
     assert table["final_test_accuracy"].between(0.1, 1).all()
     assert (table["global_batch"] == table["batch.global_size"]).all()
     assert (table["updates"] == 4000 // table["global_batch"]).all()  # 1 epoch, 1 worker
-    summary = sweep.aggregate(table)
+    summary = sweep_results.aggregate(table)
     assert len(summary) == 4 and (summary["completed"] == 1).all()
     status = run_cli(["sweep", str(real["root"].parent / "real.yaml"), "--status"], real["root"])
     cells, over_seeds = status.stdout.split("\nover seeds:\n")
@@ -391,9 +395,9 @@ def test_sweep_page_shows_a_finished_sweep_its_results_and_opens_compare(real, m
     states, summary = (frame.value for frame in at.dataframe)  # one table of cells: plan, state
     assert len(states) == 4 and set(states["global_batch"]) == {32, 64}
     assert states["state"].tolist() == ["completed"] * 4
-    runs = list(sweep.cell_runs("real", real["root"]).values())
+    runs = list(sweep_results.cell_runs("real", real["root"]).values())
     rates = pd.DataFrame(
-        {"batch": r.config().per_worker_batch(), "rate": rundir.summary(r)["samples_per_sec"]}
+        {"batch": Scale.of(r.config()).per_worker, "rate": table.summary(r)["samples_per_sec"]}
         for r in runs
     )  # the runs like a cell (one dataset, model and world size here): same batch per worker
     for cell in states.to_dict("records"):
@@ -453,10 +457,10 @@ def test_sweep_page_builds_a_grid_dry_runs_and_launches_it(tmp_path, monkeypatch
     assert "Sweep page started" in at.success[0].value
     grid = sweep.saved(tmp_path)[0]
     deadline = time.time() + 180
-    while not sweep.states(grid, tmp_path)["state"].isin(["completed", "failed"]).all():
+    while not sweep_runner.states(grid, tmp_path)["state"].isin(["completed", "failed"]).all():
         assert time.time() < deadline, (tmp_path / ".sweeps" / "page.log").read_text()
         time.sleep(1)
-    assert sweep.states(grid, tmp_path)["state"].tolist() == ["completed"] * 2
+    assert sweep_runner.states(grid, tmp_path)["state"].tolist() == ["completed"] * 2
     at.run()
     assert at.dataframe[0].value["state"].tolist() == ["completed"] * 2
     assert at.dataframe[0].value["estimated_s"].notna().all()  # now measured by these runs
@@ -480,15 +484,38 @@ def test_failed_cells_are_reported_and_rerun_only_when_asked(tmp_path):
         run.update_meta(**cell.meta())
         run.finish(state, reason="killed" if state == "failed" else None)
     lines = []
-    table = sweep.run(grid, tmp_path, log=lines.append, poll_s=0.2)
+    table = sweep_runner.run(grid, tmp_path, log=lines.append, poll_s=0.2)
     assert table["state"].tolist() == ["completed", "failed"]
     assert any(f"{failed.run_id}); --retry-failed reruns it" in line for line in lines), lines
     assert len(list_runs(tmp_path)) == 2  # nothing launched
-    table = sweep.run(grid, tmp_path, retry_failed=True, log=lines.append, poll_s=0.2)
+    table = sweep_runner.run(grid, tmp_path, retry_failed=True, log=lines.append, poll_s=0.2)
     assert table["state"].tolist() == ["completed", "completed"]
     assert table["run_id"].tolist() == [done.run_id, f"{failed.run_id}-2"]
     assert RunDir(tmp_path / failed.run_id).status()["state"] == "failed"  # kept, not deleted
     assert len(list_runs(tmp_path)) == 3
+
+
+def test_a_cell_diverged_when_its_log_holds_a_non_finite_loss_whatever_its_reason_says(tmp_path):
+    """Divergence is read from the events (training logs the step whose loss became NaN or
+    infinite before it stops), not from the wording of a failure's reason."""
+    grid = sweep.from_mapping(
+        {"name": "nan", "base": QUICK, "grid": {"batch.global_size": [32, 64, 128]}}
+    )
+    logged = {
+        "nan": [1.5, float("nan")],
+        "inf": [1.5, float("inf")],
+        "finite": [1.5, 1.25],  # failed for another reason, told in words that mention NaN
+    }
+    for cell, (name, losses) in zip(grid.cells, logged.items(), strict=True):
+        run = RunDir.create(tmp_path, cell.run_id, cell.config)
+        run.update_meta(**cell.meta())
+        with EventWriter(run.events_path) as writer:
+            for step, loss in enumerate(losses, 1):
+                writer.write({"step": step, "epoch": step / 10, "phase": "train", "loss": loss})
+        reason = "NonFiniteLoss: loss became nan at step 2" if name != "finite" else None
+        run.finish("failed", reason=reason or "killed; the NonFiniteLoss: loss became guard off")
+    table = sweep_results.results(grid, tmp_path)
+    assert table["diverged"].tolist() == [True, True, False]
 
 
 def test_cells_that_could_not_launch_are_refused_before_any_starts(tmp_path):
@@ -497,7 +524,7 @@ def test_cells_that_could_not_launch_are_refused_before_any_starts(tmp_path):
     slots.set_capacity("localhost:2", tmp_path)
     grid = sweep.from_mapping(spec(grid={"batch.global_size": [64, 8192], "workers": [2, 4]}))
     with pytest.raises(ConfigError) as error:
-        sweep.run(grid, tmp_path)
+        sweep_runner.run(grid, tmp_path)
     text = str(error.value)
     too_big = "cell (method=sgd, batch.global_size=8192, workers=2, seed=0): batch.per_worker=4096"
     too_wide = "batch.global_size=64, workers=4, seed=0): 4 workers on localhost can never start"

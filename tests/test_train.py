@@ -20,6 +20,7 @@ from conftest import ROOT
 
 from toolkit.config import from_mapping
 from toolkit.launching import launch as launcher
+from toolkit.plan import Scale
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import TERMINAL, RunDir
 
@@ -255,7 +256,7 @@ def test_bad_input_is_refused_before_anything_starts(args, message, runs, subpro
 
 def test_runs_table_shows_times_and_numbers_a_person_can_read(completed, tmp_path):
     from toolkit.__main__ import runs_table
-    from toolkit.runs.rundir import summary
+    from toolkit.runs.table import summary
 
     row = summary(completed)
     table = runs_table(completed.path.parent)
@@ -301,7 +302,7 @@ def test_cli_launch_wait_shows_progress_and_the_final_state(runs, subprocess_env
     assert result.stdout.rstrip().endswith(f"{run.run_id}: completed")
     said = result.stdout + result.stderr + run.stdout_path.read_text()
     assert "tensorflow/" not in said and "oneDNN" not in said  # no TensorFlow start-up lines
-    batch, optimizer = run.config().global_batch(), run.config().optimizer.name
+    batch, optimizer = Scale.of(run.config()).global_batch, run.config().optimizer.name
     assert re.fullmatch(rf"quickstart-b{batch}-{optimizer}-[0-9a-f]{{4}}", run.run_id)
     assert run.tags() == ["one epoch", "smoke"] and run.notes() == "launched by the CLI test"
 

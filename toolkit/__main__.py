@@ -39,7 +39,8 @@ from toolkit.launching import launch as launcher
 from toolkit.launching import probe as probe_lib
 from toolkit.launching.cluster import ClusterError
 from toolkit.runs.monitor import follow
-from toolkit.runs.rundir import list_runs, matches, progress_text, resolve, runs_root, summary
+from toolkit.runs.rundir import list_runs, resolve, runs_root
+from toolkit.runs.table import matches, progress_text, summary
 
 
 class Parser(argparse.ArgumentParser):
@@ -300,17 +301,17 @@ def _cell(value) -> str:
 
 def _sweep(args) -> int:
     """``sweep``: the plan, the state, or the run; the aggregate over seeds at the end."""
-    from toolkit.launching import sweep
+    from toolkit.launching import sweep, sweep_results, sweep_runner
 
     grid = sweep.load(args.sweep)
     if args.dry_run:
         print(f"sweep {grid.name}: {len(grid.cells)} cells")
-        print(sweep.dry_run(grid).map(_cell).to_string(index=False))
+        print(sweep_runner.dry_run(grid).map(_cell).to_string(index=False))
         return 0
     if args.status:
-        table = sweep.results(grid, args.runs)
+        table = sweep_results.results(grid, args.runs)
     else:
-        table = sweep.run(
+        table = sweep_runner.run(
             grid,
             args.runs,
             max_parallel=args.max_parallel,
@@ -320,7 +321,10 @@ def _sweep(args) -> int:
     shown = table.drop(columns=["reason"], errors="ignore")
     print(shown.map(_cell).to_string(index=False))
     metrics = ("final_test_accuracy", "best_test_accuracy", "updates")
-    print("\nover seeds:\n" + sweep.aggregate(table, metrics).map(_cell).to_string(index=False))
+    print(
+        "\nover seeds:\n"
+        + sweep_results.aggregate(table, metrics).map(_cell).to_string(index=False)
+    )
     if args.csv:
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")

@@ -1,11 +1,12 @@
-"""Everything an experiment config can name: datasets, models, optimizers and schedules.
+"""Everything an experiment config can name: datasets, models, optimizers and schedules, one
+table each.
 
 The registries hold ``"module:attribute"`` references, so a config's names are checked without
 importing TensorFlow (a bad config is refused in well under a second); a constructor's module
 is imported when its parameters are checked or it is built.
 """
 
-from toolkit.registry import Registry
+from toolkit.registry import REQUIRED, Entry, Registry
 
 DATASETS = Registry(
     "dataset",
@@ -42,12 +43,22 @@ OPTIMIZERS = Registry(
 SCHEDULES = Registry(
     "schedule",
     {
-        "poly": "toolkit.optimizers.schedules:Poly",
-        "polynomial": "keras.optimizers.schedules:PolynomialDecay",
-        "exponential": "keras.optimizers.schedules:ExponentialDecay",
-        "piecewise": "keras.optimizers.schedules:PiecewiseConstantDecay",
-        "cosine": "keras.optimizers.schedules:CosineDecay",
-        "multifactor": "toolkit.optimizers.schedules:MultiFactor",
-        "warmup": "toolkit.optimizers.schedules:Warmup",
+        name: Entry(f"toolkit.optimizers.schedules:{name}", params)
+        for name, params in {
+            "constant": {},
+            "poly": {"power": 2.0},
+            "polynomial": {"power": 1.0, "end_learning_rate": 0.0001},
+            "cosine": {"alpha": 0.0},
+            "exponential": {"decay_epochs": 1.0, "decay_rate": 0.1, "staircase": False},
+            "multifactor": {"epochs": REQUIRED, "factor": 0.1},
+        }.items()
     },
 )
+"""The learning-rate schedules a config can name (``schedule.name``), in the order the form
+lists them: each name, the parameters ``schedule.params`` may give (lengths in epochs) with
+their defaults, and its builder in :mod:`toolkit.optimizers.schedules`, which takes
+:data:`SCHEDULE_INPUTS` from the run's plan, then those parameters. The parameters are checked
+here, without TensorFlow."""
+SCHEDULE_INPUTS = ("base", "total_steps", "steps_per_epoch")
+"""What the run gives every schedule builder: the scaled base rate, the run's length and its
+epoch, in the schedule's steps (:class:`toolkit.plan.RunPlan`)."""

@@ -5,18 +5,16 @@ Everything a run needs is here and validated before any process starts: a bad va
 overrides (``optimizer.params.momentum=0.95``) are applied to the raw mapping first, so they are
 validated like the file. :func:`json_schema` gives the app its form.
 
-Quantities that depend on the number of workers ``W``::
-
-    global_batch = batch.per_worker * W * batch.accumulation (* batch_scale for LBSGD)
-    learning rate = optimizer.learning_rate * global_batch / lr_scaling.base_batch  (rule linear)
-    learning rate = optimizer.learning_rate * sqrt(global_batch / lr_scaling.base_batch)  (sqrt)
+The config is a schema: what a run means on ``W`` workers and ``n`` examples (the global
+batch, the scaled rate, steps per epoch) is its plan (:mod:`toolkit.plan`), and the rules that
+span sections are the plan's and the communication's (:mod:`toolkit.communication`), which the
+schema runs on every config it validates.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -32,8 +30,10 @@ from pydantic import (
     model_validator,
 )
 
-from toolkit import safe_yaml
-from toolkit.catalog import DATASETS, MODELS, OPTIMIZERS
+from toolkit import plan, safe_yaml
+from toolkit.catalog import DATASETS, MODELS, OPTIMIZERS, SCHEDULE_INPUTS, SCHEDULES
+from toolkit.communication import MODES, SYNC_MODES, VALUE_DTYPES, Communication, check_encoding
+from toolkit.errors import ConfigError
 from toolkit.registry import Registry
 
 MAX_WORKERS = 65_536  # far beyond any cluster this lab will see; more is a typo
@@ -50,72 +50,26 @@ def run_name_problem(name: object) -> str | None:
 
 
 HOSTS = re.compile(r"^[A-Za-z0-9_.-]+:[1-9][0-9]*(,[A-Za-z0-9_.-]+:[1-9][0-9]*)*$")
-SCHEDULES = ("constant", "poly", "polynomial", "cosine", "exponential", "multifactor")
-
-
-SPARSE = ("topk", "threshold")
-COMPRESSED = (*SPARSE, "2bit")  # encoded, allgathered, with error feedback
-VALUE_DTYPES = ("float32", "float16")
-DGC_OFF = {
-    "momentum_correction": False,
-    "momentum_masking": False,
-    "local_clipnorm": 0.0,
-    "sparsity_warmup_epochs": 0,
-    "dense_1d": False,
-}
-DGC_PRESET = {
-    "momentum_correction": True,
-    "momentum_masking": True,
-    "local_clipnorm": 5.0,
-    "sparsity_warmup_epochs": 4,
-    "dense_1d": True,
-}
-"""Deep Gradient Compression's techniques as ``dgc: true`` sets them: the paper's four-epoch
-warm-up; its reference implementation's dense 1-D variables; the clipping norm is the lab's
-choice (the paper clips at the dense run's threshold scaled by ``workers ** -0.5``)."""
-
-
-def dgc_switches(options: Mapping) -> dict:
-    """Each of DGC's techniques (:data:`DGC_OFF`'s keys) as ``options`` give it, or where they
-    do not (``None``, absent), as :data:`DGC_PRESET` has it if ``options["dgc"]``, else off.
-    The preset warms up ``topk`` only (``options["compression"]``)."""
-    default = DGC_OFF
-    if options.get("dgc"):
-        default = {**DGC_PRESET, "sparsity_warmup_epochs": 0}
-        if options.get("compression") == "topk":
-            default = DGC_PRESET
-    return {k: default[k] if options.get(k) is None else options[k] for k in DGC_OFF}
-
-
-def _refuse_first(what: str, refusals) -> None:
-    """Raise ``ValueError("<what> needs <why>")`` for the first ``(refused, why)`` that is."""
-    for refused, why in refusals:
-        if refused:
-            raise ValueError(f"{what} needs {why}")
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message lists every bad field."""
 
 
 def _check_component(
     info: ValidationInfo, registry: Registry, component: Component, reserved: tuple[str, ...]
 ) -> bool:
-    """Check ``component``'s name against ``registry`` and, unless this is the first, cheap
-    pass of :func:`from_mapping` (``names_only``), its parameters (which imports the
-    constructor's module, TensorFlow). A config read back from a run directory (``stored``)
-    was checked when its run was created, so readers such as the dashboard skip both.
-    Returns whether the parameters were checked."""
+    """Check ``component``'s name against ``registry`` and its parameters: in the first, cheap
+    pass of :func:`from_mapping` (``names_only``) only where the table declares them
+    (schedules'), since elsewhere that imports the constructor's module, TensorFlow. A config
+    read back from a run directory (``stored``) was checked when its run was created, so
+    readers such as the dashboard skip both. Returns whether the parameters were checked."""
     context = info.context or {}
     if context.get("stored"):
         return False
     registry.check_name(component.name)
-    if context.get("names_only"):
+    if context.get("names_only") and not registry.declares(component.name):
         return False
     taken = sorted(set(component.params) & set(reserved))
     if taken:
         raise ValueError(f"{', '.join(map(repr, taken))} is set by the experiment, not in params")
-    registry.check_params(component.name, component.params)
+    registry.check_params(component.name, component.params, supplied=reserved)
     return True
 
 
@@ -213,36 +167,17 @@ class WarmupConfig(_Section):
         return self
 
 
-class ScheduleConfig(_Section):
-    """The learning-rate schedule, in epochs where a length is asked for.
+class ScheduleConfig(Component):
+    """The learning-rate schedule: ``name`` is one of :data:`toolkit.catalog.SCHEDULES`, whose
+    builder (in :mod:`toolkit.optimizers.schedules`) says what ``params`` it takes (lengths in
+    epochs); the base rate is always the scaled learning rate, and ``warmup`` comes in front."""
 
-    ``params`` per ``name`` (the base rate is always the scaled learning rate):
-    ``constant``: none; ``poly``: ``power`` (decays to 0 at the end of the run);
-    ``polynomial``: ``power``, ``end_learning_rate``; ``cosine``: ``alpha``;
-    ``exponential``: ``decay_epochs``, ``decay_rate``, ``staircase``;
-    ``multifactor``: ``epochs`` (milestones), ``factor``.
-    """
-
-    name: Literal[SCHEDULES] = "constant"
-    params: Params = Field(default_factory=dict)
+    name: Literal[tuple(SCHEDULES)] = "constant"
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
 
     @model_validator(mode="after")
-    def _params(self):
-        allowed = {
-            "constant": set(),
-            "poly": {"power"},
-            "polynomial": {"power", "end_learning_rate"},
-            "cosine": {"alpha"},
-            "exponential": {"decay_epochs", "decay_rate", "staircase"},
-            "multifactor": {"epochs", "factor"},
-        }[self.name]
-        unknown = sorted(set(self.params) - allowed)
-        if unknown:
-            raise ValueError(
-                f"schedule {self.name!r} has no parameter {', '.join(map(repr, unknown))}; "
-                f"its parameters are {sorted(allowed)}"
-            )
+    def _known(self, info: ValidationInfo):
+        _check_component(info, SCHEDULES, self, reserved=SCHEDULE_INPUTS)
         return self
 
 
@@ -296,15 +231,12 @@ class ScalingConfig(_Section):
     base_batch: int = Field(256, ge=1)
 
 
-NOISE_SCALE_AUTO = {"allreduce": 25, "one worker": 100}
-
-
 class LoggingConfig(_Section):
     """Event intervals. The gradient noise scale (``gns`` events) is measured every
     ``noise_scale_every_steps`` optimizer updates (0: off): in the allreduce hook with more than
     one worker (nearly free), from two halves of an extra batch with one worker (one extra
     forward and backward pass per measurement). ``auto``: every 25 updates in the allreduce
-    hook, every 100 with one worker (:data:`NOISE_SCALE_AUTO`)."""
+    hook, every 100 with one worker (:data:`toolkit.plan.NOISE_SCALE_AUTO`)."""
 
     every_steps: int = Field(10, ge=1, description="train event interval")
     trust_ratio_every_steps: int = Field(50, ge=1, description="LARS/LBSGD-lars ratio interval")
@@ -345,7 +277,7 @@ class AllreduceConfig(_Section):
     ``sparsity_warmup_epochs``, ``dense_1d``); ``false``/``0`` turns one off. ``dense_norm``:
     LARS's trust ratio from the dense gradients' norms."""
 
-    compression: Literal["none", "fp16", "topk", "threshold", "2bit"] = "none"
+    compression: Literal[MODES] = "none"
     ratio: float = Field(0.01, gt=0, le=1, description="topk: fraction of entries sent")
     topk_sample: float = Field(
         0.0, ge=0, lt=1, description="topk: k-th magnitude from this sample (0: exact top-k)"
@@ -354,7 +286,7 @@ class AllreduceConfig(_Section):
         1e-3, gt=0, description="threshold: smallest |g| sent; 2bit: the value sent"
     )
     residual: bool = Field(True, description="topk/threshold/2bit: keep what was not sent")
-    value_dtype: Literal["float32", "float16"] = Field(
+    value_dtype: Literal[VALUE_DTYPES] = Field(
         "float32", description="topk/threshold: the values' type on the wire"
     )
     fp16_clip: float | None = Field(
@@ -377,75 +309,9 @@ class AllreduceConfig(_Section):
     dense_norm: bool = Field(False, description="LARS: trust ratio from the dense norm")
     fusion_threshold_mb: float = Field(64.0, gt=0, description="fusion and bucket size (MB)")
 
-    def summary(self) -> str:
-        """What goes on the wire, in a line: ``topk 1% (float16 values), DGC: momentum
-        correction, masking, local clip 5, warm-up 4 epochs, 1-D dense``."""
-        mode = self.compression
-        words = {
-            "none": "dense float32",
-            "fp16": "dense float16",
-            "topk": f"topk {100 * self.ratio:g}%",
-            "threshold": f"threshold {self.threshold:g}",
-            "2bit": f"2bit at ±{self.threshold:g}",
-        }[mode]
-        if mode == "topk" and self.topk_sample:
-            words += f" (k-th from a {100 * self.topk_sample:g}% sample)"
-        if self.value_dtype != "float32":
-            words += f", {self.value_dtype} values"
-        if mode in COMPRESSED and not self.residual:
-            words += ", no residual"
-        on = dgc_switches(self.model_dump())
-        techniques = [
-            text
-            for text, shown in (
-                ("momentum correction", on["momentum_correction"]),
-                ("masking", on["momentum_masking"]),
-                (f"local clip {on['local_clipnorm']:g}", on["local_clipnorm"]),
-                (f"warm-up {on['sparsity_warmup_epochs']} epochs", on["sparsity_warmup_epochs"]),
-                ("1-D dense", on["dense_1d"]),
-                ("LARS dense norm", self.dense_norm),
-            )
-            if shown
-        ]
-        return f"{words}; DGC: {', '.join(techniques)}" if techniques else words
-
     @model_validator(mode="after")
     def _options_fit_the_mode(self):
-        """Each option names the modes it serves, and the option it builds on."""
-        mode = self.compression
-        on = dgc_switches(self.model_dump())
-        asked = [name for name in ("dgc", "dense_norm") if getattr(self, name)]
-        asked += [name for name, value in on.items() if value and name not in asked]
-        if mode not in COMPRESSED and asked:
-            raise ValueError(
-                f"allreduce.{asked[0]} needs allreduce.compression one of {COMPRESSED} "
-                f"(got {mode!r})"
-            )
-        refusals = (
-            (
-                self.value_dtype != "float32" and mode not in SPARSE,
-                f"allreduce.value_dtype={self.value_dtype!r} needs allreduce.compression topk "
-                f"or threshold (got {mode!r})",
-            ),
-            (
-                on["sparsity_warmup_epochs"] and mode != "topk",
-                "allreduce.sparsity_warmup_epochs warms topk's ratio up: it needs "
-                f"allreduce.compression topk (got {mode!r})",
-            ),
-            (
-                on["momentum_masking"] and not on["momentum_correction"],
-                "allreduce.momentum_masking clears the velocity that momentum correction keeps: "
-                "it needs allreduce.momentum_correction",
-            ),
-            (
-                on["momentum_correction"] and not self.residual,
-                "allreduce.momentum_correction accumulates the velocity in the residual: it "
-                "needs allreduce.residual true",
-            ),
-        )
-        for refused, message in refusals:
-            if refused:
-                raise ValueError(message)
+        check_encoding(self)
         return self
 
 
@@ -455,7 +321,7 @@ class SyncConfig(_Section):
     updates the next partition of the parameters (``allreduce.fusion_threshold_mb`` each) is
     averaged; ``local_sgd`` (Lin et al. 2020), all parameters every ``period`` updates."""
 
-    mode: Literal["full", "partial", "local_sgd"] = "full"
+    mode: Literal[SYNC_MODES] = "full"
     period: int = Field(1, ge=1, description="partial/local_sgd: updates between averagings")
 
 
@@ -519,7 +385,7 @@ class ExperimentConfig(_Section):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig.model_construct)
     model: ModelConfig = Field(default_factory=ModelConfig.model_construct)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig.model_construct)
-    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig.model_construct)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     lr_scaling: ScalingConfig = Field(default_factory=ScalingConfig)
     epochs: int = Field(10, ge=1)
@@ -599,267 +465,40 @@ class ExperimentConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _one_accumulation(self):
-        if self.optimizer.name == "lbsgd" and self.batch.accumulation > 1:
-            raise ValueError(
-                "batch.accumulation must be 1 with lbsgd: use optimizer.params.batch_scale"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _adaptive_fits(self):
-        """An adaptive batch grows by local accumulation of ``batch.per_worker`` steps, with
-        AdaScale's rate, in float32 (see :class:`AdaptiveBatchConfig`)."""
-        adaptive = self.batch.adaptive
-        if adaptive is None:
-            return self
-        step_batch = self.batch.per_worker * self.workers
-        refusals = (
-            (
-                self.lr_scaling.rule != "adascale",
-                f"lr_scaling.rule='adascale' (got {self.lr_scaling.rule!r}): the learning rate "
-                "follows the batch by AdaScale's gain",
-            ),
-            (
-                self.batch.accumulation != 1 or self.batch.global_size is not None,
-                "batch.accumulation 1 and no batch.global_size (got "
-                f"{self.batch.accumulation}, {self.batch.global_size}): the adaptive batch sets "
-                "them, starting at batch.adaptive.min",
-            ),
-            (
-                self.optimizer.name == "lbsgd",
-                "an optimizer other than lbsgd, whose batch_scale fixes the accumulation",
-            ),
-            (
-                self.precision != "float32",
-                f"precision='float32' (got {self.precision!r}): a step the loss scaler skips "
-                "would leave an update short of its examples",
-            ),
-            (
-                adaptive.min % step_batch,
-                f"batch.adaptive.min={adaptive.min} to be a multiple of batch.per_worker x "
-                f"workers = {step_batch}, the examples of one step",
-            ),
-        )
-        _refuse_first("batch.adaptive", refusals)
-        return self
-
-    @model_validator(mode="after")
-    def _sync_alone(self):
-        if self.sync.mode == "full":
-            return self
-        if self.allreduce.compression != "none":
-            raise ValueError(
-                f"sync.mode={self.sync.mode!r} averages parameters, not gradients: "
-                f"allreduce.compression must be 'none' (got {self.allreduce.compression!r})"
-            )
-        if self.batch.accumulation > 1 or self.optimizer.name == "lbsgd":
-            raise ValueError(
-                f"sync.mode={self.sync.mode!r} needs one batch per update: "
-                "batch.accumulation must be 1, and the optimizer not lbsgd"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _optimizer_takes_the_allreduce_options(self, info: ValidationInfo):
-        """Momentum correction moves the optimizer's momentum into the allreduce, and
-        ``dense_norm`` replaces its trust ratios' gradient norm: both need an optimizer that
-        can (checked on the optimizer itself, in the pass that builds it)."""
-        allreduce, optimizer = self.allreduce, self.optimizer
-        moves = dgc_switches(allreduce.model_dump())["momentum_correction"]
+    def _fits(self, info: ValidationInfo):
+        """The rules spanning sections: which allreduce and sync options go together
+        (:class:`~toolkit.communication.Communication`), which batch, scaling, elastic and
+        host settings (:func:`toolkit.plan.check`), and, in the pass that builds the
+        optimizer, what the allreduce asks of it (momentum to take, trust ratios)."""
+        plan.check(self)
         context = info.context or {}
-        if (
-            not (moves or allreduce.dense_norm)
-            or context.get("names_only")
-            or context.get("stored")
-        ):
+        if context.get("names_only") or context.get("stored"):
             return self
+        optimizer = self.optimizer
         built = OPTIMIZERS.get(
             optimizer.name, learning_rate=optimizer.learning_rate, **optimizer.params
         )
-        if allreduce.dense_norm and not getattr(built, "applies_trust_ratios", False):
-            raise ValueError(
-                "allreduce.dense_norm replaces the gradient norm of trust ratios: it needs "
-                f"optimizer.name lars, or lbsgd with warmup_strategy lars (got {optimizer.name!r})"
-            )
-        if moves:
-            if not hasattr(built, "take_momentum"):
-                raise ValueError(
-                    "allreduce.momentum_correction moves the optimizer's momentum into the "
-                    f"allreduce: it needs optimizer.name sgd, lars or lbsgd (got "
-                    f"{optimizer.name!r})"
-                )
-            try:
-                built.take_momentum()
-            except ValueError as error:
-                raise ValueError(
-                    f"allreduce.momentum_correction: {error} (got optimizer "
-                    f"{optimizer.name!r} with params {optimizer.params})"
-                ) from None
+        self.communication().take_momentum(built, optimizer.name, optimizer.params)
         return self
 
-    @model_validator(mode="after")
-    def _global_size_divides(self):
-        try:
-            self.per_worker_batch()
-        except ConfigError as error:
-            raise ValueError(str(error)) from None
-        return self
-
-    @model_validator(mode="after")
-    def _elastic_fits(self):
-        """An elastic run starts with ``workers`` in its range, keeps ``batch.global_size``
-        for every world size in it, and averages full-precision gradients every update."""
-        elastic = self.elastic
-        if elastic is None:
-            return self
-        if not elastic.min_workers <= self.workers <= elastic.max_workers:
-            raise ValueError(
-                f"workers={self.workers} must lie in elastic.min_workers={elastic.min_workers} "
-                f".. elastic.max_workers={elastic.max_workers}"
-            )
-        if self.batch.global_size is None:
-            raise ValueError(
-                "elastic: batch.global_size must be set, so that the global batch (and the "
-                "learning rate) stay the same whatever the number of workers"
-            )
-        splits = {w: self._batches_per_update(w) for w in self.world_sizes()}
-        if misfits := [w for w, n in splits.items() if self.batch.global_size % n]:
-            fits = math.lcm(*splits.values())
-            raise ValueError(
-                f"elastic: batch.global_size={self.batch.global_size} does not divide evenly "
-                f"among {', '.join(map(str, misfits))} workers (x accumulation, x batch_scale "
-                f"for lbsgd); a multiple of {fits} fits every world size from "
-                f"{elastic.min_workers} to {elastic.max_workers}"
-            )
-        fixed = {"precision": "float32", "sync.mode": "full"}
-        got = {"precision": self.precision, "sync.mode": self.sync.mode}
-        if got != fixed or self.allreduce.compression == "fp16":
-            raise ValueError(
-                "elastic: needs precision='float32', sync.mode='full' and an "
-                "allreduce.compression other than 'fp16' (got "
-                f"precision={self.precision!r}, sync.mode={self.sync.mode!r}, "
-                f"allreduce.compression={self.allreduce.compression!r}): "
-                "loss scaling, fp16 clipping per world size and local updates are not carried "
-                "across a reset yet"
-            )
-        if self.hosts:
-            raise ValueError("elastic: give the hosts in elastic.discovery, not hosts")
-        return self
-
-    @model_validator(mode="after")
-    def _adascale_fits(self):
-        """AdaScale measures the noise scale every update from the averaged gradient: it
-        needs a global batch of at least its base batch, full synchronisation of dense
-        gradients, a fixed number of workers and base-run epochs it can count."""
-        if self.lr_scaling.rule != "adascale":
-            return self
-        refusals = (
-            (
-                self.sync.mode != "full",
-                f"sync.mode='full' (got {self.sync.mode!r}): the gain is measured on the "
-                "averaged gradient of every update",
-            ),
-            (
-                self.allreduce.compression not in ("none", "fp16"),
-                f"allreduce.compression 'none' or 'fp16' (got {self.allreduce.compression!r}): "
-                "measuring the noise every update would send the dense gradient anyway",
-            ),
-            (
-                self.elastic is not None,
-                "no elastic section: one worker of an elastic run has no second gradient to "
-                "measure the noise with",
-            ),
-            (
-                self.steps_per_epoch is not None,
-                f"no steps_per_epoch cap (got {self.steps_per_epoch}): epochs count the base "
-                "run's, at lr_scaling.base_batch",
-            ),
-        )
-        _refuse_first("lr_scaling.rule='adascale'", refusals)
-        batch = self.global_batch()
-        if batch < self.lr_scaling.base_batch:
-            raise ValueError(
-                f"lr_scaling.rule='adascale' needs the global batch ({batch}) at least "
-                f"lr_scaling.base_batch={self.lr_scaling.base_batch}: its gain is at least 1"
-            )
-        if self.workers == 1 and self.per_worker_batch(1) < 2:
-            raise ValueError(
-                "lr_scaling.rule='adascale' with one worker measures the noise from two halves "
-                "of a batch: batch.per_worker must be at least 2"
-            )
-        return self
-
-    def noise_scale_interval(self, world_size: int | None = None) -> int:
-        """Updates between two noise-scale measurements (``gns`` events; 0: none), with
-        ``auto`` resolved: free in the allreduce hook (several workers, or an elastic run),
-        an extra gradient each with one worker."""
-        every = self.logging.noise_scale_every_steps
-        if every != "auto":
-            return every
-        hooked = (world_size or self.workers) > 1 or self.elastic is not None
-        return NOISE_SCALE_AUTO["allreduce" if hooked else "one worker"]
-
-    def world_sizes(self) -> range:
-        """The numbers of workers the run may train with: ``workers``, or the elastic range."""
-        if self.elastic is None:
-            return range(self.workers, self.workers + 1)
-        return range(self.elastic.min_workers, self.elastic.max_workers + 1)
-
-    @model_validator(mode="after")
-    def _enough_slots(self):
-        if self.hosts and sum(int(h.split(":")[1]) for h in self.hosts.split(",")) < self.workers:
-            raise ValueError(
-                f"hosts {safe_yaml.short(self.hosts)} have fewer slots than workers={self.workers}"
-            )
-        return self
-
-    def per_worker_batch(self, world_size: int | None = None) -> int:
-        """Examples per worker per step: ``batch.per_worker``, or derived from
-        ``batch.global_size`` (which must divide evenly)."""
-        if self.batch.global_size is None:
-            return self.batch.per_worker
-        splits = self._batches_per_update(world_size)
-        if self.batch.global_size % splits:
-            raise ConfigError(
-                f"batch.global_size={self.batch.global_size} must be a multiple of workers x "
-                f"accumulation (x batch_scale for lbsgd) = {splits}"
-            )
-        return self.batch.global_size // splits
-
-    def global_batch(self, world_size: int | None = None) -> int:
-        """Examples per optimizer update across all workers (an adaptive batch's first)."""
-        return self.per_worker_batch(world_size) * self._batches_per_update(world_size)
-
-    def steps_per_update(self, world_size: int | None = None) -> int:
-        """Batches each worker takes per optimizer update (local accumulation, times
-        ``batch_scale`` for lbsgd)."""
-        return self._batches_per_update(world_size) // (world_size or self.workers)
-
-    def _batches_per_update(self, world_size: int | None) -> int:
-        if self.batch.adaptive is not None:  # at the start: batch.adaptive.min
-            return self.batch.adaptive.min // self.batch.per_worker
-        count = (world_size or self.workers) * self.batch.accumulation
-        if self.optimizer.name == "lbsgd":
-            count *= int(self.optimizer.params.get("batch_scale", 1))
-        return count
-
-    def scaled_learning_rate(self, world_size: int | None = None) -> float:
-        """The base learning rate after the scaling rule."""
-        ratio = self.global_batch(world_size) / self.lr_scaling.base_batch
-        rule = self.lr_scaling.rule
-        factor = {"none": 1.0, "adascale": 1.0, "linear": ratio, "sqrt": ratio**0.5}[rule]
-        return self.optimizer.learning_rate * factor
-
-    def warmup_multiplier(self, world_size: int | None = None) -> float:
-        """The fraction of the scaled rate the warmup starts at (see :class:`WarmupConfig`)."""
-        warmup = self.schedule.warmup
-        if not warmup.from_unscaled:
-            return warmup.initial_multiplier
-        return min(1.0, self.optimizer.learning_rate / self.scaled_learning_rate(world_size))
+    def communication(self) -> Communication:
+        """The ``allreduce`` and ``sync`` sections as the one object training takes."""
+        return Communication(self.allreduce, self.sync)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def communication(*, sync: str = "full", period: int = 1, **allreduce) -> Communication:
+    """The :class:`~toolkit.communication.Communication` of the ``allreduce:`` section's fields
+    ``allreduce`` and the ``sync:`` section's ``sync`` (its mode) and ``period``: how Python
+    says what the workers exchange (``communication(compression="topk", ratio=0.01,
+    dgc=True)``), checked as a config's sections are. Raises :class:`ConfigError` naming each
+    bad option."""
+    try:
+        return Communication(AllreduceConfig(**allreduce), SyncConfig(mode=sync, period=period))
+    except ValidationError as error:
+        raise ConfigError(format_errors(error, "options")) from None
 
 
 def set_dotted(raw: dict[str, Any], assignment: str) -> None:
@@ -956,8 +595,8 @@ def from_raw(
     return from_mapping(raw or {}, overrides, stored=stored)
 
 
-def format_errors(error: ValidationError) -> str:
-    """One line per bad field: ``field.path: message (got value)``."""
+def format_errors(error: ValidationError, what: str = "experiment config") -> str:
+    """One line per bad field of ``what``: ``field.path: message (got value)``."""
     lines = []
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "config"
@@ -965,7 +604,7 @@ def format_errors(error: ValidationError) -> str:
         got = item.get("input")
         shown = "" if isinstance(got, dict) else f" (got {safe_yaml.short(got)})"
         lines.append(f"{field}: {message}{shown}")
-    return "invalid experiment config:\n  " + "\n  ".join(lines)
+    return f"invalid {what}:\n  " + "\n  ".join(lines)
 
 
 def field_errors(error: ConfigError) -> dict[str, str]:

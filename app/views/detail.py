@@ -11,6 +11,7 @@ from app.charts import Series
 from app.data import md_escape
 from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
+from toolkit.plan import Scale
 from toolkit.runs import curves as curves_lib
 from toolkit.runs.rundir import LIVE
 
@@ -32,6 +33,7 @@ st.session_state.current_run = run_id
 st.query_params["run"] = run_id
 run = runs[ids.index(run_id)]
 config = data.config(run)
+scale = Scale.of(config) if config else None  # the run's batch and rate on its workers
 color = data.colors()[run_id]
 live = run.status().get("state") in LIVE
 with st.expander("Open this run in a notebook"):
@@ -62,11 +64,11 @@ def setup_line() -> str:
         return "config.yaml is missing or not valid"
     warmup = config.schedule.warmup.epochs
     schedule = config.schedule.name + (f" after {warmup:g} warmup epochs" if warmup else "")
-    rate, epochs = f"lr {config.scaled_learning_rate():.4g}", f"{config.epochs} epochs"
+    rate, epochs = f"lr {scale.learning_rate:.4g}", f"{config.epochs} epochs"
     if adascale_run():
         rate += f" × AdaScale's gain (base batch {config.lr_scaling.base_batch:,})"
         epochs = f"the base run's {config.epochs} epochs on AdaScale's clock"
-    batch = f"global batch {config.global_batch():,}"
+    batch = f"global batch {scale.global_batch:,}"
     if adaptive := config.batch.adaptive:
         every = "every epoch" if adaptive.every_epochs == 1 else f"every {adaptive.every_epochs}"
         batch = f"adaptive global batch {adaptive.min:,} to {adaptive.max:,} ({every})"
@@ -108,7 +110,7 @@ def noise_reading(rows) -> str | None:
     else:
         low, high = np.percentile(readings, [10, 90])
         said = f"B_simple ≈ {middle:,.0f} ({low:,.0f}–{high:,.0f} over its last {len(readings)})"
-    batch = config.global_batch() if config else run.meta().get("global_batch")
+    batch = scale.global_batch if scale else run.meta().get("global_batch")
     if batch:
         ratio = batch / middle
         side = "below" if ratio < 1 else "above"
@@ -179,8 +181,8 @@ def adascale(frame) -> None:
             if scales.nunique() > 1:  # an adaptive batch's
                 series.append(Series("S", x.loc[scales.index], scales, dash="dot"))
             else:
-                scale = config.global_batch() / base
-                series.append(Series(f"S = {scale:g}", x.iloc[[0, -1]], [scale] * 2, dash="dot"))
+                ratio = scale.global_batch / base
+                series.append(Series(f"S = {ratio:g}", x.iloc[[0, -1]], [ratio] * 2, dash="dot"))
         title = "AdaScale's gain against S"
         figure = charts.lines(series, title, X_AXES[x_axis], smoothing=smoothing, height=300)
         st.plotly_chart(figure, theme=None)
@@ -195,7 +197,7 @@ def traffic(frame) -> None:
     if "comm/bytes_sent" not in rows:
         return
     if config is not None:
-        st.caption(md_escape(f"On the wire: {config.allreduce.summary()}"))
+        st.caption(md_escape(f"On the wire: {config.communication().summary()}"))
     ratios = rows.get("comm/compression_ratio")
     if ratios is None or np.allclose(ratios.dropna(), 1.0):
         sent = rows["comm/bytes_sent"].dropna()
@@ -222,7 +224,7 @@ def noise_scale(frame) -> None:
     series = [Series("B_simple", x, rows["b_simple"], color=color)]
     train = data.phase(frame, "train")
     batches = train.get("global_batch", frame.index[:0]).dropna()
-    batch = config.global_batch() if config else run.meta().get("global_batch")
+    batch = scale.global_batch if scale else run.meta().get("global_batch")
     grew = batches.nunique() > 1  # an adaptive batch's
     at = x_values(frame, train.loc[batches.index], x_axis, config) if grew else None
     if at is not None:

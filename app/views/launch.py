@@ -9,10 +9,12 @@ from app import charts, data, form
 from app.data import md_escape
 from toolkit import config as config_lib
 from toolkit import safe_yaml
-from toolkit.config import SCHEDULES, ConfigError, field_errors
+from toolkit.catalog import SCHEDULES
+from toolkit.config import ConfigError, field_errors
 from toolkit.launching import launch as launcher
 from toolkit.launching import probe as probe_lib
 from toolkit.optimizers import OPTIMIZERS
+from toolkit.plan import Scale
 from toolkit.training.data import DATASETS
 from toolkit.training.models import MODELS
 
@@ -218,7 +220,7 @@ with right, st.container(border=True):
         "Schedule params (YAML mapping)",
         value=shown,
         key=key("schedule.params"),
-        help=config_lib.ScheduleConfig.__doc__,
+        help=form.schedule_help(schedule["name"]),
     )
     try:
         schedule["params"] = safe_yaml.load(typed, "schedule params") or {}
@@ -476,7 +478,7 @@ preview = None
 if config is not None and not errors:
     try:
         with st.spinner("Computing the schedule…"):
-            preview, steps = form.preview(config.to_yaml())
+            preview, plan = form.preview(config.to_yaml())
     except ConfigError as error:  # the batch does not fit the dataset's shards
         errors["batch.per_worker"] = str(error)
     except Exception as error:  # noqa: BLE001 -- e.g. a dataset that needs internet
@@ -485,14 +487,14 @@ slots.show(errors)
 if errors:
     st.error("Fix the fields marked above: nothing can be launched until the config is valid.")
 elif config is not None:
-    figures = st.columns(4)
-    figures[0].metric("Global batch", f"{config.global_batch():,}")
-    figures[1].metric("Scaled learning rate", f"{config.scaled_learning_rate():.4g}")
-    if preview is not None and (shortfall := form.warmup_shortfall(config, preview)):
+    figures, scale = st.columns(4), Scale.of(config)
+    figures[0].metric("Global batch", f"{scale.global_batch:,}")
+    figures[1].metric("Scaled learning rate", f"{scale.learning_rate:.4g}")
+    if preview is not None and (shortfall := form.warmup_shortfall(config, scale, preview)):
         st.warning(md_escape(shortfall))
     if preview is not None:
-        figures[2].metric("Steps per epoch", f"{steps:,}")
-        figures[3].metric("Total steps", f"{steps * config.epochs:,}")
+        figures[2].metric("Steps per epoch", f"{plan.steps_per_epoch:,}")
+        figures[3].metric("Total steps", f"{plan.total_steps:,}")
         st.plotly_chart(charts.schedule(preview), theme=None)
     with st.expander("Resolved config (YAML)"):
         st.code(config.to_yaml(), language="yaml")

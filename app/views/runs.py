@@ -14,8 +14,8 @@ from toolkit import files
 from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
 from toolkit.launching import slots
-from toolkit.runs import rundir
 from toolkit.runs.rundir import LIVE
+from toolkit.runs.table import matches, progress_text
 
 REFRESH_S = 2.0
 # The table's columns, in the order a researcher reads them: what, how far, how well, how fast.
@@ -73,11 +73,11 @@ if not runs:
 
 
 def summaries(runs: list) -> pd.DataFrame:
-    """One row per run (:func:`toolkit.runs.rundir.summary`), with its place in the launch queue and
+    """One row per run (:func:`toolkit.runs.table.summary`), with its place in the launch queue and
     its progress as text."""
     rows = [data.summary(r) for r in runs]
     frame = pd.DataFrame(rows)
-    frame["epochs_done"] = [rundir.progress_text(row) for row in rows]
+    frame["epochs_done"] = [progress_text(row) for row in rows]
     frame["queue"] = frame["run_id"].map(slots.positions(data.root()))
     frame["started"] = pd.to_datetime(frame["started"], unit="s", errors="coerce")
     return frame
@@ -115,7 +115,7 @@ def shown(frame: pd.DataFrame) -> pd.DataFrame:
         keep &= frame["state"].isin(states)
     if optimizers:
         keep &= frame["optimizer"].isin(optimizers)
-    labelled = [set(tags) <= set(row["tags"]) and rundir.matches(row, search) for row in rows]
+    labelled = [set(tags) <= set(row["tags"]) and matches(row, search) for row in rows]
     keep &= pd.Series(labelled, index=frame.index, dtype=bool)
     table = frame[keep].reindex(columns=list(RUN_COLUMNS))
     table = table.join(configs[fields], on="run_id") if fields else table

@@ -14,6 +14,7 @@ from app.data import md_escape
 from toolkit import safe_yaml
 from toolkit.config import ConfigError
 from toolkit.launching import sweep as sweeps
+from toolkit.launching import sweep_results, sweep_runner
 
 REFRESH_S = 2.0
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
@@ -75,7 +76,7 @@ def duration(seconds: float) -> str:
 
 @st.cache_data(max_entries=20, show_spinner="Working out each cell's steps…")
 def plan(sweep_yaml: str) -> pd.DataFrame:
-    return sweeps.dry_run(sweeps.from_mapping(safe_yaml.load(sweep_yaml, "sweep")))
+    return sweep_runner.dry_run(sweeps.from_mapping(safe_yaml.load(sweep_yaml, "sweep")))
 
 
 st.title("Sweep")
@@ -102,16 +103,16 @@ except ConfigError as error:
     st.stop()
 
 root = data.root()
-running = sweeps.runner_active(grid.name, root)
+running = sweep_runner.runner_active(grid.name, root)
 try:
     cells = plan(grid.to_yaml())
 except ConfigError as error:  # a cell that cannot launch here, named
     st.error(md_escape(error))
     st.stop()
-seconds = sweeps.estimate(grid, cells, sweeps.throughputs(root, summarize=data.summary))
+seconds = sweep_runner.estimate(grid, cells, sweep_runner.throughputs(root, summarize=data.summary))
 left, middle, right = st.columns([1, 1, 2])
 parallel = left.number_input(
-    "Cells at a time", min_value=1, value=sweeps.default_parallel(grid, root), step=1
+    "Cells at a time", min_value=1, value=sweep_runner.default_parallel(grid, root), step=1
 )
 retry = middle.checkbox("Rerun failed cells", help="failed or stopped cells run again")
 measured = int(seconds.notna().sum())
@@ -135,7 +136,7 @@ big = len(cells) > CONFIRM_CELLS
 sure = not big or st.checkbox(f"Yes, run all {len(cells)} cells")
 if right.button("Launch sweep", type="primary", disabled=running or not sure, width="stretch"):
     try:
-        pid = sweeps.start(grid, root, max_parallel=int(parallel), retry_failed=retry)
+        pid = sweep_runner.start(grid, root, max_parallel=int(parallel), retry_failed=retry)
     except (ConfigError, OSError) as error:
         st.error(md_escape(error))
         st.stop()
@@ -145,9 +146,9 @@ if right.button("Launch sweep", type="primary", disabled=running or not sure, wi
 
 @st.fragment(run_every=REFRESH_S if running else None)
 def progress() -> None:
-    states = sweeps.states(grid, root)
+    states = sweep_runner.states(grid, root)
     counts = states["state"].value_counts()
-    active = sweeps.runner_active(grid.name, root)
+    active = sweep_runner.runner_active(grid.name, root)
     st.caption(
         ("a runner is working on this sweep · " if active else "")
         + " · ".join(f"{state}: {n}" for state, n in counts.items())
@@ -160,18 +161,18 @@ def progress() -> None:
         placeholder="",
         column_config=CELL_COLUMNS,
     )
-    table = sweeps.results(grid, root, events=data.events)
+    table = sweep_results.results(grid, root, events=data.events)
     ended = table[table["state"] != "pending"]
     if ended.empty:
         st.info("No cell has run yet.")
         return
     axes = [a for a in grid.axes() if a != "seed"] or ["seed"]
-    metrics = [m for m in sweeps.METRICS if ended[m].notna().any()]
+    metrics = [m for m in sweep_results.METRICS if ended[m].notna().any()]
     left, right = st.columns(2)
     metric = left.selectbox("Metric", metrics, key="sweep_metric")
     x = right.selectbox("Against", axes, index=len(axes) - 1, key="sweep_x")
-    st.plotly_chart(sweeps.figure(table, metric, x=x), key="sweep_chart", theme=None)
-    st.dataframe(sweeps.aggregate(table, (metric,)), hide_index=True, placeholder="")
+    st.plotly_chart(sweep_results.figure(table, metric, x=x), key="sweep_chart", theme=None)
+    st.dataframe(sweep_results.aggregate(table, (metric,)), hide_index=True, placeholder="")
     left, right = st.columns(2)
     left.download_button("Results (CSV)", table.to_csv(index=False), f"{grid.name}.csv", "text/csv")
     if right.button("Open these runs in Compare", width="stretch"):

@@ -43,6 +43,7 @@ from toolkit import files
 from toolkit.files import writing
 from toolkit.launching import hosts as hosts_lib
 from toolkit.launching import preflight, remote, slots
+from toolkit.plan import RunPlan
 from toolkit.runs import processes, rundir
 from toolkit.runs.rundir import LIVE, RUN_FILES, RunDir, RunError, resolve, runs_root
 
@@ -132,15 +133,16 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
 
 
 def check_fits_dataset(config: config_lib.ExperimentConfig) -> None:
-    """Raise :class:`~toolkit.config.ConfigError` if each worker's shard of the training set is
-    smaller than one batch (checked here so it fails before any process starts)."""
-    from toolkit.training.experiment import load_dataset, steps_per_epoch
+    """Raise :class:`~toolkit.config.ConfigError` if the run's plan cannot be made on its
+    dataset: a worker's shard smaller than one batch, or AdaScale's base batch or an adaptive
+    batch larger than the training set (checked here so it fails before any process starts)."""
+    from toolkit.training.experiment import load_dataset
 
     try:
         dataset = load_dataset(config)
     except (RuntimeError, TypeError, ValueError) as error:  # offline, or a bad parameter
         raise config_lib.ConfigError(f"dataset: {error}") from None
-    steps_per_epoch(config, len(dataset.x_train), config.workers)
+    RunPlan.of(config, len(dataset.x_train))
 
 
 def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bool) -> list[str]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from toolkit.plan import RunPlan, Scale
+
 CALIBRATION = (2.8, 1.6, 4.1)
 """``B_crit / B_simple``, the median and range of six measurements on the study's MNIST-1D CNN
 (docs/study.md, ``experiments/critical_batch.py``): 3.13, 4.13 and 3.28 at held-out losses 1.0,
@@ -94,7 +96,7 @@ def summarize(gns, run_id: str, config, world_size: int) -> ProbeResult:
     ratios = np.where(means > 0, trace[rows].mean(axis=1) / np.where(means > 0, means, 1), np.inf)
     # the empirical quantile, not an interpolation, which would subtract inf from inf
     low, high = np.percentile(ratios, [10, 90], method="inverted_cdf")
-    global_batch = config.global_batch(world_size)
+    scale = Scale.of(config, world_size)
     suggested = _suggested_batch(b_simple, world_size)
     at_suggested = config.model_copy(
         update={"batch": config.batch.model_copy(update={"global_size": suggested})}
@@ -103,10 +105,10 @@ def summarize(gns, run_id: str, config, world_size: int) -> ProbeResult:
         run_id=run_id,
         b_simple=b_simple,
         band=(float(max(low, 0.0)), float(high)),
-        global_batch=global_batch,
+        global_batch=scale.global_batch,
         suggested_batch=suggested,
-        suggested_learning_rate=at_suggested.scaled_learning_rate(world_size),
-        learning_rate=config.scaled_learning_rate(world_size),
+        suggested_learning_rate=Scale.of(at_suggested, world_size).learning_rate,
+        learning_rate=scale.learning_rate,
         lr_rule=config.lr_scaling.rule,
     )
 
@@ -133,7 +135,7 @@ def probe(
     ``meta.json`` (the Runs page hides probes unless asked)."""
     from toolkit import config as config_lib
     from toolkit.runs.events import read_events
-    from toolkit.training.experiment import load_dataset, steps_per_epoch
+    from toolkit.training.experiment import load_dataset
 
     for name, value, high in (
         ("steps", steps, MAX_PROBE_STEPS),
@@ -142,9 +144,8 @@ def probe(
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
             span = f"from 1 to {high:,}"
             raise config_lib.ConfigError(f"probe: {name} must be an integer {span} (got {value!r})")
-    batches = steps * config.steps_per_update(np)
-    dataset = load_dataset(config)
-    per_epoch = steps_per_epoch(config, len(dataset.x_train), np)
+    plan = RunPlan.of(config, len(load_dataset(config).x_train), np)
+    batches, per_epoch = steps * plan.steps_per_update, plan.steps_per_epoch
     short = config_lib.from_mapping(
         {**config.model_dump(mode="json"), "name": f"probe-{config.name}"[:64], "workers": np},
         [
@@ -153,7 +154,7 @@ def probe(
             "logging.noise_scale_every_steps=1",
             *(["lr_scaling.rule=none"] if config.lr_scaling.rule == "adascale" else []),
             *(  # an adaptive batch's first, fixed
-                ["batch.adaptive=null", f"batch.accumulation={config.steps_per_update(np)}"]
+                ["batch.adaptive=null", f"batch.accumulation={plan.steps_per_update}"]
                 if config.batch.adaptive
                 else []
             ),

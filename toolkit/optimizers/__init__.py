@@ -26,4 +26,21 @@ def unwrapped(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimiz
     return getattr(optimizer, "inner_optimizer", optimizer)
 
 
-__all__ = ["LARS", "LBSGD", "OPTIMIZERS", "SGD", "get", "trust_ratio", "unwrapped"]
+def applies_trust_ratios(optimizer: keras.optimizers.Optimizer) -> bool:
+    """Whether ``optimizer`` (or the one a ``LossScaleOptimizer`` wraps) applies per-layer trust
+    ratios, which a run then logs: asked of the optimizer (its ``applies_trust_ratios``, as LARS
+    and LBSGD's ``lars`` warmup say), never of its name, so any optimizer added to the catalog
+    that has them gets their logging too."""
+    return bool(getattr(unwrapped(optimizer), "applies_trust_ratios", False))
+
+
+__all__ = [
+    "LARS",
+    "LBSGD",
+    "OPTIMIZERS",
+    "SGD",
+    "applies_trust_ratios",
+    "get",
+    "trust_ratio",
+    "unwrapped",
+]

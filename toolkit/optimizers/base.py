@@ -123,7 +123,9 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
     def _heavy_ball_step(self, variable, learning_rate, gradient, nesterov=False, decay=True):
         """Apply ``d = g + wd * w; v = m * v + lr * d; w -= v`` (Nesterov: ``w -= m * v + lr *
         d``): the MXNet/LARS form, where the rate is inside the velocity. Without momentum:
-        ``w -= lr * d``. ``decay=False`` leaves the weight decay out (``d = g``)."""
+        ``w -= lr * d``. ``decay=False`` leaves the weight decay out (``d = g``). The velocity
+        slot stores ``-v`` (:func:`~toolkit.optimizers.kernels.heavy_ball`, as Keras's SGD and
+        TensorFlow's ``ResourceApplyKerasMomentum`` do), and so do checkpoints."""
         weight_decay = self._decay_now(variable.dtype) if decay else 0.0
         if not self.uses_momentum:
             self.assign_sub(variable, learning_rate * coupled(gradient, variable, weight_decay))

@@ -24,6 +24,8 @@ class LARS(CoupledDecayOptimizer):
         v = momentum * v + rate * (g + weight_decay * w)
         w = w - v                          # Nesterov: w = w - (momentum * v + rate * (...))
 
+    The velocity slot (``velocities``, and checkpoints) stores ``-v``, as Keras's SGD does.
+
     Variables excluded from layer adaptation get plain momentum SGD without weight decay
     (``local = 1``, ``weight_decay = 0``). By default those are the variables with at most one
     dimension (biases, normalisation scales and offsets); pass ``exclude_from_layer_adaptation``

@@ -32,6 +32,8 @@ class LBSGD(CoupledDecayOptimizer):
         v = momentum * v + lr * mult * (g + weight_decay * w)
         w = w - v
 
+    (the velocity slot and checkpoints store ``-v``, as Keras's SGD does)
+
     Accumulation reuses Keras's ``gradient_accumulation_steps`` (set to ``batch_scale``), so the
     learning-rate schedule sees every call, like MXNet's, and ``iterations`` counts applied
     updates. ``begin_epoch`` moves the warmup position only; updates happen on every

@@ -1,8 +1,8 @@
-"""Learning-rate (and momentum, weight-decay) schedules, addressable by name from configs.
+"""Learning-rate (and momentum, weight-decay) schedules, and the builders configs name them by.
 
-Keras already has polynomial, exponential (with ``staircase``), piecewise-constant and cosine
-decay; they are exposed here by name, not rewritten. This module adds what large-batch training
-needs on top:
+Keras already has polynomial, exponential (with ``staircase``) and cosine decay; the config's
+names build them (:data:`toolkit.catalog.SCHEDULES`, the builders at the end of this module),
+not rewrite them. This module adds what large-batch training needs on top:
 
 * :class:`Warmup` wraps any schedule with Goyal et al.'s gradual warmup,
 * :class:`MultiFactor` is MXNet's ``MultiFactorScheduler`` (step decay at given steps),
@@ -21,7 +21,12 @@ from collections.abc import Callable
 
 import keras
 from keras import ops
-from keras.optimizers.schedules import LearningRateSchedule, PolynomialDecay
+from keras.optimizers.schedules import (
+    CosineDecay,
+    ExponentialDecay,
+    LearningRateSchedule,
+    PolynomialDecay,
+)
 
 from toolkit.catalog import SCHEDULES
 
@@ -172,6 +177,59 @@ class Poly(PolynomialDecay):
         }
 
 
-def get(name: str, **params) -> LearningRateSchedule:
-    """Build the schedule registered as ``name`` (see ``SCHEDULES``) with ``params``."""
-    return SCHEDULES.get(name, **params)
+# ---------------------------------------------------------------------- the config's schedules
+# Each takes the run's toolkit.catalog.SCHEDULE_INPUTS (the scaled base rate, the run's length
+# and its epoch, in the schedule's steps), then its own parameters, whose lengths are in epochs
+# and whose defaults the catalog's table gives: a name added there is a config's choice, the
+# form's and a builder at once.
+
+
+def constant(base: float, total_steps: int, steps_per_epoch: int) -> float:
+    """The base rate throughout."""
+    return base
+
+
+def poly(base: float, total_steps: int, steps_per_epoch: int, *, power: float) -> Poly:
+    """MXNet's ``PolyScheduler``: to 0 at the end of the run."""
+    return Poly(base, total_steps, power=power)
+
+
+def polynomial(
+    base: float, total_steps: int, steps_per_epoch: int, *, power: float, end_learning_rate: float
+) -> PolynomialDecay:
+    """Keras's ``PolynomialDecay`` to ``end_learning_rate`` at the end of the run."""
+    return PolynomialDecay(base, total_steps, end_learning_rate=end_learning_rate, power=power)
+
+
+def cosine(base: float, total_steps: int, steps_per_epoch: int, *, alpha: float) -> CosineDecay:
+    """Keras's ``CosineDecay`` over the run, to ``alpha`` times the base rate."""
+    return CosineDecay(base, total_steps, alpha=alpha)
+
+
+def exponential(
+    base: float,
+    total_steps: int,
+    steps_per_epoch: int,
+    *,
+    decay_epochs: float,
+    decay_rate: float,
+    staircase: bool,
+) -> ExponentialDecay:
+    """Keras's ``ExponentialDecay``: times ``decay_rate`` every ``decay_epochs`` (at least a
+    step), smoothly or, with ``staircase``, at once."""
+    decay_steps = max(1, round(decay_epochs * steps_per_epoch))
+    return ExponentialDecay(base, decay_steps, decay_rate=decay_rate, staircase=staircase)
+
+
+def multifactor(
+    base: float, total_steps: int, steps_per_epoch: int, *, epochs: list[float], factor: float
+) -> MultiFactor:
+    """MXNet's ``MultiFactorScheduler``: times ``factor`` after each of the milestone
+    ``epochs``."""
+    return MultiFactor(base, [round(e * steps_per_epoch) for e in epochs], factor)
+
+
+def get(name: str, base: float, total_steps: int, steps_per_epoch: int, **params):
+    """The schedule a config names: ``name``'s builder (:data:`toolkit.catalog.SCHEDULES`)
+    given the run's base rate and lengths and ``params`` (errors list what is allowed)."""
+    return SCHEDULES.get(name, base, total_steps, steps_per_epoch, **params)

@@ -73,7 +73,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from toolkit.config import SPARSE, VALUE_DTYPES
+from toolkit.communication import SPARSE, VALUE_DTYPES
 from toolkit.optimizers.schedules import value_at
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)

@@ -55,7 +55,8 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit import config as config_lib
-from toolkit.optimizers import unwrapped
+from toolkit.communication import Communication
+from toolkit.optimizers import applies_trust_ratios, unwrapped
 from toolkit.parallel import compression as compression_lib
 from toolkit.parallel import sync as sync_lib
 
@@ -68,7 +69,6 @@ except ImportError as error:  # a build without Horovod: one process
     _log.warning("horovod.tensorflow cannot be imported (%s): running as a single process", error)
 
 T = TypeVar("T")
-COMPRESSIONS = ("none", "fp16", *config_lib.COMPRESSED)
 _WIRING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Wiring
 
 
@@ -275,63 +275,45 @@ def squared_norm(tensors: list[tf.Tensor]) -> tf.Tensor:
 
 def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     optimizer: keras.optimizers.Optimizer,
+    communication: Communication | None = None,
     *,
-    compression: str = "none",
-    fp16_clip: float | None = None,
-    ratio: float = 0.01,
-    topk_sample: float = 0.0,
-    threshold: float = 1e-3,
-    residual: bool = True,
-    value_dtype: str = "float32",
-    dgc: bool = False,
-    momentum_correction: bool | None = None,
-    momentum_masking: bool | None = None,
-    local_clipnorm: float | None = None,
-    sparsity_warmup_epochs: int | None = None,
-    dense_1d: bool | None = None,
-    dense_norm: bool = False,
     updates_per_epoch: int | None = None,
-    fusion_threshold_mb: float = 64.0,
-    sync: str = "full",
-    period: int = 1,
     backward_passes_per_step: int = 1,
     noise_meter: GradientNoiseMeter | None = None,
+    **options,
 ) -> keras.optimizers.Optimizer:
-    """Make ``optimizer`` average its gradients (or, with ``sync``, its parameters) over all
-    workers; returns the same object.
+    """Make ``optimizer`` average its gradients (or, with parameter averaging, its parameters)
+    over all workers; returns the same object.
+
+    What goes on the wire and what is averaged is ``communication``
+    (:class:`~toolkit.communication.Communication`, which has checked that its options go
+    together), or, as a shorthand, its options as keywords: the ``allreduce:`` section's
+    fields, and ``sync`` and ``period`` for the ``sync:`` section's
+    (``DistributedOptimizer(opt, compression="topk", ratio=0.01, dgc=True)``;
+    :func:`toolkit.config.communication`). Default: float32 gradients every update.
 
     Wrap before ``model.compile``. Each update reduces all gradients at once right before the
     optimizer's clipping and update (see the module docstring). Sparse gradients
-    (``IndexedSlices``, from ``Embedding``) are made dense first. What goes on the wire
+    (``IndexedSlices``, from ``Embedding``) are made dense first. What each compression sends
     (:mod:`toolkit.parallel.compression`):
 
-    - ``"none"``: one ``grouped_allreduce`` (average) in float32;
-    - ``"fp16"``: the same in float16 (half the bytes, ~3 significant digits), finite values
+    - ``none``: one ``grouped_allreduce`` (average) in float32;
+    - ``fp16``: the same in float16 (half the bytes, ~3 significant digits), finite values
       clipped to ``±fp16_clip`` before the cast (default: float16's largest over the number of
       workers, so the sum over the workers cannot overflow to ``inf`` either);
-    - ``"topk"``/``"threshold"``: each worker sends the fraction ``ratio`` of entries of largest
-      magnitude (``topk_sample``: about that many, the k-th magnitude estimated from a strided
-      sample), or those with ``|g| >= threshold``, per bucket of ``fusion_threshold_mb``, as
-      (``value_dtype`` value, index) pairs; with ``residual`` what it did not send is added to
-      its next gradient;
-    - ``"2bit"``: MXNet's two-bit quantisation at ``threshold``, 16 entries a 32-bit word,
-      with ``residual``.
+    - ``topk``/``threshold``/``2bit``: each worker's encoding, allgathered, with error
+      feedback and Deep Gradient Compression's techniques
+      (:class:`~toolkit.communication.Techniques`). Momentum correction takes the optimizer's
+      momentum (the toolkit's SGD, LARS or LBSGD, not built yet) into the allreduce: the
+      optimizer then applies the averaged sent velocities without momentum, LARS and LBSGD
+      their trust ratios and rates to them; their trust ratios then take the dense gradients'
+      norms (the workers' mean ``‖g‖²``, one small allreduce), as ``dense_norm`` asks
+      anyway. A sparsity warm-up counts its epochs in ``updates_per_epoch``.
 
-    Deep Gradient Compression's techniques, for the three modes above: ``dgc=True`` turns on
-    ``momentum_correction``, ``momentum_masking``, ``local_clipnorm``
-    (:data:`~toolkit.config.DGC_PRESET`'s), ``sparsity_warmup_epochs`` (topk; needs
-    ``updates_per_epoch``) and ``dense_1d``; each given explicitly wins (``False``/``0``:
-    off). Momentum correction takes the optimizer's momentum (the toolkit's SGD, LARS or
-    LBSGD, not built yet) into the allreduce: the optimizer then applies the averaged sent
-    velocities without momentum, LARS and LBSGD their trust ratios and rates to them.
-    ``dense_norm`` (LARS, LBSGD's ``lars``): their trust ratios take the dense gradients'
-    norms (the workers' mean ``‖g‖²``, one small allreduce), not the sparse update's; always
-    so under momentum correction, where the update is a velocity.
-
-    ``sync="partial"`` or ``"local_sgd"`` (:mod:`toolkit.parallel.sync`): no gradient is reduced;
-    each worker updates from its own gradient, and every ``period`` updates one partition of the
-    parameters (``partial``: up to ``fusion_threshold_mb`` each, in turn) or all of them
-    (``local_sgd``) is averaged. Not with a compression or local accumulation.
+    Parameter averaging (``sync`` partial or local SGD, :mod:`toolkit.parallel.sync`) reduces
+    no gradient: each worker updates from its own gradient, and every ``period`` updates one
+    partition of the parameters (``partial``: up to ``fusion_threshold_mb`` each, in turn) or
+    all of them (``local_sgd``) is averaged. It takes one batch per update.
 
     ``backward_passes_per_step=N`` sets Keras's ``gradient_accumulation_steps``: N calls
     accumulate local gradients, the N-th reduces their mean once and applies it (so
@@ -343,49 +325,28 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     accumulates, and the finite-gradient check becomes global. ``noise_meter`` measures the
     gradient noise scale's norms in the same hook (with more than one worker).
     """
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-    if sync not in sync_lib.MODES:
-        raise ValueError(f"sync must be one of {sync_lib.MODES}, got {sync!r}")
-    if sync != "full" and (compression != "none" or backward_passes_per_step != 1):
-        raise ValueError(
-            f"sync={sync!r} averages parameters, not gradients: it takes no compression and "
-            "no backward_passes_per_step"
-        )
-    if elastic() and (compression == "fp16" or sync != "full"):
+    if communication is None:
+        communication = config_lib.communication(**options)
+    elif options:
+        raise TypeError(f"give a Communication or its options, not both (got {sorted(options)})")
+    mode = communication.sync.mode
+    if elastic() and not communication.survives_resets:
         raise ValueError(
             "an elastic run averages gradients (sync='full') in float32 or sparsified, got "
-            f"compression={compression!r}, sync={sync!r}: fp16's clip and the parameter "
-            "averaging depend on a fixed number of workers"
+            f"compression={communication.allreduce.compression!r}, sync={mode!r}: fp16's clip "
+            "and the parameter averaging depend on a fixed number of workers"
         )
     if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
         raise ValueError(
             f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}"
         )
-    wire = dict(
-        compression=compression,
-        fp16_clip=fp16_clip,
-        ratio=ratio,
-        topk_sample=topk_sample,
-        threshold=threshold,
-        residual=residual,
-        value_dtype=value_dtype,
-        dgc=dgc,
-        momentum_correction=momentum_correction,
-        momentum_masking=momentum_masking,
-        local_clipnorm=local_clipnorm,
-        sparsity_warmup_epochs=sparsity_warmup_epochs,
-        dense_1d=dense_1d,
-        dense_norm=dense_norm,
-        updates_per_epoch=updates_per_epoch,
-        fusion_threshold_mb=fusion_threshold_mb,
-    )
+    if communication.averages_parameters and backward_passes_per_step != 1:
+        raise ValueError(f"sync={mode!r} averages parameters: it takes no backward_passes_per_step")
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         DistributedOptimizer(
             optimizer.inner_optimizer,
-            **wire,
-            sync=sync,
-            period=period,
+            communication,
+            updates_per_epoch=updates_per_epoch,
             backward_passes_per_step=backward_passes_per_step,
             noise_meter=noise_meter,
         )
@@ -396,24 +357,15 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     traffic = compression_lib.Traffic()
     if _allreduces(optimizer):
         raise ValueError(f"{optimizer.name} is already a DistributedOptimizer")
-    reduce = _reducer(optimizer, traffic, **wire)  # checks them, whatever the workers
-    averaging = None
-    if sync != "full":
-        averaging = sync_lib.ParameterAveraging(
-            _allreduce_mean_tensors,
-            sync,
-            period=period,
-            fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
-            traffic=traffic,
-        )
+    reduce = _reducer(optimizer, traffic, communication, updates_per_epoch)
     if backward_passes_per_step > 1:
         _accumulate(optimizer, int(backward_passes_per_step))
     compressed = reduce if isinstance(reduce, compression_lib.CompressedAllreduce) else None
-    if averaging is not None:
+    if communication.averages_parameters:
         if hasattr(optimizer, "batch_scale"):
-            raise ValueError(f"sync={sync!r}: {type(optimizer).__name__} accumulates gradients")
+            raise ValueError(f"sync={mode!r}: {type(optimizer).__name__} accumulates gradients")
         if many:
-            _average_after_update(optimizer, averaging)
+            _average_after_update(optimizer, communication, traffic)
             if noise_meter is not None:  # the hook only measures: the gradient stays local
                 _allreduce_before_clipping(optimizer, lambda grads: grads, noise_meter, False)
     elif compressed is not None:  # changes the update, even alone
@@ -451,76 +403,44 @@ def _wiring(optimizer: keras.optimizers.Optimizer) -> _Wiring | None:
 def _reducer(
     optimizer: keras.optimizers.Optimizer,
     traffic: compression_lib.Traffic,
-    *,
-    compression: str,
-    fp16_clip: float | None,
-    ratio: float,
-    topk_sample: float,
-    threshold: float,
-    residual: bool,
-    value_dtype: str,
-    dgc: bool,
-    dense_norm: bool,
+    communication: Communication,
     updates_per_epoch: int | None,
-    fusion_threshold_mb: float,
-    **techniques,
 ) -> Callable[[list[tf.Tensor]], list[tf.Tensor]]:
-    """The function that averages a list of gradients over the workers, as configured, and
-    counts what it sends in ``traffic``; a compressed mode's takes the optimizer's momentum
-    under momentum correction."""
-    switches = config_lib.dgc_switches({"dgc": dgc, "compression": compression, **techniques})
-    if compression not in config_lib.COMPRESSED:
-        if dgc or dense_norm or value_dtype != "float32" or switches != config_lib.DGC_OFF:
-            raise ValueError(
-                f"compression={compression!r}: value_dtype, dense_norm and DGC's techniques "
-                f"need a compressed mode, one of {config_lib.COMPRESSED}"
-            )
-        return _dense_reducer(compression, fp16_clip, traffic)
-    if dense_norm and not getattr(optimizer, "applies_trust_ratios", False):
-        raise ValueError(
-            "dense_norm replaces the gradient norm of trust ratios: it needs LARS or LBSGD "
-            f"with warmup_strategy='lars', got {type(optimizer).__name__}"
-        )
-    momentum = None
-    if switches["momentum_correction"]:
-        if not hasattr(optimizer, "take_momentum"):
-            raise ValueError(
-                "momentum correction moves the optimizer's momentum into the allreduce: it "
-                f"needs the toolkit's SGD, LARS or LBSGD, got {type(optimizer).__name__}"
-            )
-        momentum = optimizer.take_momentum()
-    # a trust ratio taken from the sent velocities, about 1 / (1 - m) times the gradient, would
-    # cancel the momentum: under momentum correction it always takes the gradients' norm
-    ratio_of_velocity = momentum is not None and getattr(optimizer, "applies_trust_ratios", False)
-    if compression == "2bit":
-        if value_dtype != "float32":
-            raise ValueError("value_dtype is for topk and threshold: 2bit sends two bits")
-        codec = compression_lib.TwoBit(threshold)
+    """The function that averages a list of gradients over the workers as ``communication``
+    says, and counts what it sends in ``traffic``; an encoded mode's takes the optimizer's
+    momentum under momentum correction."""
+    allreduce, techniques = communication.allreduce, communication.techniques
+    if not communication.encoded:
+        return _dense_reducer(allreduce.compression, allreduce.fp16_clip, traffic)
+    momentum = communication.take_momentum(optimizer, type(optimizer).__name__)
+    if allreduce.compression == "2bit":
+        codec = compression_lib.TwoBit(allreduce.threshold)
     else:
         codec = compression_lib.Sparse(
-            compression,
-            ratio=ratio,
-            topk_sample=topk_sample,
-            threshold=threshold,
-            value_dtype=value_dtype,
-            warmup_epochs=switches["sparsity_warmup_epochs"],
+            allreduce.compression,
+            ratio=allreduce.ratio,
+            topk_sample=allreduce.topk_sample,
+            threshold=allreduce.threshold,
+            value_dtype=allreduce.value_dtype,
+            warmup_epochs=techniques.sparsity_warmup_epochs,
             updates_per_epoch=updates_per_epoch,
         )
+    dense_norms = communication.norms_from_dense and applies_trust_ratios(optimizer)
     collective = collective_gradients()
     return compression_lib.CompressedAllreduce(
         codec,
         hvd.grouped_allgather if collective else _identity,
         _allreduce_mean_tensors if collective else _identity,
         hvd.size_op if elastic() else size(),  # an elastic run's world: the step's
-        residual=residual,
+        residual=allreduce.residual,
         momentum=momentum,
-        masking=switches["momentum_masking"],
-        local_clipnorm=switches["local_clipnorm"] or None,
-        dense_1d=switches["dense_1d"],
+        masking=techniques.momentum_masking,
+        local_clipnorm=techniques.local_clipnorm or None,
+        dense_1d=techniques.dense_1d,
         updates=optimizer.iterations,
-        fusion_threshold_bytes=int(fusion_threshold_mb * 2**20),
+        fusion_threshold_bytes=communication.fusion_bytes,
         traffic=traffic,
-        on_dense_norms=optimizer.use_gradient_norms if dense_norm or ratio_of_velocity else None,
+        on_dense_norms=optimizer.use_gradient_norms if dense_norms else None,
     )
 
 
@@ -581,8 +501,17 @@ def _allreduce_before_clipping(
 
 
 def _average_after_update(
-    optimizer: keras.optimizers.Optimizer, averaging: sync_lib.ParameterAveraging
+    optimizer: keras.optimizers.Optimizer,
+    communication: Communication,
+    traffic: compression_lib.Traffic,
 ) -> None:
+    averaging = sync_lib.ParameterAveraging(
+        _allreduce_mean_tensors,
+        communication.sync.mode,
+        period=communication.sync.period,
+        fusion_threshold_bytes=communication.fusion_bytes,
+        traffic=traffic,
+    )
     apply = optimizer.apply  # the class's, bound
 
     def apply_then_average(grads, trainable_variables=None):

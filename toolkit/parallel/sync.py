@@ -21,9 +21,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from toolkit.communication import SYNC_MODES
 from toolkit.parallel.compression import Traffic, fusion_buckets, nbytes
-
-MODES = ("full", "partial", "local_sgd")
 
 
 class ParameterAveraging:
@@ -40,8 +39,10 @@ class ParameterAveraging:
         fusion_threshold_bytes: int = 64 * 2**20,
         traffic: Traffic | None = None,
     ):
-        if mode not in MODES[1:]:
-            raise ValueError(f"parameter averaging mode must be one of {MODES[1:]}, got {mode!r}")
+        if mode not in SYNC_MODES[1:]:
+            raise ValueError(
+                f"parameter averaging mode must be one of {SYNC_MODES[1:]}, got {mode!r}"
+            )
         if int(period) != period or period < 1:
             raise ValueError(f"period must be an integer >= 1, got {period!r}")
         self.allreduce_mean, self.mode, self.period = allreduce_mean, mode, int(period)

@@ -28,7 +28,8 @@ The rules that keep it safe and truthful:
 - **Truthful state.** A ``queued``/``running`` run none of whose recorded processes is alive is
   reported ``failed``. The supervisor and ``stop`` write the final state only if none is
   written yet (:meth:`RunDir.finish`), and a run asked to stop never ends ``completed``.
-- **Any content.** :meth:`RunDir.status`, :meth:`RunDir.meta` and :func:`summary` never raise
+- **Any content.** :meth:`RunDir.status`, :meth:`RunDir.meta` and the runs table's rows
+  (:func:`toolkit.runs.table.summary`) never raise
   on a broken file: a field of the wrong type is dropped, and an unreadable ``status.json``
   gives the state ``unreadable`` with the reason.
 """
@@ -48,12 +49,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NotRequired
 
-import pandas as pd
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic needs this one on Python 3.11
 
 from toolkit import files, safe_yaml
 from toolkit.config import ExperimentConfig, from_yaml, run_name_problem
+from toolkit.plan import Scale
 from toolkit.runs import processes
 
 STATES = ("queued", "running", "completed", "failed", "stopped")
@@ -153,7 +154,7 @@ def new_run_id(config: ExperimentConfig) -> str:
     """``<name>-b<global batch>-<optimizer>-<4 hex>`` (``quickstart-b256-lars-3f2a``): short
     enough for a legend, saying what the run is, and a valid run name; its start time is in
     ``meta.json``. See :meth:`RunDir.create_new` for uniqueness."""
-    batch = f"b{config.global_batch()}"
+    batch = f"b{Scale.of(config).global_batch}"
     return f"{config.name[:32]}-{batch}-{config.optimizer.name}-{secrets.token_hex(2)}"
 
 
@@ -338,7 +339,7 @@ class RunDir:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as error:
-            return {"state": UNREADABLE, "reason": f"status.json: {_short(error)}"}
+            return {"state": UNREADABLE, "reason": f"status.json: {short_error(error)}"}
         if not isinstance(raw, dict):
             return {"state": UNREADABLE, "reason": "status.json is not a JSON object"}
         status = typed(raw, STATUS_FIELDS)
@@ -458,7 +459,8 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _short(error: BaseException) -> str:
+def short_error(error: BaseException) -> str:
+    """The first line of ``error``'s message (its type's name if it has none)."""
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
@@ -492,103 +494,3 @@ def _created(run: RunDir) -> float:
         except OSError:
             continue
     return 0.0
-
-
-def matches(row: dict[str, Any], text: str | None) -> bool:
-    """Whether a :func:`summary` row's id, tags or notes contain ``text`` (any case; no text:
-    every row)."""
-    if not text:
-        return True
-    haystack = "\n".join([row["run_id"], *row.get("tags", []), row.get("notes", "")])
-    return text.casefold() in haystack.casefold()
-
-
-def progress_text(row: dict[str, Any]) -> str | None:
-    """A :func:`summary` row's progress as ``<epoch> of <epochs>`` (``None`` without a config);
-    an AdaScale run's as its epochs so far and how far its clock ``τ`` is."""
-    if not row["epochs"]:
-        return None
-    if row.get("adascale"):  # its epochs are an outcome; its progress is its clock's
-        return f"{round(row['epoch'], 2):g} epochs, τ {row['progress'] or 0:.0%}"
-    epoch = row["epochs"] if row["state"] == "completed" else row["epoch"]
-    return f"{round(epoch, 2):g} of {row['epochs']}"
-
-
-def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
-    """One row of the runs table: identity, state, set-up, and the headline numbers
-    (``events``: the run's events if the caller has already read them). Never raises: what
-    cannot be read is left empty and named in ``reason`` as ``unreadable: ...``."""
-    from toolkit.config import ConfigError
-    from toolkit.runs.events import read_events
-
-    status, meta = run.status(), run.meta()
-    problems = []
-    row = {
-        "run_id": run.run_id,
-        "state": status.get("state"),
-        "optimizer": None,
-        "global_batch": meta.get("global_batch"),
-        "workers": meta.get("world_size"),
-        "epochs": None,
-        "adascale": False,
-    }
-    try:
-        config = run.config()
-        row.update(
-            optimizer=config.optimizer.name,
-            # an elastic run's: as many as it has now (or had last)
-            workers=(config.elastic and status.get("world_size")) or config.workers,
-            global_batch=config.global_batch(),
-            epochs=config.epochs,
-            adascale=config.lr_scaling.rule == "adascale",
-        )
-    except FileNotFoundError:
-        problems.append("no config.yaml")
-    except (OSError, ConfigError) as error:
-        problems.append(f"config.yaml: {_short(error)}")
-    if events is None:
-        try:
-            events = read_events(run.events_path)
-        except OSError as error:
-            problems.append(_short(error))
-            events = pd.DataFrame()
-    train = events[events["phase"] == "train"] if "phase" in events else events.iloc[0:0]
-    evals = events[events["phase"] == "eval"] if "phase" in events else events.iloc[0:0]
-    started = status.get("started") or meta.get("created")
-    ended = status.get("state") not in LIVE
-    finished = status.get("finished") or (status.get("updated") if ended else time.time())
-
-    def column(frame, name, how):
-        if name not in frame or frame[name].dropna().empty:
-            return None
-        values = frame[name].dropna()
-        return float(getattr(values, how)() if how != "last" else values.iloc[-1])
-
-    epoch = column(train, "epoch", "last") or 0.0
-    tau, total = column(train, "tau", "last"), meta.get("total_steps")
-    if status.get("state") == "completed":
-        progress = 1.0
-    elif row["adascale"]:  # on AdaScale's clock: base-run updates done
-        progress = min(1.0, tau / total) if tau is not None and total else 0.0
-    else:
-        progress = min(1.0, epoch / row["epochs"]) if row["epochs"] else None
-    reasons = [status.get("reason")] if status.get("reason") else []
-    if problems and status.get("state") != "queued":
-        reasons.append("unreadable: " + "; ".join(problems))
-    return {
-        **row,
-        "epoch": epoch if row["epochs"] else None,
-        "progress": progress,
-        "started": started,
-        "duration_s": finished - started if started and finished else None,
-        "last_step": column(train, "step", "last"),
-        "last_loss": column(train, "loss", "last"),
-        "best_eval_loss": column(evals, "loss", "min"),
-        "last_eval_accuracy": column(evals, "accuracy", "last"),
-        "best_eval_accuracy": column(evals, "accuracy", "max"),
-        "samples_per_sec": column(train, "samples_per_sec", "median"),
-        "reason": "; ".join(reasons) or None,
-        "probe": bool(meta.get("probe", False)),
-        "tags": meta.get("tags", []),
-        "notes": meta.get("notes", ""),
-    }

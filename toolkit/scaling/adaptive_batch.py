@@ -11,11 +11,11 @@ examples per step, through the same compiled step, and an update sums ``k`` step
 before they are averaged over the workers, so the global batch is ``k · per_worker · workers``.
 ``k`` is a variable the compiled step reads (:func:`accumulate`), so changing it retraces
 nothing. Epochs of an adaptive run are a whole number of updates at any batch it may take
-(:func:`toolkit.training.experiment.steps_per_epoch`), so a change always falls between two updates.
+(:attr:`toolkit.plan.RunPlan.steps_per_epoch`), so a change always falls between two updates.
 
-:class:`BatchPlan` is how a run's steps group into updates, the one place callbacks and
-checkpoints ask: a fixed ``k`` for any other run, the current ``k`` and where it started for an
-adaptive one.
+:class:`Accumulation` is how a run's steps group into updates as it trains, the one place
+callbacks and checkpoints ask: a fixed ``k`` for any other run (its plan's), the current ``k``
+and where it started for an adaptive one.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import math
 
 import keras
 import tensorflow as tf
+
+from toolkit.plan import Scale, noise_batches
 
 
 def next_batch(b_simple: float, current: int, smallest: int, largest: int) -> int:
@@ -38,21 +40,21 @@ def next_batch(b_simple: float, current: int, smallest: int, largest: int) -> in
     return min(max(nearest, smallest, current // 2), largest, current * 2)
 
 
-def follow(b_simple: float, plan: BatchPlan, adascale, adaptive, step: int) -> bool:
+def follow(b_simple: float, accumulation: Accumulation, adascale, adaptive, step: int) -> bool:
     """Decide the batch at ``step`` (an epoch's start, which ends an update) from the averaged
     ``b_simple`` by :func:`next_batch` within ``adaptive``'s bounds (a
-    :class:`~toolkit.config.AdaptiveBatchConfig`); if it changes, the ``plan``'s accumulation
-    and ``adascale``'s scale and noise batches follow from the next update on. Returns whether
-    it changed."""
-    was = plan.global_batch
+    :class:`~toolkit.config.AdaptiveBatchConfig`); if it changes, the ``accumulation`` and
+    ``adascale``'s scale and noise batches follow from the next update on. Returns whether it
+    changed."""
+    was = accumulation.global_batch
     batch = next_batch(b_simple, was, adaptive.min, adaptive.max)
     if batch != was:
-        plan.switch(step, batch)
-        adascale.rescale(batch, *plan.noise_batches())
+        accumulation.switch(step, batch)
+        adascale.rescale(batch, *accumulation.noise_batches())
     return batch != was
 
 
-class BatchPlan:
+class Accumulation:
     """How a run's steps (one batch per worker) group into optimizer updates.
 
     ``per_worker`` examples per worker and step, ``world`` workers, ``steps_per_update``
@@ -75,6 +77,11 @@ class BatchPlan:
         )
         self._earlier: list[tuple[int, int, int]] = []
 
+    @classmethod
+    def starting(cls, plan: Scale) -> Accumulation:
+        """The accumulation a run with ``plan`` starts with (an adaptive batch's first)."""
+        return cls(plan.per_worker, plan.world_size, plan.steps_per_update, plan.adaptive)
+
     def reload(self) -> None:
         """Take the stretch from its variable, after a checkpoint (or a broadcast) set it."""
         self._current = tuple(int(v) for v in self.stretch.numpy())
@@ -93,14 +100,9 @@ class BatchPlan:
         return [self.stretch]
 
     def noise_batches(self) -> tuple[int, int]:
-        """The two batch sizes ``(b_small, b_big)`` the noise scale is measured at now: each
-        worker's examples per update and the global batch with several workers (the
-        allreduce hook); two halves of a per-worker batch with one
-        (:class:`~toolkit.training.callbacks.HalfBatchNorms`)."""
-        if self.world > 1:
-            return self.global_batch // self.world, self.global_batch
-        half = self.per_worker // 2
-        return half, 2 * half
+        """The two batch sizes ``(b_small, b_big)`` the noise scale is measured at now
+        (:func:`toolkit.plan.noise_batches`)."""
+        return noise_batches(self.per_worker, self.world, self.global_batch)
 
     def updates(self, step: int) -> float:
         """Updates done after ``step`` steps, counting a part-accumulated one as its fraction
@@ -141,14 +143,16 @@ class BatchPlan:
         return max((s for s in self._earlier if s[0] <= step), default=current)
 
 
-def accumulate(optimizer: keras.optimizers.Optimizer, plan: BatchPlan, variables: list) -> None:
-    """Make ``optimizer`` apply an update to ``variables`` every ``plan.steps_per_update``
-    calls, with the mean of their gradients. The count is read from the plan's variable at
-    every call, so it may change between updates without retracing (Keras's
-    ``gradient_accumulation_steps`` is fixed when the step is traced). As there, the calls in
-    between only add to one accumulator per variable, and the optimizer's ``iterations`` count
-    updates; the update itself (the allreduce hook included) runs once per count. Replaces
-    ``apply`` on the instance: call it after
+def accumulate(
+    optimizer: keras.optimizers.Optimizer, accumulation: Accumulation, variables: list
+) -> None:
+    """Make ``optimizer`` apply an update to ``variables`` every
+    ``accumulation.steps_per_update`` calls, with the mean of their gradients. The count is
+    read from the accumulation's variable at every call, so it may change between updates
+    without retracing (Keras's ``gradient_accumulation_steps`` is fixed when the step is
+    traced). As there, the calls in between only add to one accumulator per variable, and the
+    optimizer's ``iterations`` count updates; the update itself (the allreduce hook included)
+    runs once per count. Replaces ``apply`` on the instance: call it after
     :func:`~toolkit.parallel.distributed.DistributedOptimizer`, which hooks inside ``apply``."""
     variables = list(variables)
     optimizer.build(variables)
@@ -169,6 +173,6 @@ def accumulate(optimizer: keras.optimizers.Optimizer, plan: BatchPlan, variables
             count.assign(0)
             return tf.constant(True)
 
-        tf.cond(done >= plan.stretch[1], update, lambda: tf.constant(False))
+        tf.cond(done >= accumulation.stretch[1], update, lambda: tf.constant(False))
 
     optimizer.apply = accumulate_then_apply

@@ -1,9 +1,15 @@
 """Keras callbacks of a training run: events, trust ratios, checkpoints, the NaN guard.
 
-They are the train loop's hooks (``before/after_step`` in detectron2 and LiBai terms). The
-trainer gives them to rank 0 only, except :class:`StopOnNonFiniteLoss`, which every worker runs
-(the weights are identical on all workers, so all of them see a non-finite loss together), and
-:class:`SystemLogger`, which gathers a sample from every worker.
+They are the train loop's hooks (``before/after_step`` in detectron2 and LiBai terms), and take
+the run's plan (:class:`~toolkit.plan.RunPlan`: its intervals and sizes) and what Keras gives
+them. Which worker runs which (:meth:`toolkit.training.trainer.Trainer.callbacks`): the loggers
+that only write (:class:`EventLogger`, :class:`TrustRatioLogger`, :class:`NoiseScaleLogger`)
+run on rank 0 alone, which has the event writer; every other runs on every worker, in the same
+order, because it makes a collective call or must act on all of them at once:
+:class:`Checkpointer` gathers every worker's residuals (rank 0 writes), :class:`SystemLogger`
+gathers a sample from each, and :class:`StopOnNonFiniteLoss` stops them all together (the
+weights are the same on every worker, so all of them see a non-finite loss at once). A
+collective callback left out on one worker hangs the others.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ import tensorflow as tf
 
 from toolkit.optimizers import unwrapped
 from toolkit.parallel.distributed import allgather_rows
+from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints
 from toolkit.runs.events import EventWriter
-from toolkit.scaling.adaptive_batch import BatchPlan
+from toolkit.scaling.adaptive_batch import Accumulation
 from toolkit.scaling.noise_scale import Smoother, estimate
 from toolkit.training import system
 from toolkit.training.experiment import rates_at
@@ -62,31 +69,29 @@ class EventLogger(keras.callbacks.Callback):
     ``comm/compression_ratio``, a dense float32 allreduce's bytes over those (when any were
     sent). With ``adascale`` (:class:`~toolkit.scaling.adascale.AdaScale`), ``lr`` is the rate the
     latest update applied, and the event holds that update's ``gain`` and the clock ``tau``
-    after it. Given the run's ``plan`` (:class:`~toolkit.scaling.adaptive_batch.BatchPlan`: how
-    steps group into updates), bytes are counted per update of the plan (without one, per step), and
-    if the batch is adaptive, train and eval events hold the ``global_batch`` of the latest
-    update.
+    after it. Given the run's ``accumulation``
+    (:class:`~toolkit.scaling.adaptive_batch.Accumulation`: how steps group into updates), bytes
+    are counted per update (without one, per step), and if the batch is adaptive, train and eval
+    events hold the ``global_batch`` of the latest update. Its intervals and sizes are the
+    ``plan``'s.
     """
 
     def __init__(
         self,
         writer: EventWriter,
         counter: StepCounter,
+        plan: RunPlan,
         *,
-        every_steps: int,
-        steps_per_epoch: int,
-        samples_per_step: int,
-        world_size: int = 1,
+        accumulation: Accumulation | None = None,
         traffic=None,
-        plan: BatchPlan | None = None,
         adascale=None,
     ):
         super().__init__()
-        self.writer, self.counter, self.world_size = writer, counter, world_size
-        self.adascale, self.plan = adascale, plan
-        self.every_steps = every_steps
-        self.steps_per_epoch = steps_per_epoch
-        self.samples_per_step = samples_per_step
+        self.writer, self.counter, self.world_size = writer, counter, plan.world_size
+        self.adascale, self.accumulation = adascale, accumulation
+        self.every_steps = plan.event_every
+        self.steps_per_epoch = plan.steps_per_epoch
+        self.samples_per_step = plan.examples_per_step
         self.traffic = traffic
         self._clock: tuple[int, float, float] | None = None
         self._rates = None
@@ -117,14 +122,17 @@ class EventLogger(keras.callbacks.Callback):
             record["samples_per_sec"] = (
                 self.samples_per_step * (step - last_step) / (now - last_time)
             )
-        if self.plan is not None and self.plan.adaptive:
-            record["global_batch"] = self.plan.global_batch
+        if self.accumulation is not None and self.accumulation.adaptive:
+            record["global_batch"] = self.accumulation.global_batch
         if self.adascale is not None:
             record["gain"] = float(self.adascale.gain.numpy())
             record["tau"] = float(self.adascale.tau.numpy())
         record.update({k: float(v) for k, v in logs.items()})
         if self.traffic is not None and step > last_step:
-            updates = self.plan.updates(step) - self.plan.updates(last_step) if self.plan else 0
+            accumulation = self.accumulation
+            updates = (
+                accumulation.updates(step) - accumulation.updates(last_step) if accumulation else 0
+            )
             per_update = (sent - last_sent) / (updates or step - last_step)
             record["comm/bytes_sent"] = per_update
             if per_update > 0 and self.traffic.dense_bytes:
@@ -137,8 +145,8 @@ class EventLogger(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         record = {"step": self.counter.step, "epoch": epoch + 1, "phase": "eval"}
-        if self.plan is not None and self.plan.adaptive:
-            record["global_batch"] = self.plan.global_batch
+        if self.accumulation is not None and self.accumulation.adaptive:
+            record["global_batch"] = self.accumulation.global_batch
         for key, value in logs.items():
             name = key.removeprefix("val_") if key.startswith("val_") else f"train_{key}"
             record[name] = float(value)
@@ -151,12 +159,12 @@ class TrustRatioLogger(keras.callbacks.Callback):
     ``trust_ratio/<path>`` keys. They are read from the optimizer
     (:meth:`~toolkit.optimizers.base.CoupledDecayOptimizer.applied_trust_ratios`), which keeps
     them as it updates: no extra gradient, and with several workers the ratios of the averaged
-    gradient, the same on every worker."""
+    gradient, the same on every worker. Its interval is the ``plan``'s ``trust_ratio_every``."""
 
-    def __init__(self, writer: EventWriter, counter: StepCounter, *, every_steps: int):
+    def __init__(self, writer: EventWriter, counter: StepCounter, plan: RunPlan):
         super().__init__()
         self.writer, self.counter = writer, counter
-        self.every_steps = every_steps
+        self.every_steps = plan.trust_ratio_every
 
     def on_train_batch_end(self, batch, logs=None):
         if self.counter.step % self.every_steps:
@@ -236,15 +244,15 @@ class NoiseScaleLogger(keras.callbacks.Callback):
     (:mod:`toolkit.scaling.noise_scale`): the smoothed ``b_simple``, ``grad_sq`` and
     ``trace_sigma``, this step's ``grad_sq_step`` and ``trace_sigma_step``, the measured
     ``small_sq`` and
-    ``big_sq`` and their batch sizes ``b_small`` and ``b_big`` (the ``plan``'s, as measured:
-    :meth:`~toolkit.scaling.adaptive_batch.BatchPlan.noise_batches`).
+    ``big_sq`` and their batch sizes ``b_small`` and ``b_big`` (the ``accumulation``'s, as
+    measured: :meth:`~toolkit.scaling.adaptive_batch.Accumulation.noise_batches`).
 
     The norms come from ``meter`` (a :class:`~toolkit.parallel.distributed.GradientNoiseMeter` in
     the allreduce hook, with more than one worker), which measures inside the compiled step at
     its update, and is read here once a multiple of the interval has passed; or, with one
     worker, from ``halves`` (:class:`HalfBatchNorms`), measured here at the end of the Keras
     execution that reaches the multiple. Either way the event's step is the step measured.
-    ``plan``: how steps group into updates (local accumulation). Every event is
+    ``accumulation``: how steps group into updates. Every event is
     also kept in :attr:`records`; ``writer`` and ``counter`` may be ``None`` (no file;
     steps counted here), as in :func:`noise_scale_callback`.
     """
@@ -255,7 +263,7 @@ class NoiseScaleLogger(keras.callbacks.Callback):
         counter: StepCounter | None,
         *,
         every_updates: int,
-        plan: BatchPlan,
+        accumulation: Accumulation,
         steps_per_epoch: int,
         smoothing: float,
         meter=None,
@@ -267,7 +275,7 @@ class NoiseScaleLogger(keras.callbacks.Callback):
             raise ValueError("give exactly one of meter (workers > 1) and halves (one worker)")
         self.writer = writer
         self.counter, self._counts = (counter, False) if counter else (StepCounter(), True)
-        self.every_updates, self.plan = every_updates, plan
+        self.every_updates, self.accumulation = every_updates, accumulation
         self.steps_per_epoch = steps_per_epoch
         self.smoother = smoother or Smoother(decay=smoothing)  # given: it goes on from there
         self.meter, self.halves = meter, halves
@@ -286,17 +294,17 @@ class NoiseScaleLogger(keras.callbacks.Callback):
             self.counter.on_train_batch_end(batch)
         step, seen = self.counter.step, self._seen
         self._seen = step
-        every, updates = self.every_updates, self.plan.updates
+        every, updates = self.every_updates, self.accumulation.updates
         if int(updates(step)) // every == int(updates(seen)) // every:
             return  # no multiple of the interval since the last call
         if self.meter is not None:
             update, small_sq, big_sq = self.meter.read()
             if update == self._last_update:  # nothing new measured
                 return
-            self._last_update, step = update, self.plan.step_of(update)
+            self._last_update, step = update, self.accumulation.step_of(update)
         else:
             small_sq, big_sq = self.halves(self.model, step)
-        b_small, b_big = self.plan.noise_batches()
+        b_small, b_big = self.accumulation.noise_batches()
         grad_sq, trace_sigma = estimate(small_sq, big_sq, b_small, b_big)
         self.smoother.update(grad_sq, trace_sigma)
         self.records.append(
@@ -335,7 +343,7 @@ def noise_scale_callback(
         None,
         None,
         every_updates=every_steps,
-        plan=BatchPlan(batch_size, world=1),
+        accumulation=Accumulation(batch_size, world=1),
         steps_per_epoch=max(1, len(x) // batch_size),
         smoothing=smoothing,
         halves=HalfBatchNorms(x, y, batch_size // 2, seed),
@@ -350,17 +358,19 @@ class HalfBatchMeter(keras.callbacks.Callback):
     come from the same measurements. Costs one extra forward and backward pass of a batch per
     update, and needs Keras's ``steps_per_execution`` of 1."""
 
-    def __init__(self, halves: HalfBatchNorms, adascale, counter: StepCounter, plan: BatchPlan):
+    def __init__(
+        self, halves: HalfBatchNorms, adascale, counter: StepCounter, accumulation: Accumulation
+    ):
         super().__init__()
-        self.halves, self.counter, self.plan = halves, counter, plan
+        self.halves, self.counter, self.accumulation = halves, counter, accumulation
         self._latest = (0, 0.0, 0.0)
         self._observe = tf.function(adascale.observe, autograph=False)  # a few µs, not ms
 
     def on_train_batch_begin(self, batch, logs=None):
         step = self.counter.step
-        if not self.plan.starts_update(step):
+        if not self.accumulation.starts_update(step):
             return
-        update = round(self.plan.updates(step))
+        update = round(self.accumulation.updates(step))
         small_sq, big_sq = self.halves(self.model, update)
         self._observe(tf.constant(small_sq, tf.float64), tf.constant(big_sq, tf.float64))
         self._latest = (update + 1, small_sq, big_sq)
@@ -408,27 +418,26 @@ class AdaScaleProgress(keras.callbacks.Callback):
 
 
 class Checkpointer(keras.callbacks.Callback):
-    """Saves a checkpoint every ``every_epochs`` epochs and after the last one, into
-    ``directory`` (rank 0; ``None`` on the other workers). ``gather``, if given, is called on
-    every worker at those epochs (a collective: it returns every worker's residuals, which
-    rank 0 saves with the checkpoint). ``state``: variables outside the optimizer saved with it
-    (AdaScale's); ``finished``, if given, says the run ends at this epoch's end before
-    ``last_epoch`` (AdaScale's clock ran out), which is checkpointed too."""
+    """Saves a checkpoint every ``checkpoint_every`` epochs of the ``plan`` and after its last
+    epoch, into ``directory`` (rank 0; ``None`` on the other workers). ``gather``, if given, is
+    called on every worker at those epochs (a collective: it returns every worker's residuals,
+    which rank 0 saves with the checkpoint). ``state``: variables outside the optimizer saved
+    with it (AdaScale's); ``finished``, if given, says the run ends at this epoch's end before
+    its last (AdaScale's clock ran out), which is checkpointed too."""
 
     def __init__(
         self,
         directory,
         counter: StepCounter,
+        plan: RunPlan,
         *,
-        every_epochs: int,
-        last_epoch: int,
         gather=None,
         state: list = (),
         finished=None,
     ):
         super().__init__()
         self.directory, self.counter, self.gather = directory, counter, gather
-        self.every_epochs, self.last_epoch = every_epochs, last_epoch
+        self.every_epochs, self.last_epoch = plan.checkpoint_every, plan.last_epoch
         self.state, self.finished = state, finished
 
     def on_epoch_end(self, epoch, logs=None):
@@ -448,26 +457,20 @@ class Checkpointer(keras.callbacks.Callback):
 
 
 class SystemLogger(keras.callbacks.Callback):
-    """At step ``first_step`` and every ``every_steps`` steps, a sample of every worker's system
-    metrics (:mod:`toolkit.training.system`), gathered from all of them (every worker runs this
-    callback, at the same steps) and written by the one with the ``writer`` (rank 0) as a ``system``
-    event. With a ``traffic`` counter (:class:`toolkit.parallel.compression.Traffic`), each worker's
-    own bytes per update since its previous sample are in it (per worker: a threshold's differ)."""
+    """At the first train event's step and every ``system_every`` steps of the ``plan``, a
+    sample of every worker's system metrics (:mod:`toolkit.training.system`), gathered from all
+    of them (every worker runs this callback, at the same steps) and written by the one with the
+    ``writer`` (rank 0) as a ``system`` event. With a ``traffic`` counter
+    (:class:`toolkit.parallel.compression.Traffic`), each worker's own bytes per update since
+    its previous sample are in it (per worker: a threshold's differ)."""
 
     def __init__(
-        self,
-        writer: EventWriter | None,
-        counter: StepCounter,
-        *,
-        first_step: int,
-        every_steps: int,
-        steps_per_epoch: int,
-        traffic=None,
+        self, writer: EventWriter | None, counter: StepCounter, plan: RunPlan, traffic=None
     ):
         super().__init__()
         self.writer, self.counter = writer, counter
-        self.first_step, self.every_steps = first_step, every_steps
-        self.steps_per_epoch = steps_per_epoch
+        self.first_step, self.every_steps = plan.event_every, plan.system_every
+        self.steps_per_epoch = plan.steps_per_epoch
         self.sampler = system.Sampler()
         self.traffic, self._sent = traffic, None  # (updates, bytes) at the previous sample
 

@@ -29,6 +29,7 @@ import sklearn.model_selection
 import tensorflow as tf
 
 from toolkit.catalog import DATASETS
+from toolkit.plan import shard_size
 
 CACHE_ENV = "LARGE_BATCH_LAB_CACHE"
 """Environment variable overriding the cache root (default ``~/.cache/large-batch-lab``)."""
@@ -160,11 +161,6 @@ load_cifar10 = _keras_loader("cifar10", 10)
 def load(name: str, *, seed: int = 0, **params) -> Dataset:
     """Load the dataset registered as ``name``; unknown names or parameters: ``ValueError``."""
     return DATASETS.get(name, seed=seed, **params)
-
-
-def shard_size(num_examples: int, num_shards: int = 1) -> int:
-    """Examples per worker and epoch: the same on every worker (the remainder is dropped)."""
-    return num_examples // num_shards
 
 
 def _check_shard(num_shards: int, shard_index: int) -> None:

@@ -1,8 +1,9 @@
-"""Turn a validated :class:`~toolkit.config.ExperimentConfig` into the objects a run uses.
+"""Turn a validated :class:`~toolkit.config.ExperimentConfig` and its plan
+(:class:`~toolkit.plan.RunPlan`) into the objects a run uses: its data, model, schedule and
+optimizer.
 
-Training, the app's schedule preview and notebooks all go through these functions, so the rate
-a preview shows is the rate training uses. A *step* is one batch per worker (one optimizer
-call); ``steps_per_epoch`` counts them for one worker's shard.
+Training, the app's schedule preview and notebooks all go through these functions and read the
+same plan, so the rate a preview shows is the rate training uses.
 """
 
 from __future__ import annotations
@@ -13,48 +14,14 @@ import keras
 import numpy as np
 import pandas as pd
 import tensorflow as tf
-from keras.optimizers.schedules import CosineDecay, ExponentialDecay, PolynomialDecay
 
 from toolkit import optimizers
-from toolkit.config import ConfigError, ExperimentConfig
-from toolkit.optimizers.schedules import MultiFactor, Poly, Warmup
-from toolkit.scaling.adaptive_batch import BatchPlan
+from toolkit.config import ExperimentConfig
+from toolkit.optimizers import schedules
+from toolkit.optimizers.schedules import Warmup
+from toolkit.plan import RunPlan
 from toolkit.scaling.adascale import AdaScale
 from toolkit.training import data, models
-
-
-def steps_per_epoch(config: ExperimentConfig, num_train: int, world_size: int) -> int:
-    """Batches per worker and epoch (capped by ``config.steps_per_epoch``). At a fixed
-    ``batch.global_size`` G it is the same on any number of workers W that divides G, as an
-    elastic run needs: ``⌊⌊n / W⌋ / (G / W)⌋ = ⌊n / G⌋``. An adaptive batch's epoch is a whole
-    number of updates at its largest batch, so at any batch it takes (powers of two): ``⌊n /
-    max⌋`` of them, whose examples it then takes at whatever batch it has."""
-    per_worker = config.per_worker_batch(world_size)
-    steps = data.shard_size(num_train, world_size) // per_worker
-    if steps < 1:
-        raise ConfigError(
-            f"batch.per_worker={per_worker} is larger than each of the "
-            f"{world_size} workers' {data.shard_size(num_train, world_size)} training examples"
-        )
-    if adaptive := config.batch.adaptive:
-        most = most_steps_per_update(config, world_size)
-        if steps < most:
-            raise ConfigError(
-                f"batch.adaptive.max={adaptive.max} is larger than the {num_train} training "
-                "examples"
-            )
-        steps -= steps % most
-    return min(steps, config.steps_per_epoch or steps)
-
-
-def batch_plan(config: ExperimentConfig, world_size: int) -> BatchPlan:
-    """How the run's steps group into updates, as it starts (an adaptive batch's first)."""
-    return BatchPlan(
-        config.per_worker_batch(world_size),
-        world_size,
-        config.steps_per_update(world_size),
-        adaptive=config.batch.adaptive is not None,
-    )
 
 
 def load_dataset(config: ExperimentConfig) -> data.Dataset:
@@ -63,24 +30,26 @@ def load_dataset(config: ExperimentConfig) -> data.Dataset:
 
 
 def train_batches(
-    config: ExperimentConfig,
+    plan: RunPlan,
     dataset: data.Dataset,
     epoch: int,
-    world_size: int = 1,
+    *,
+    seed: int,
     rank: int = 0,
     last: int | None = None,
 ) -> tf.data.Dataset:
     """Worker ``rank``'s batches of epochs ``epoch`` to ``last`` (default: ``epoch`` alone):
-    its shard of the training set in each epoch's seeded order, :func:`steps_per_epoch`
-    batches of its per-worker size, built lazily (:func:`toolkit.training.data.epochs_dataset`)."""
+    its shard of the training set in each epoch's order (seeded by ``seed``), the plan's
+    steps per epoch in batches of its per-worker size, built lazily
+    (:func:`toolkit.training.data.epochs_dataset`)."""
     return data.epochs_dataset(
         dataset.x_train,
         dataset.y_train,
-        batch_size=config.per_worker_batch(world_size),
+        batch_size=plan.per_worker,
         epochs=range(epoch, epoch + 1 if last is None else last),
-        steps_per_epoch=steps_per_epoch(config, len(dataset.x_train), world_size),
-        seed=config.seed,
-        num_shards=world_size,
+        steps_per_epoch=plan.steps_per_epoch,
+        seed=seed,
+        num_shards=plan.world_size,
         shard_index=rank,
     )
 
@@ -104,104 +73,45 @@ def build_model(config: ExperimentConfig, dataset: data.Dataset) -> keras.Model:
     )
 
 
-def learning_rate_schedule(config: ExperimentConfig, steps_per_epoch: int, world_size: int):
-    """The learning-rate schedule: the scaled base rate, the named decay, then the warmup."""
-    base = config.scaled_learning_rate(world_size)
-    total = config.epochs * steps_per_epoch
-    params = config.schedule.params
-    match config.schedule.name:
-        case "constant":
-            schedule = base
-        case "poly":
-            schedule = Poly(base, total, power=params.get("power", 2.0))
-        case "polynomial":
-            schedule = PolynomialDecay(base, total, **params)
-        case "cosine":
-            schedule = CosineDecay(base, total, alpha=params.get("alpha", 0.0))
-        case "exponential":
-            schedule = ExponentialDecay(
-                base,
-                decay_steps=max(1, round(params.get("decay_epochs", 1) * steps_per_epoch)),
-                decay_rate=params.get("decay_rate", 0.1),
-                staircase=params.get("staircase", False),
-            )
-        case "multifactor":
-            milestones = [round(e * steps_per_epoch) for e in params.get("epochs", [])]
-            schedule = MultiFactor(base, milestones, params.get("factor", 0.1))
-    warmup = config.schedule.warmup
+def learning_rate_schedule(config: ExperimentConfig, plan: RunPlan):
+    """The learning-rate schedule: the scaled base rate, the named schedule over the run
+    (:data:`toolkit.catalog.SCHEDULES`), the warm-up in front."""
+    schedule = schedules.get(
+        config.schedule.name,
+        plan.learning_rate,
+        plan.schedule_steps,
+        plan.schedule_steps_per_epoch,
+        **config.schedule.params,
+    )
     return Warmup(
         schedule,
-        warmup_steps=round(warmup.epochs * steps_per_epoch),
-        strategy=warmup.strategy,
-        initial_multiplier=config.warmup_multiplier(world_size),
+        warmup_steps=plan.warmup_steps,
+        strategy=config.schedule.warmup.strategy,
+        initial_multiplier=plan.warmup_multiplier,
     )
 
 
-def noise_batches(config: ExperimentConfig, world_size: int) -> tuple[int, int]:
-    """The two batch sizes ``(b_small, b_big)`` the noise scale is measured at, as the run
-    starts (:meth:`~toolkit.scaling.adaptive_batch.BatchPlan.noise_batches`)."""
-    return batch_plan(config, world_size).noise_batches()
-
-
-def base_updates_per_epoch(config: ExperimentConfig, num_train: int) -> int:
-    """Updates per epoch of AdaScale's base run, at ``lr_scaling.base_batch``."""
-    updates = num_train // config.lr_scaling.base_batch
-    if updates < 1:
-        raise ConfigError(
-            f"lr_scaling.base_batch={config.lr_scaling.base_batch} is larger than the "
-            f"{num_train} training examples"
-        )
-    return updates
-
-
-def adascale_updates(config: ExperimentConfig, num_train: int) -> int:
-    """The base run's updates, which AdaScale's clock ``τ`` counts to: ``epochs`` of
-    :func:`base_updates_per_epoch`."""
-    return config.epochs * base_updates_per_epoch(config, num_train)
-
-
-def last_epoch(config: ExperimentConfig, num_train: int, world_size: int) -> int:
-    """The epoch a run trains to at most: ``epochs``; with AdaScale, as many as its base run's
-    updates take at a gain of 1 (it ends sooner, once ``τ`` has done them), at its largest
-    batch if it is adaptive."""
-    if config.lr_scaling.rule != "adascale":
-        return config.epochs
-    steps = adascale_updates(config, num_train) * most_steps_per_update(config, world_size)
-    return -(-steps // steps_per_epoch(config, num_train, world_size))
-
-
-def most_steps_per_update(config: ExperimentConfig, world_size: int) -> int:
-    """Steps per update at most: the run's, or an adaptive batch's at its largest."""
-    if adaptive := config.batch.adaptive:
-        return adaptive.max // (config.per_worker_batch(world_size) * world_size)
-    return config.steps_per_update(world_size)
-
-
-def build_optimizer(
-    config: ExperimentConfig, steps_per_epoch: int, world_size: int, num_train: int | None = None
-) -> keras.optimizers.Optimizer:
-    """The configured optimizer with the scheduled learning rate. LBSGD's
-    ``updates_per_epoch`` defaults to the run's real ``steps_per_epoch``. AdaScale's rate
-    (``lr_scaling.rule: adascale``) is its base schedule, laid out over the base run's epochs
-    of ``num_train`` examples, times its gain (:class:`~toolkit.scaling.adascale.AdaScale`)."""
+def build_optimizer(config: ExperimentConfig, plan: RunPlan) -> keras.optimizers.Optimizer:
+    """The configured optimizer with the scheduled learning rate. An optimizer that counts
+    its updates per epoch (LBSGD's ``updates_per_epoch``) gets the run's real steps per
+    epoch unless the config sets it. AdaScale's rate (``lr_scaling.rule: adascale``) is its
+    base schedule, laid out over the base run's epochs, times its gain
+    (:class:`~toolkit.scaling.adascale.AdaScale`)."""
     params = dict(config.optimizer.params)
-    if config.optimizer.name == "lbsgd":
-        params.setdefault("updates_per_epoch", steps_per_epoch)
-    if config.lr_scaling.rule == "adascale":
-        if num_train is None:
-            raise ValueError("AdaScale's base schedule needs num_train")
-        b_small, b_big = noise_batches(config, world_size)
+    if "updates_per_epoch" in optimizers.OPTIMIZERS.parameters(config.optimizer.name):
+        params.setdefault("updates_per_epoch", plan.steps_per_epoch)
+    learning_rate = learning_rate_schedule(config, plan)
+    if plan.base_updates is not None:
+        b_small, b_big = plan.noise_batches
         learning_rate = AdaScale(
-            learning_rate_schedule(config, base_updates_per_epoch(config, num_train), world_size),
-            batch=config.global_batch(world_size),
+            learning_rate,
+            batch=plan.global_batch,
             base_batch=config.lr_scaling.base_batch,
             b_small=b_small,
             b_big=b_big,
-            smoothing=config.logging.noise_scale_smoothing,
-            total=adascale_updates(config, num_train),
+            smoothing=plan.noise_smoothing,
+            total=plan.base_updates,
         )
-    else:
-        learning_rate = learning_rate_schedule(config, steps_per_epoch, world_size)
     return optimizers.get(config.optimizer.name, learning_rate=learning_rate, **params)
 
 
@@ -252,13 +162,12 @@ def schedule_preview(
     ``step``, ``epoch``, ``lr``, ``momentum``; at most ``points`` rows. With AdaScale, the
     base schedule over the base run's updates: training reads it at its clock ``τ`` (``step``
     here) and multiplies it by the gain."""
-    world_size = world_size or config.workers
-    spe = steps_per_epoch(config, num_train, world_size)
-    optimizer = build_optimizer(config, spe, world_size, num_train)
+    plan = RunPlan.of(config, num_train, world_size)
+    optimizer = build_optimizer(config, plan)
     if adascale := adascale_of(optimizer):
         optimizer.learning_rate = adascale.schedule
-        spe = base_updates_per_epoch(config, num_train)
-    total = config.epochs * spe
+    spe = plan.schedule_steps_per_epoch
+    total = plan.schedule_steps
     steps = np.unique(np.linspace(0, total - 1, min(points, total)).round().astype(int))
     rates = rates_at(optimizer)
     lr, momentum = zip(*(rates(int(s)) for s in steps), strict=True)

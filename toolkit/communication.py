@@ -1,0 +1,231 @@
+"""What the workers exchange every update, as one object that knows which options go together.
+
+The config gives it in two flat sections, as YAML wants: ``allreduce:`` (what a gradient
+allreduce sends: float32, fp16, SINGA's sparsified modes or MXNet's 2-bit, with or without the
+residual, and Deep Gradient Compression's techniques) and ``sync:`` (whether gradients are
+averaged every update, or parameters now and then). :class:`Communication` holds both and
+resolves them once: which of DGC's techniques are on (``dgc: true`` turns on each one not
+given), what the optimizer must be able to do, and whether an elastic run can carry it across
+a reset. Its rules are written here alone, and run wherever one is built: the schema builds
+one for every config (:meth:`toolkit.config.ExperimentConfig.communication`), a notebook with
+:func:`toolkit.config.communication`, and
+:func:`~toolkit.parallel.distributed.DistributedOptimizer` takes it whole, as Horovod's
+optimizer takes one ``compression=`` object. What it does to tensors is in
+:mod:`toolkit.parallel.compression` and :mod:`toolkit.parallel.sync`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from toolkit.errors import ConfigError
+
+if TYPE_CHECKING:  # the schema builds these objects, so they name its types only
+    from toolkit.config import AllreduceConfig, SyncConfig
+
+SPARSE = ("topk", "threshold")
+COMPRESSED = (*SPARSE, "2bit")
+"""The encoded modes: allgathered, with error feedback and DGC's techniques."""
+MODES = ("none", "fp16", *COMPRESSED)
+VALUE_DTYPES = ("float32", "float16")
+SYNC_MODES = ("full", "partial", "local_sgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Techniques:
+    """Deep Gradient Compression's techniques (Lin et al., ICLR 2018), each on or off, for the
+    encoded modes: what :mod:`toolkit.parallel.compression` does with each is said there."""
+
+    momentum_correction: bool = False
+    momentum_masking: bool = False
+    local_clipnorm: float = 0.0
+    sparsity_warmup_epochs: int = 0
+    dense_1d: bool = False
+
+    @classmethod
+    def of(cls, allreduce: AllreduceConfig | Mapping[str, Any]) -> Techniques:
+        """Each technique as the section gives it, or where it does not (``None``), as
+        :data:`PRESET` has it if ``dgc`` is on, else off. The preset warms up ``topk`` only."""
+        options = allreduce if isinstance(allreduce, Mapping) else allreduce.model_dump()
+        default = OFF
+        if options.get("dgc"):
+            default = PRESET if options.get("compression") == "topk" else PRESET_UNWARMED
+        return cls(
+            **{
+                name: getattr(default, name) if options.get(name) is None else options[name]
+                for name in NAMES
+            }
+        )
+
+    def words(self) -> list[str]:
+        """The techniques that are on, as a summary names them."""
+        return [
+            text
+            for text, shown in (
+                ("momentum correction", self.momentum_correction),
+                ("masking", self.momentum_masking),
+                (f"local clip {self.local_clipnorm:g}", self.local_clipnorm),
+                (f"warm-up {self.sparsity_warmup_epochs} epochs", self.sparsity_warmup_epochs),
+                ("1-D dense", self.dense_1d),
+            )
+            if shown
+        ]
+
+
+NAMES = tuple(field.name for field in dataclasses.fields(Techniques))
+OFF = Techniques()
+PRESET = Techniques(True, True, 5.0, 4, True)
+"""DGC's techniques as ``dgc: true`` sets them: the paper's four-epoch warm-up; its reference
+implementation's dense 1-D variables; the clipping norm is the lab's choice (the paper clips at
+the dense run's threshold scaled by ``workers ** -0.5``)."""
+PRESET_UNWARMED = dataclasses.replace(PRESET, sparsity_warmup_epochs=0)
+
+
+def check_encoding(allreduce: AllreduceConfig) -> None:
+    """Raise :class:`~toolkit.errors.ConfigError` if the ``allreduce:`` section's options do not
+    fit its mode: each
+    option names the modes it serves, and the option it builds on."""
+    mode = allreduce.compression
+    on = Techniques.of(allreduce)
+    asked = [name for name in ("dgc", "dense_norm") if getattr(allreduce, name)]
+    asked += [name for name in NAMES if getattr(on, name) and name not in asked]
+    if mode not in COMPRESSED and asked:
+        raise ConfigError(
+            f"allreduce.{asked[0]} needs allreduce.compression one of {COMPRESSED} (got "
+            f"{mode!r}): DGC's techniques and the dense norm act on a compressed mode"
+        )
+    refusals = (
+        (
+            allreduce.value_dtype != "float32" and mode not in SPARSE,
+            f"allreduce.value_dtype={allreduce.value_dtype!r} needs allreduce.compression topk "
+            f"or threshold (got {mode!r})",
+        ),
+        (
+            on.sparsity_warmup_epochs and mode != "topk",
+            "allreduce.sparsity_warmup_epochs warms topk's ratio up: it needs "
+            f"allreduce.compression topk (got {mode!r})",
+        ),
+        (
+            on.momentum_masking and not on.momentum_correction,
+            "allreduce.momentum_masking clears the velocity that momentum correction keeps: it "
+            "needs allreduce.momentum_correction",
+        ),
+        (
+            on.momentum_correction and not allreduce.residual,
+            "allreduce.momentum_correction accumulates the velocity in the residual: it needs "
+            "allreduce.residual true",
+        ),
+    )
+    for refused, message in refusals:
+        if refused:
+            raise ConfigError(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class Communication:
+    """The ``allreduce:`` and ``sync:`` sections as one object: built, it has passed every
+    rule of which options go together (:class:`~toolkit.errors.ConfigError` naming the field
+    otherwise), and
+    :attr:`techniques` holds DGC's, resolved."""
+
+    allreduce: AllreduceConfig
+    sync: SyncConfig
+    techniques: Techniques = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        check_encoding(self.allreduce)
+        mode, compression = self.sync.mode, self.allreduce.compression
+        if self.averages_parameters and compression != "none":
+            raise ConfigError(
+                f"sync.mode={mode!r} averages parameters, not gradients: "
+                f"allreduce.compression must be 'none' (got {compression!r})"
+            )
+        object.__setattr__(self, "techniques", Techniques.of(self.allreduce))
+
+    @property
+    def encoded(self) -> bool:
+        """Whether each worker sends an encoding (top-k, threshold, 2-bit) that is allgathered,
+        rather than a tensor Horovod can sum."""
+        return self.allreduce.compression in COMPRESSED
+
+    @property
+    def averages_parameters(self) -> bool:
+        """Whether parameters, not gradients, are averaged (``sync.mode`` partial or
+        local SGD)."""
+        return self.sync.mode != "full"
+
+    @property
+    def stateful(self) -> bool:
+        """Whether each worker keeps state that training must save (residuals, velocities)."""
+        return self.encoded and (self.allreduce.residual or self.techniques.momentum_correction)
+
+    @property
+    def survives_resets(self) -> bool:
+        """Whether an elastic run can carry it across a change of its workers: gradients
+        averaged every update, not in fp16 (whose clip depends on the number of workers)."""
+        return not self.averages_parameters and self.allreduce.compression != "fp16"
+
+    @property
+    def fusion_bytes(self) -> int:
+        """``allreduce.fusion_threshold_mb`` in bytes: Horovod's tensor fusion threshold
+        (``HOROVOD_FUSION_THRESHOLD``), the encoded modes' buckets and the partitions of
+        partial synchronisation."""
+        return int(self.allreduce.fusion_threshold_mb * 2**20)
+
+    @property
+    def norms_from_dense(self) -> bool:
+        """Whether trust ratios take the dense gradients' norms: asked (``dense_norm``), or
+        under momentum correction, where the update applied is a velocity about ``1 / (1 - m)``
+        times the gradient, whose norm would cancel the momentum."""
+        return self.allreduce.dense_norm or self.techniques.momentum_correction
+
+    def take_momentum(
+        self, optimizer: Any, name: str, params: Mapping[str, Any] | None = None
+    ) -> Any:
+        """Check that ``optimizer`` (``name``, built with ``params`` where a config gave them)
+        can do what this asks of it, and under momentum correction take its momentum into the
+        allreduce (returned; ``None`` otherwise). Momentum correction needs an optimizer
+        that can hand its momentum over (the toolkit's SGD, LARS or LBSGD, with momentum, no
+        Nesterov, no dampening, not built); ``dense_norm`` one that applies trust ratios.
+        Raises :class:`~toolkit.errors.ConfigError` naming the field and the optimizer."""
+        if self.allreduce.dense_norm and not getattr(optimizer, "applies_trust_ratios", False):
+            raise ConfigError(
+                "allreduce.dense_norm replaces the gradient norm of trust ratios: it needs "
+                f"optimizer.name lars, or lbsgd with warmup_strategy lars (got {name!r})"
+            )
+        if not self.techniques.momentum_correction:
+            return None
+        if not hasattr(optimizer, "take_momentum"):
+            raise ConfigError(
+                "allreduce.momentum_correction moves the optimizer's momentum into the "
+                f"allreduce: it needs optimizer.name sgd, lars or lbsgd (got {name!r}), the "
+                "toolkit's SGD, LARS or LBSGD"
+            )
+        try:
+            return optimizer.take_momentum()
+        except ValueError as error:
+            got = repr(name) if params is None else f"optimizer {name!r} with params {params}"
+            raise ConfigError(f"allreduce.momentum_correction: {error} (got {got})") from None
+
+    def summary(self) -> str:
+        """What goes on the wire, in a line: ``topk 1% (float16 values), DGC: momentum
+        correction, masking, local clip 5, warm-up 4 epochs, 1-D dense``."""
+        allreduce = self.allreduce
+        mode = allreduce.compression
+        words = {
+            "none": "dense float32",
+            "fp16": "dense float16",
+            "topk": f"topk {100 * allreduce.ratio:g}%",
+            "threshold": f"threshold {allreduce.threshold:g}",
+            "2bit": f"2bit at ±{allreduce.threshold:g}",
+        }[mode]
+        if mode == "topk" and allreduce.topk_sample:
+            words += f" (k-th from a {100 * allreduce.topk_sample:g}% sample)"
+        if allreduce.value_dtype != "float32":
+            words += f", {allreduce.value_dtype} values"
+        if self.encoded and not allreduce.residual:
+            words += ", no residual"
+        techniques = self.techniques.words() + ["LARS dense norm"] * allreduce.dense_norm
+        return f"{words}; DGC: {', '.join(techniques)}" if techniques else words

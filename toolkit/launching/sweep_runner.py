@@ -1,0 +1,291 @@
+"""Running a sweep (:mod:`toolkit.launching.sweep`): every cell that has not completed, through
+:mod:`toolkit.launching.launch` and its slot-aware queue, at most ``max_parallel`` at a time.
+
+A sweep resumes by looking, not by remembering: :func:`run` skips completed cells, waits for
+cells already queued or running (launched by an earlier runner that was killed), reports failed
+or stopped ones (and reruns them, as a new attempt beside the old run, with ``retry_failed``),
+and launches the rest. One runner per sweep and runs root holds the sweep's lock
+(:func:`runner_active`). Before anything starts, :func:`dry_run` plans every cell
+(:class:`~toolkit.plan.RunPlan`) and :func:`estimate` prices it from measured throughputs.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+
+from toolkit import files
+from toolkit.config import ConfigError, ExperimentConfig
+from toolkit.launching import launch, remote
+from toolkit.launching.slots import capacity, check_fits, positions, slots_of
+from toolkit.launching.sweep import (
+    SWEEPS_DIR,
+    Cell,
+    Sweep,
+    SweepError,
+    cell_problem,
+    load,
+    refuse,
+    save,
+)
+from toolkit.launching.sweep_results import cell_runs, results
+from toolkit.plan import RunPlan, Scale
+from toolkit.runs.rundir import LIVE, RunDir, list_runs, runs_root
+from toolkit.runs.table import summary
+
+POLL_S = 1.0
+
+
+def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
+    """One row per cell: coordinates, run id, workers, global batch, scaled rate, total steps
+    (per worker) and updates (with AdaScale, the most it can take: as many updates as its
+    base run, at a gain of 1). Raises :class:`SweepError` naming every cell that could not
+    launch: a batch larger than its workers' shards of the dataset, or more workers than the
+    launch queue's slots (of the runs root ``root``)."""
+    from toolkit.training.experiment import load_dataset  # Keras: for the data's size
+
+    sizes: dict[str, int] = {}
+    rows, problems = [], []
+    for cell in sweep.cells:
+        c = cell.config
+        dataset = json.dumps([c.dataset.name, c.dataset.params, c.seed], sort_keys=True)
+        try:
+            if dataset not in sizes:
+                sizes[dataset] = len(load_dataset(c).x_train)
+            plan = RunPlan.of(c, sizes[dataset])
+            check_fits(slots_of(c), root)
+        except (ValueError, RuntimeError) as error:  # ConfigError, RunError; offline data
+            problems.append(cell_problem(cell.coordinates, error))
+            continue
+        rows.append(
+            {
+                **cell.coordinates,
+                "run_id": cell.run_id,
+                "workers": c.workers,
+                "global_batch": plan.global_batch,
+                "scaled_lr": plan.learning_rate,
+                "total_steps": plan.total_steps,
+                "updates": plan.total_updates,
+            }
+        )
+    refuse(sweep.name, problems)
+    return pd.DataFrame(rows)
+
+
+def throughputs(root: str | Path | None = None, summarize=summary) -> dict[tuple, float]:
+    """The median samples/s of the completed runs under ``root``, by what sets a run's speed on
+    this machine: dataset, model, workers and per-worker batch (``summarize``: the dashboard
+    passes its cached :func:`~toolkit.runs.table.summary`)."""
+    measured = collections.defaultdict(list)
+    for run in list_runs(root):
+        row = summarize(run)
+        if row["state"] != "completed" or not row["samples_per_sec"]:
+            continue
+        try:
+            measured[_speed_key(run.config())].append(row["samples_per_sec"])
+        except (OSError, ConfigError):
+            continue
+    return {key: float(pd.Series(rates).median()) for key, rates in measured.items()}
+
+
+def estimate(sweep: Sweep, plan: pd.DataFrame, rates: dict[tuple, float]) -> pd.Series:
+    """Each cell's training time in seconds (its :func:`dry_run` row's updates x global batch
+    at the measured ``rates`` of :func:`throughputs`), ``NaN`` where no run measured it."""
+    keys = [_speed_key(cell.config) for cell in sweep.cells]
+    rate = pd.Series([rates.get(key, float("nan")) for key in keys], index=plan.index)
+    return plan["updates"] * plan["global_batch"] / rate
+
+
+def _speed_key(config: ExperimentConfig) -> tuple:
+    model = json.dumps([config.model.name, config.model.params], sort_keys=True)
+    return (config.dataset.name, model, config.workers, Scale.of(config).per_worker)
+
+
+def states(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
+    """Each cell's coordinates, run id and state (``pending`` before it is launched), and its
+    place in the launch queue while it waits."""
+    runs, waiting = cell_runs(sweep, root), positions(root)
+    rows = []
+    for cell in sweep.cells:
+        run = runs.get(cell.key)
+        rows.append(
+            {
+                **cell.coordinates,
+                "run_id": run.run_id if run else cell.run_id,
+                "state": run.status()["state"] if run else "pending",
+                "queue_position": waiting.get(run.run_id) if run else None,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def default_parallel(sweep: Sweep, root: str | Path | None = None) -> int:
+    """How many cells fit the queue's capacity at once (at least 1)."""
+    have = capacity(root)
+    fits = [
+        min(have.get(host, need) // need for host, need in slots_of(cell.config).items())
+        for cell in sweep.cells
+    ]
+    return max(1, min(fits, default=1))
+
+
+def run(
+    sweep: Sweep | str | Path,
+    root: str | Path | None = None,
+    *,
+    max_parallel: int | None = None,
+    retry_failed: bool = False,
+    log: Callable[[str], None] = print,
+    poll_s: float = POLL_S,
+) -> pd.DataFrame:
+    """Run every cell of ``sweep`` that has not completed, at most ``max_parallel`` launched at a
+    time (default: as many as the queue's slots hold), and return :func:`results`. Safe to
+    call again after an interruption: see the module docstring. One runner per sweep and runs
+    root: a second raises :class:`SweepError` while the first is alive."""
+    _check_parallel(max_parallel)
+    sweep = sweep if isinstance(sweep, Sweep) else load(sweep)
+    base = runs_root(root)
+    dry_run(sweep, base)  # every cell can launch, before any does
+    with _runner_lock(sweep.name, base):
+        save(sweep, base)
+        return _run(sweep, base, max_parallel, retry_failed, log, poll_s)
+
+
+def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
+    limit = max_parallel or default_parallel(sweep, base)
+    runs = cell_runs(sweep, base)
+    todo, in_flight, total = [], {}, len(sweep.cells)
+    for cell in sweep.cells:
+        run_dir = runs.get(cell.key)
+        state = run_dir.status()["state"] if run_dir else None
+        if state in LIVE:
+            in_flight[cell.key] = (cell, run_dir)
+        elif state is None or (retry_failed and state != "completed"):
+            todo.append(cell)
+        elif state != "completed":
+            log(f"{_label(cell)}: {state} ({run_dir.run_id}); --retry-failed reruns it")
+    done = total - len(todo) - len(in_flight)
+    log(
+        f"sweep {sweep.name}: {total} cells, {done} ended, {len(in_flight)} in flight, "
+        f"{len(todo)} to launch, {limit} at a time"
+    )
+    while todo or in_flight:
+        while todo and len(in_flight) < limit:
+            cell = todo.pop(0)
+            run_id = _free_id(cell.run_id, base)
+            run_dir = launch.launch(
+                cell.config, runs_root_dir=base, run_id=run_id, meta=cell.meta()
+            )
+            in_flight[cell.key] = (cell, run_dir)
+        time.sleep(poll_s)
+        for key, (cell, run_dir) in list(in_flight.items()):
+            status = run_dir.status()
+            if status["state"] not in LIVE:
+                del in_flight[key]
+                done += 1
+                log(
+                    f"[{done}/{total}] {_label(cell)}: {status['state']}{_outcome(run_dir, status)}"
+                )
+    return results(sweep, base)
+
+
+@contextmanager
+def _runner_lock(name: str, base: Path) -> Iterator[None]:
+    path = base / SWEEPS_DIR / f"{name}.lock"
+    with files.writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SweepError(f"sweep {name!r} is already being run by another process") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def runner_active(name: str, root: str | Path | None = None) -> bool:
+    """Whether a runner of sweep ``name`` is alive (it holds the sweep's lock)."""
+    if not (runs_root(root) / SWEEPS_DIR / f"{name}.lock").exists():
+        return False
+    try:
+        with _runner_lock(name, runs_root(root)):
+            return False
+    except SweepError:
+        return True
+
+
+def _check_parallel(max_parallel: int | None) -> None:
+    if max_parallel is not None and (
+        isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1
+    ):
+        raise SweepError(f"max_parallel must be an integer >= 1 (got {max_parallel!r})")
+
+
+def start(
+    sweep: Sweep,
+    root: str | Path | None = None,
+    *,
+    max_parallel: int | None = None,
+    retry_failed: bool = False,
+) -> int:
+    """Run ``sweep`` in a background process of its own session (the app's and notebooks'
+    way: it outlives them), output to ``<root>/.sweeps/<name>.log``; returns its pid. Raises
+    :class:`SweepError` if a runner of this sweep is alive already."""
+    _check_parallel(max_parallel)
+    base = runs_root(root)
+    if runner_active(sweep.name, base):
+        raise SweepError(f"sweep {sweep.name!r} is already being run by another process")
+    command = [
+        sys.executable,
+        "-m",
+        "toolkit",
+        "--runs",
+        str(base),
+        "sweep",
+        str(save(sweep, base)),
+    ]
+    command += [f"--max-parallel={max_parallel}"] * bool(max_parallel)
+    command += ["--retry-failed"] * retry_failed
+    log_path = base / SWEEPS_DIR / f"{sweep.name}.log"
+    with files.writing(log_path), open(log_path, "ab") as log:
+        runner = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=remote.PACKAGE_ROOT,
+        )
+    return runner.pid
+
+
+def _free_id(run_id: str, base: Path) -> str:
+    """``run_id``, or ``run_id-2``, ``-3``... for a rerun beside an earlier attempt."""
+    attempt, candidate = 1, run_id
+    while (base / candidate).exists():
+        attempt += 1
+        candidate = f"{run_id[: 64 - len(str(attempt)) - 1]}-{attempt}"
+    return candidate
+
+
+def _label(cell: Cell) -> str:
+    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in cell.coordinates.items())
+
+
+def _outcome(run_dir: RunDir, status: dict) -> str:
+    if status["state"] != "completed":
+        return f" ({status.get('reason') or 'no reason recorded'})"
+    accuracy = summary(run_dir).get("last_eval_accuracy")
+    return "" if accuracy is None else f", test accuracy {accuracy:.4f}"

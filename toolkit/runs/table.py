@@ -1,0 +1,114 @@
+"""The runs table: one row per run (:func:`summary`), how a row reads (:func:`progress_text`)
+and whether it matches a search (:func:`matches`). The CLI's ``runs``, the Runs page, sweeps'
+results and notebooks all read rows from here; like every reader, it never writes a run's
+files, and a row never raises on a broken one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pandas as pd
+
+from toolkit.config import ConfigError
+from toolkit.plan import Scale
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import LIVE, RunDir, short_error
+
+
+def matches(row: dict[str, Any], text: str | None) -> bool:
+    """Whether a :func:`summary` row's id, tags or notes contain ``text`` (any case; no text:
+    every row)."""
+    if not text:
+        return True
+    haystack = "\n".join([row["run_id"], *row.get("tags", []), row.get("notes", "")])
+    return text.casefold() in haystack.casefold()
+
+
+def progress_text(row: dict[str, Any]) -> str | None:
+    """A :func:`summary` row's progress as ``<epoch> of <epochs>`` (``None`` without a config);
+    an AdaScale run's as its epochs so far and how far its clock ``τ`` is."""
+    if not row["epochs"]:
+        return None
+    if row.get("adascale"):  # its epochs are an outcome; its progress is its clock's
+        return f"{round(row['epoch'], 2):g} epochs, τ {row['progress'] or 0:.0%}"
+    epoch = row["epochs"] if row["state"] == "completed" else row["epoch"]
+    return f"{round(epoch, 2):g} of {row['epochs']}"
+
+
+def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
+    """One row of the runs table: identity, state, set-up, and the headline numbers
+    (``events``: the run's events if the caller has already read them). Never raises: what
+    cannot be read is left empty and named in ``reason`` as ``unreadable: ...``."""
+    status, meta = run.status(), run.meta()
+    problems = []
+    row = {
+        "run_id": run.run_id,
+        "state": status.get("state"),
+        "optimizer": None,
+        "global_batch": meta.get("global_batch"),
+        "workers": meta.get("world_size"),
+        "epochs": None,
+        "adascale": False,
+    }
+    try:
+        config = run.config()
+        row.update(
+            optimizer=config.optimizer.name,
+            # an elastic run's: as many as it has now (or had last)
+            workers=(config.elastic and status.get("world_size")) or config.workers,
+            global_batch=Scale.of(config).global_batch,
+            epochs=config.epochs,
+            adascale=config.lr_scaling.rule == "adascale",
+        )
+    except FileNotFoundError:
+        problems.append("no config.yaml")
+    except (OSError, ConfigError) as error:
+        problems.append(f"config.yaml: {short_error(error)}")
+    if events is None:
+        try:
+            events = read_events(run.events_path)
+        except OSError as error:
+            problems.append(short_error(error))
+            events = pd.DataFrame()
+    train = events[events["phase"] == "train"] if "phase" in events else events.iloc[0:0]
+    evals = events[events["phase"] == "eval"] if "phase" in events else events.iloc[0:0]
+    started = status.get("started") or meta.get("created")
+    ended = status.get("state") not in LIVE
+    finished = status.get("finished") or (status.get("updated") if ended else time.time())
+
+    def column(frame, name, how):
+        if name not in frame or frame[name].dropna().empty:
+            return None
+        values = frame[name].dropna()
+        return float(getattr(values, how)() if how != "last" else values.iloc[-1])
+
+    epoch = column(train, "epoch", "last") or 0.0
+    tau, total = column(train, "tau", "last"), meta.get("total_steps")
+    if status.get("state") == "completed":
+        progress = 1.0
+    elif row["adascale"]:  # on AdaScale's clock: base-run updates done
+        progress = min(1.0, tau / total) if tau is not None and total else 0.0
+    else:
+        progress = min(1.0, epoch / row["epochs"]) if row["epochs"] else None
+    reasons = [status.get("reason")] if status.get("reason") else []
+    if problems and status.get("state") != "queued":
+        reasons.append("unreadable: " + "; ".join(problems))
+    return {
+        **row,
+        "epoch": epoch if row["epochs"] else None,
+        "progress": progress,
+        "started": started,
+        "duration_s": finished - started if started and finished else None,
+        "last_step": column(train, "step", "last"),
+        "last_loss": column(train, "loss", "last"),
+        "best_eval_loss": column(evals, "loss", "min"),
+        "last_eval_accuracy": column(evals, "accuracy", "last"),
+        "best_eval_accuracy": column(evals, "accuracy", "max"),
+        "samples_per_sec": column(train, "samples_per_sec", "median"),
+        "reason": "; ".join(reasons) or None,
+        "probe": bool(meta.get("probe", False)),
+        "tags": meta.get("tags", []),
+        "notes": meta.get("notes", ""),
+    }
