@@ -136,6 +136,29 @@ def test_a_state_is_built_without_collectives_and_builds_the_optimizer():
     assert model.optimizer.built and state.residuals == []
 
 
+@pytest.mark.parametrize(
+    "message, lost",
+    [
+        (  # a named collective (the noise meter's) whose peer was killed: no op name says Horovod
+            "Graph execution error:\n\nDetected at node LARS/cond/noise_small_sq ...\n"
+            "[/tmp/pip-wheel/horovod/third_party/compatible17_gloo/gloo/transport/tcp/pair.cc:589]"
+            " Read error [10.213.0.12]:42123: Connection reset by peer\n"
+            "\t [[{{node LARS/cond/noise_small_sq}}]] [Op:__inference_multi_step_on_iterator_1406]",
+            True,
+        ),
+        (
+            "{{function_node __wrapped__HorovodGroupedAllreduce_...}} Horovod has been shut down",
+            True,
+        ),
+        ("Incompatible shapes: [32,10] vs. [64,10] [[{{node add}}]]", False),
+    ],
+)
+def test_a_failed_collective_is_a_lost_worker_whatever_its_name(message, lost):
+    """What a survivor sees when a peer dies mid-collective: every Horovod op's failure counts
+    as a lost worker (the run resets and goes on), any other error is training's own."""
+    assert elastic.collective_failed(message) is lost
+
+
 def test_the_committer_counts_on_from_a_resumed_batch_and_commits_every_n_and_at_epoch_end():
     model = one_worker_model()
     state = elastic.TrainingState(model, epoch=2, batch=4)  # a fit resuming epoch 2 after 4 batches

@@ -56,7 +56,9 @@ def run(fit: Callable[..., T]) -> Callable[..., T]:
     A Horovod collective that failed inside TensorFlow is a lost worker, whatever its op: the
     grouped allreduce and allgather of :func:`toolkit.parallel.distributed.DistributedOptimizer`
     included, which ``hvd.elastic.run`` does not recognise (it looks for
-    ``HorovodAllreduce``, ``HorovodAllgather`` or ``HorovodBroadcast`` in the message).
+    ``HorovodAllreduce``, ``HorovodAllgather`` or ``HorovodBroadcast`` in the message), and a
+    named one (the noise meter's ``noise_small_sq``), whose message names neither Horovod nor
+    its op but Gloo's transport that lost the peer (:func:`collective_failed`).
 
     Why a call ended early is kept in ``state.interrupted`` for the next call to read (see
     :class:`TrainingState`)."""
@@ -66,7 +68,7 @@ def run(fit: Callable[..., T]) -> Callable[..., T]:
         try:
             return fit(state, *args, **kwargs)
         except tf.errors.OpError as error:
-            if "Horovod" not in error.message:
+            if not collective_failed(error.message):
                 raise
             state.interrupted = LOST
             raise HorovodInternalError(error) from error
@@ -78,6 +80,13 @@ def run(fit: Callable[..., T]) -> Callable[..., T]:
             raise
 
     return run_fn(horovod_errors_as_lost_workers, distributed.restart)
+
+
+def collective_failed(message: str) -> bool:
+    """Whether a TensorFlow error's ``message`` is a Horovod collective's failure: it names
+    Horovod (its ops, its shut-down) or Gloo, whose transport reports a peer gone
+    (``gloo/transport/tcp/pair.cc: Read error ... Connection reset by peer``)."""
+    return "Horovod" in message or "gloo" in message.lower()
 
 
 class TrainingState(ObjectState):
