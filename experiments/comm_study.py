@@ -133,6 +133,7 @@ def run_cell(
 ) -> dict:
     from toolkit import config as config_lib
     from toolkit.launching import launch
+    from toolkit.plan import Scale
     from toolkit.runs import monitor
     from toolkit.runs.curves import bytes_axis
     from toolkit.runs.events import read_events
@@ -143,10 +144,11 @@ def run_cell(
     state = monitor.follow(run, progress=False)["state"]
     events = read_events(run.events_path)
     evals = events[events["phase"] == "eval"]
-    sent = bytes_axis(events, config.steps_per_update())
+    per_update = Scale.of(config).steps_per_update
+    sent = bytes_axis(events, per_update)
     start = events["wall"].min()
     curve = [  # (updates, seconds since the first event, accuracy) per epoch
-        (step / config.steps_per_update(), wall - start, accuracy)
+        (step / per_update, wall - start, accuracy)
         for step, wall, accuracy in evals[["step", "wall", "accuracy"]].itertuples(index=False)
     ]
     return {
@@ -172,8 +174,11 @@ def to_target(curve: str, target: float) -> tuple[float, float]:
 
 
 def table(rows: pd.DataFrame) -> str:
-    """Mean ± std per mode, against dense; updates and seconds to dense's accuracy less a point
-    (the median over the seeds that reached it)."""
+    """Mean ± std per mode over its completed runs (a failed one is counted, ``2 of 3``, but
+    its truncated accuracy and bytes are not averaged in), against dense; updates and seconds to
+    dense's accuracy less a point (the median over the seeds that reached it)."""
+    attempted = rows.groupby("mode", sort=False)["seed"].count()
+    rows = rows[rows["state"] == "completed"]
     dense_rows = rows[rows["mode"] == "dense"]
     target = dense_rows["final_accuracy"].mean() - 0.01
     if "curve" in rows:
@@ -212,8 +217,9 @@ def table(rows: pd.DataFrame) -> str:
             else "-"
         )
         spread = "-" if pd.isna(row.spread) else f"{100 * row.spread:.1f}"
+        runs = f"{int(row.runs)}" + (f" of {attempted[mode]}" if attempted[mode] > row.runs else "")
         line = (
-            f"| {mode} | {int(row.runs)} | {100 * row.accuracy:.1f}% ± {spread} "
+            f"| {mode} | {runs} | {100 * row.accuracy:.1f}% ± {spread} "
             f"| {versus} | {row.bytes_sent / 1e6:,.2f} | {fewer} |"
         )
         if timed:
