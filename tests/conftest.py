@@ -131,10 +131,12 @@ def run_workers(
     args: tuple = (),
     timeout: float = 240,
 ):
-    """``horovodrun --gloo -np WORKERS OPTIONS python tests/workers/SCRIPT OUT ARGS``; asserts
-    that it succeeded and returns the finished process (its output)."""
+    """``horovodrun --gloo -np WORKERS OPTIONS python tests/workers/SCRIPT OUT ARGS``, with
+    horovodrun as the launcher runs it (:mod:`toolkit.launching.horovodrun`); asserts that it
+    succeeded and returns the finished process (its output)."""
     worker = ROOT / "tests" / "workers" / script
-    command = ["horovodrun", "--gloo", "-np", str(workers), *options]
+    horovodrun = [sys.executable, "-m", "toolkit.launching.horovodrun"]
+    command = [*horovodrun, "--gloo", "-np", str(workers), *options]
     result = subprocess.run(
         [*command, sys.executable, str(worker), str(out), *args],
         check=False,

@@ -5,6 +5,7 @@ page, follow it until it completes, and see the Compare page draw its charts."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import urllib.request
 from pathlib import Path
@@ -12,6 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, free_port, headless_chromium, serving
 from playwright.sync_api import expect, sync_playwright
+
+from toolkit import config as config_lib
+from toolkit.runs.rundir import RunDir
+from toolkit.runs.table import summary
 
 
 @pytest.fixture
@@ -41,6 +46,9 @@ def server(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_launch_follow_and_compare_in_chromium(server, tmp_path):
+    """The quickstart preset, launched from the form for real (2 Horovod workers on this host),
+    followed live to its end on Run detail, then in the runs table and Compare. (The AppTest
+    of the same launch on two cluster hosts is tests/test_app.py's.)"""
     url, runs = server
     with sync_playwright() as playwright:
         browser = headless_chromium(playwright)
@@ -85,6 +93,12 @@ def test_launch_follow_and_compare_in_chromium(server, tmp_path):
     assert shot.stat().st_size > 20_000
     assert (run_dir / "status.json").read_text().count('"completed"') == 1
     assert not errors, errors
+    run = RunDir(run_dir)
+    assert run.config() == config_lib.load(ROOT / "experiments" / "quickstart.yaml")
+    workers = [p["host"] for p in run.status()["processes"] if p["role"] == "worker"]
+    assert workers == [socket.gethostname()] * 2
+    row = summary(run)
+    assert row["state"] == "completed" and row["workers"] == 2 and row["best_eval_accuracy"] > 0.5
 
 
 @pytest.mark.timeout(300)

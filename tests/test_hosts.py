@@ -3,6 +3,8 @@ and the ssh fields of the config as horovodrun receives them."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -175,3 +177,32 @@ def test_an_elastic_run_reaches_horovodrun_through_its_discovery_script(tmp_path
     assert hosts.discover(run.discovery_path) == "lbl-h3:2"
     never = from_mapping({**config.model_dump(), "elastic": {**elastic, "cooldown_s": 0}})
     assert "--blacklist-cooldown-range" not in horovodrun_argv(never, run, resume=False)
+
+
+def test_the_launcher_answers_horovods_build_probe_instead_of_importing_tensorflow(
+    subprocess_env, monkeypatch
+):
+    """toolkit.launching.horovodrun is horovodrun with its Gloo probe answered (set-up checked
+    it): a --gloo launch imports no TensorFlow in the launcher, and a Horovod that stops asking
+    by that name is refused with the reason, not silently probed."""
+    probe = (
+        "import sys; from toolkit.launching import horovodrun; horovodrun.answers(); "
+        "from horovod.runner import launch; "
+        "print(launch.gloo_built(), 'tensorflow' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=subprocess_env, capture_output=True, text=True
+    )
+    assert out.stdout.split() == ["True", "False"], out.stderr
+    command = [sys.executable, "-m", "toolkit.launching.horovodrun", "--gloo", "-np", "2"]
+    command += ["-H", "localhost:2", sys.executable, "-c", "print('worker')"]
+    ran = subprocess.run(command, env=subprocess_env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and ran.stdout.count("worker") == 2, ran.stdout + ran.stderr
+
+    from horovod.runner import launch
+
+    from toolkit.launching import horovodrun
+
+    monkeypatch.delattr(launch, "gloo_built")
+    with pytest.raises(RuntimeError, match="has no gloo_built: this Horovod probes its build"):
+        horovodrun.answers()

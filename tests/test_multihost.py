@@ -122,13 +122,6 @@ def test_a_two_host_run_matches_the_same_run_on_one_host(cli_and_one_host):
     np.testing.assert_array_equal(b[b.phase == "train"].lr, a[a.phase == "train"].lr)
 
 
-def test_a_run_launched_from_python_puts_its_workers_where_asked(cluster_hosts, runs):
-    run = launcher.launch(from_mapping(SMALL), hosts="lbl-h2:1,lbl-h3:1", run_id="python")
-    assert wait(run, TERMINAL)["state"] == "completed", run.stdout_path.read_text()
-    assert hosts_of(run) == {0: "lbl-h2", 1: "lbl-h3"}  # neither is this machine: both by ssh
-    assert run.meta()["world_size"] == 2
-
-
 def test_a_run_on_one_other_host_names_the_interface_it_is_reached_through(cluster_hosts, runs):
     """horovodrun's own choice for one remote host is loopback half the time (see
     toolkit.launching.remote.network_interface); the launcher names the interface instead."""
@@ -179,12 +172,15 @@ def test_a_worker_killed_on_host_2_leaves_the_run_failed_with_the_reason(cluster
 
 
 def test_two_runs_on_one_slot_hosts_run_one_after_the_other(cluster_hosts, runs):
+    """Launched from Python on two one-slot hosts: each run puts its ranks where asked, and the
+    second waits in the queue until the first has given the hosts back."""
     slots.set_capacity("lbl-h1:1,lbl-h2:1", runs)
     first = launcher.launch(from_mapping(SMALL), hosts="lbl-h1:1,lbl-h2:1", run_id="first")
     second = launcher.launch(from_mapping(SMALL), hosts="lbl-h1:1,lbl-h2:1", run_id="second")
     assert slots.positions(runs) == {"second": 1}
     for run in (first, second):
-        assert wait(run, TERMINAL)["state"] == "completed"
+        assert wait(run, TERMINAL)["state"] == "completed", run.stdout_path.read_text()
+        assert hosts_of(run) == {0: "lbl-h1", 1: "lbl-h2"} and run.meta()["world_size"] == 2
     a, b = first.recorded_status(), second.recorded_status()
     assert b["launched"] >= a["released"]  # the hosts were never shared
 

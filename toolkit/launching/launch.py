@@ -7,6 +7,9 @@ supervisor waits, ``queued``, until the run's workers fit the free slots, then r
 
     horovodrun --gloo -np N -H HOSTS python -m toolkit.train runs/<id>/config.yaml --run-dir ...
 
+(horovodrun as :mod:`toolkit.launching.horovodrun` runs it: Horovod's launcher without its build
+probe)
+
 (for an elastic run ``--min-np M --max-np X --host-discovery-script ...`` in place of ``-H``)
 as an argv list (never a shell string) with output to ``stdout.log``, waits for it, and records
 the final state when training could not (a killed worker, a crash during start-up): so no run
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import importlib.util
 import os
 import re
 import secrets
@@ -146,10 +150,9 @@ def check_fits_dataset(config: config_lib.ExperimentConfig) -> None:
 
 
 def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bool) -> list[str]:
-    """The horovodrun command line for ``run``."""
-    bin_dir = Path(sys.executable).parent
-    horovodrun = shutil.which("horovodrun", path=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    if horovodrun is None:
+    """The horovodrun command line for ``run``: Horovod's launcher, through
+    :mod:`toolkit.launching.horovodrun` (without its 6-second build probe)."""
+    if importlib.util.find_spec("horovod") is None:
         raise FileNotFoundError("horovodrun not found: run scripts/setup.sh first")
     hosts = config.hosts or f"localhost:{config.workers}"
     interface = remote.network_interface(config)
@@ -160,7 +163,9 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
     ]
     where = ["-H", hosts] if config.elastic is None else _elastic_options(config, run)
     argv = [
-        horovodrun,
+        sys.executable,
+        "-m",
+        "toolkit.launching.horovodrun",
         "--gloo",
         "-np",
         str(config.workers),
