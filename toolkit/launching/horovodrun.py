@@ -2,8 +2,8 @@
 
 Before every ``--gloo`` launch, Horovod's launcher asks whether it was built with Gloo by
 importing its TensorFlow extension in a forked process, and so TensorFlow itself: about 6 s on
-two cores, a third of a quickstart's launch-to-first-step (17.7 s to its first event, 11.1 s
-without). The lab's build answered that once for good: ``scripts/setup.sh`` builds Horovod
+two cores, a third of a quickstart's launch to its first step (``experiments/bench_startup.py``
+measures both). The lab's build answered that once for good: ``scripts/setup.sh`` builds Horovod
 with Gloo and fails unless ``horovodrun --check-build`` lists it. So ``python -m
 toolkit.launching.horovodrun ARGS`` is ``horovodrun ARGS`` with that answer given instead of
 probed. Everything else (the rendezvous, ssh to other hosts, elastic discovery and resets) is
