@@ -78,6 +78,23 @@ def test_each_limit_is_named_and_refused_fast(text, limit):
     assert str(refused.value).startswith("doc.yaml: ") and len(str(refused.value)) < 300
 
 
+def nested(kind: str, depth: int) -> str:
+    """A document of ``depth`` collections, each inside the last: flow sequences, or block
+    mappings with a scalar at the bottom (which counts as one more level)."""
+    if kind == "sequences":
+        return "[" * depth + "]" * depth
+    return "".join("  " * i + "k:\n" for i in range(depth - 1)) + "  " * (depth - 1) + "k: 1\n"
+
+
+@pytest.mark.parametrize("kind", ["sequences", "mappings"])
+def test_the_depth_limit_is_exact_and_pyyaml_agrees_below_it(kind):
+    depth = safe_yaml.MAX_DEPTH if kind == "sequences" else safe_yaml.MAX_DEPTH - 1
+    text = nested(kind, depth)
+    assert safe_yaml.load(text) == yaml.safe_load(text)
+    with pytest.raises(safe_yaml.YamlLimitError, match="nested deeper than the limit of 64"):
+        safe_yaml.load(nested(kind, depth + 1))
+
+
 def test_a_malformed_document_is_named_without_echoing_it():
     with pytest.raises(safe_yaml.YamlError, match="^x.yaml: not valid YAML") as refused:
         safe_yaml.load("a: [" + "b, " * 10_000, "x.yaml")
