@@ -10,6 +10,8 @@ as the median with the spread:
 * server up: from starting the process to the first answer of its health endpoint;
 * first page: from the browser's request to the Runs table drawn (its data grid visible);
 * total: the two together, what a user waits for after ``./lab start`` has set up.
+
+Every repeat goes to ``experiments/bench_first_page.csv`` (:mod:`benchmark_csv`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import benchmark_csv  # noqa: E402
+
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -106,6 +111,13 @@ def main() -> int:
             up, drawn = one_start(root, playwright)
             times.append((up, drawn, up + drawn))
             print(f"repeat {repeat + 1}: server up {up:.2f} s, first page {drawn:.2f} s")
+    benchmark_csv.save(
+        __file__,
+        [
+            {"repeat": i, "runs": args.runs, "server_up_s": up, "first_page_s": drawn}
+            for i, (up, drawn, _) in enumerate(times, 1)
+        ],
+    )
     print(f"\n{args.runs} runs, {args.repeat} fresh servers (median, min-max)")
     print("| measure | median (s) | spread (s) |\n| --- | --- | --- |")
     for name, column in zip(
