@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 import benchmark_csv  # noqa: E402
 
+from toolkit.launching import horovodrun  # noqa: E402
+
 WORKER = "import tensorflow, horovod.tensorflow as hvd; hvd.init()"
 
 
@@ -75,9 +77,7 @@ def main() -> int:
     os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
     cases = {
         "horovodrun": lambda root: bare([str(bin_dir / "horovodrun")]),
-        "horovodrun, probe answered": lambda root: bare(
-            [sys.executable, "-m", "toolkit.launching.horovodrun"]
-        ),
+        "horovodrun, probe answered": lambda root: bare(horovodrun.COMMAND),
         "launch to first event": to_first_event,
     }
     times: dict[str, list[float]] = {name: [] for name in cases}

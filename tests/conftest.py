@@ -17,6 +17,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from toolkit.launching import horovodrun  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"  # Debian's: the browser tests never download one
 
@@ -135,8 +137,7 @@ def run_workers(
     horovodrun as the launcher runs it (:mod:`toolkit.launching.horovodrun`); asserts that it
     succeeded and returns the finished process (its output)."""
     worker = ROOT / "tests" / "workers" / script
-    horovodrun = [sys.executable, "-m", "toolkit.launching.horovodrun"]
-    command = [*horovodrun, "--gloo", "-np", str(workers), *options]
+    command = [*horovodrun.COMMAND, "--gloo", "-np", str(workers), *options]
     result = subprocess.run(
         [*command, sys.executable, str(worker), str(out), *args],
         check=False,

@@ -11,7 +11,7 @@ import pytest
 from conftest import run_cli
 
 from toolkit.config import ConfigError, from_mapping
-from toolkit.launching import hosts
+from toolkit.launching import horovodrun, hosts
 
 
 def test_a_host_list_parses_and_joins_back():
@@ -194,14 +194,12 @@ def test_the_launcher_answers_horovods_build_probe_instead_of_importing_tensorfl
         [sys.executable, "-c", probe], env=subprocess_env, capture_output=True, text=True
     )
     assert out.stdout.split() == ["True", "False"], out.stderr
-    command = [sys.executable, "-m", "toolkit.launching.horovodrun", "--gloo", "-np", "2"]
+    command = [*horovodrun.COMMAND, "--gloo", "-np", "2"]
     command += ["-H", "localhost:2", sys.executable, "-c", "print('worker')"]
     ran = subprocess.run(command, env=subprocess_env, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0 and ran.stdout.count("worker") == 2, ran.stdout + ran.stderr
 
     from horovod.runner import launch
-
-    from toolkit.launching import horovodrun
 
     monkeypatch.delattr(launch, "gloo_built")
     with pytest.raises(RuntimeError, match="has no gloo_built: this Horovod probes its build"):

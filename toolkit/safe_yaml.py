@@ -72,7 +72,9 @@ class _TooDeep(Exception):
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader, which stops composing at the first collection nested deeper than
     :data:`MAX_DEPTH`. PyYAML composes recursively: left alone, a deep document is refused only
-    when Python's recursion limit is hit, and unwinding it took 1.7 s for ``"[" * 5000``."""
+    when Python's recursion limit is hit, and unwinding it took 1.7 s for ``"[" * 5000``. An
+    alias is composed without descending into its anchor, so the depth reached through aliases
+    is :func:`_measure`'s to check."""
 
     def __init__(self, text: str):
         super().__init__(text)

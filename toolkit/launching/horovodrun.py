@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import sys
 
-from horovod.runner import launch
+COMMAND = [sys.executable, "-m", "toolkit.launching.horovodrun"]
+"""This launcher's command line: what goes where ``horovodrun`` would (the run's workers, the
+tests' and the benchmarks'). Importing this module imports no Horovod."""
 
 PROBES = {"gloo_built": True}
 """The launcher's probes of its build (``--gloo`` asks only this one) and the lab's answers."""
@@ -23,6 +25,8 @@ PROBES = {"gloo_built": True}
 
 def answers() -> None:
     """Give Horovod's launcher :data:`PROBES`' answers in place of probing."""
+    from horovod.runner import launch
+
     missing = [name for name in PROBES if not callable(getattr(launch, name, None))]
     if missing:
         raise RuntimeError(
@@ -34,6 +38,8 @@ def answers() -> None:
 
 
 def main(argv: list[str] | None = None) -> int | None:
+    from horovod.runner import launch
+
     answers()
     sys.argv = ["horovodrun", *(sys.argv[1:] if argv is None else argv)]
     return launch.run_commandline()

@@ -45,8 +45,8 @@ from pathlib import Path
 from toolkit import config as config_lib
 from toolkit import files
 from toolkit.files import writing
+from toolkit.launching import horovodrun, preflight, remote, slots
 from toolkit.launching import hosts as hosts_lib
-from toolkit.launching import preflight, remote, slots
 from toolkit.plan import RunPlan
 from toolkit.runs import processes, rundir
 from toolkit.runs.rundir import LIVE, RUN_FILES, RunDir, RunError, resolve, runs_root
@@ -163,9 +163,7 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
     ]
     where = ["-H", hosts] if config.elastic is None else _elastic_options(config, run)
     argv = [
-        sys.executable,
-        "-m",
-        "toolkit.launching.horovodrun",
+        *horovodrun.COMMAND,
         "--gloo",
         "-np",
         str(config.workers),
