@@ -1,15 +1,21 @@
-"""Time one update of each optimizer over ResNet-50's variables, against Keras SGD.
+"""Time one update of each optimizer over ResNet-50's variables, against Keras SGD, on the
+Keras backend ``KERAS_BACKEND`` names (TensorFlow by default; JAX and PyTorch too).
 
     python experiments/bench_optimizers.py [--repeats 30] [--jit]
+    KERAS_BACKEND=jax python experiments/bench_optimizers.py [--repeats 30]
+    KERAS_BACKEND=torch python experiments/bench_optimizers.py [--repeats 30]
 
-Every update runs inside a compiled ``tf.function`` on the TensorFlow backend (XLA off by
-default, as under Horovod on CPU; ``--jit`` turns it on). Updates are interleaved, so machine
-noise hits every optimizer alike; on a GPU the clock stops when the device has finished the
-update (``tf.test.experimental.sync_devices``), not when it was launched. Printed for each: the
-median time of ``--repeats`` updates, its ratio to ``keras.optimizers.SGD(momentum=0.9)``,
+Each update runs as a training loop runs it on that backend: inside a compiled ``tf.function``
+on TensorFlow (XLA off by default, as under Horovod on CPU; ``--jit`` turns it on), as one
+jitted ``stateless_apply`` on JAX (each optimizer on its own copy of the variables, donated so
+that it updates in place, as Keras's JAX trainer does), eagerly on PyTorch (as Keras's
+PyTorch trainer runs its optimizer).
+Updates are interleaved, so machine noise hits every optimizer alike; on a GPU the clock
+stops when the device has finished the update, not when it was launched. Printed for each:
+the median time of ``--repeats`` updates, its ratio to ``keras.optimizers.SGD(momentum=0.9)``,
 and its ratio to the toolkit's own SGD-momentum update (the median of the ratios within each
 round, with their 10th-90th percentiles; lower is faster). Every repeat's time goes to
-``experiments/bench_optimizers.csv`` (:mod:`benchmark_csv`).
+``experiments/bench_optimizers[_jit|_<backend>].csv`` (:mod:`benchmark_csv`), with the device.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ import benchmark_csv  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from toolkit import optimizers  # noqa: E402
 
@@ -44,41 +49,91 @@ CANDIDATES = {
 }
 
 
+def update_step(optimizer, grads, variables, jit: bool):
+    """One update of ``variables`` by ``optimizer`` as the backend's training loop runs it,
+    finished on the device when the call returns."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        step = tf.function(lambda: optimizer.apply(grads, variables), jit_compile=jit)
+        gpu = bool(tf.config.list_logical_devices("GPU"))
+        return lambda: (step(), gpu and tf.test.experimental.sync_devices())
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        apply = jax.jit(
+            lambda train, state: optimizer.stateless_apply(state, grads, train),
+            donate_argnums=(0, 1),
+        )
+        values = [[jnp.array(v.value) for v in variables], [v.value for v in optimizer.variables]]
+
+        def step():
+            values[:] = apply(*values)
+            jax.block_until_ready(values)
+
+        return step
+    import torch
+
+    finish = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+    return lambda: (optimizer.apply(grads, variables), finish())
+
+
+def device() -> str:
+    """The accelerator the backend computes on (its name), or the CPU's model."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        first = jax.devices()[0]
+        if first.platform != "cpu":
+            return first.device_kind
+    elif backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name()
+    else:
+        import tensorflow as tf
+
+        if gpus := tf.config.list_logical_devices("GPU"):
+            return gpus[0].name
+    return benchmark_csv.machine()
+
+
 def main(repeats: int, jit: bool) -> pd.DataFrame:
+    backend = keras.backend.backend()
     model = keras.applications.ResNet50(weights=None)
     rng = np.random.default_rng(0)
     grads = [
-        tf.constant(rng.standard_normal(v.shape).astype("float32") * 1e-3)
+        keras.ops.convert_to_tensor(rng.standard_normal(v.shape).astype("float32") * 1e-3)
         for v in model.trainable_variables
     ]
     steps = {}
     for name, make in CANDIDATES.items():
         optimizer = make()
         optimizer.build(model.trainable_variables)
-        step = tf.function(
-            lambda opt=optimizer: opt.apply(grads, model.trainable_variables), jit_compile=jit
-        )
-        step()  # trace and warm up
-        steps[name] = step
-    # A GPU runs a step after the call returns: wait for it, or the time is the launch's.
-    finish = tf.test.experimental.sync_devices if tf.config.list_logical_devices("GPU") else None
+        steps[name] = update_step(optimizer, grads, model.trainable_variables, jit)
+        steps[name]()  # trace and warm up
     times = {name: [] for name in steps}
     for _ in range(repeats):  # interleaved, so drift affects every candidate alike
         for name, step in steps.items():
             start = time.perf_counter()
             step()
-            if finish:
-                finish()
             times[name].append(time.perf_counter() - start)
     times = pd.DataFrame(times)
+    on = device()
+    variant = "jit" if jit and backend == "tensorflow" else ""
     benchmark_csv.save(
         __file__,
         [
-            {"optimizer": name, "repeat": i, "seconds": seconds, "jit": jit}
+            {"optimizer": name, "repeat": i, "seconds": seconds, "jit": jit or backend == "jax"}
+            | {"backend": backend, "device": on}
             for name in times
             for i, seconds in enumerate(times[name], 1)
         ],
-        "jit" if jit else "",
+        variant if backend == "tensorflow" else backend,
     )
     ours = times[OUR_SGD]
     ratios = times.div(ours, axis=0)
@@ -92,13 +147,13 @@ def main(repeats: int, jit: bool) -> pd.DataFrame:
             "p90": ratios.quantile(0.9),
         }
     )
-    table.index.name = f"update of {params / 1e6:.1f}M params"
+    table.index.name = f"{backend} on {on}: update of {params / 1e6:.1f}M params"
     return table
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--jit", action="store_true", help="compile the update with XLA")
+    parser.add_argument("--jit", action="store_true", help="TensorFlow: compile with XLA")
     args = parser.parse_args()
     print(main(args.repeats, args.jit).to_markdown(floatfmt=".2f"))

@@ -25,12 +25,14 @@ def machine() -> str:
 
 def save(script: str, rows: list[dict], variant: str = "") -> Path:
     """Write ``rows`` (one per repeat) to ``<script's name>[_<variant>].csv`` beside
-    ``script``, replacing an earlier run's, with the machine, the commit and the date in every
-    row; return the path."""
-    path = Path(script)
-    path = path.with_name(f"{path.stem}{'_' + variant if variant else ''}.csv")
+    ``script`` (or in ``$BENCH_CSV_DIR`` where that is set: a smoke test's folder, a GPU
+    machine's output), replacing an earlier run's, with the machine, the commit and the date in
+    every row; return the path."""
+    script = Path(script)
+    folder = Path(os.environ.get("BENCH_CSV_DIR") or script.parent)
+    path = folder / f"{script.stem}{'_' + variant if variant else ''}.csv"
     commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=path.parent
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=script.parent
     ).stdout.strip()
     frame = pd.DataFrame(rows).assign(
         machine=machine(), commit=commit or None, date=datetime.date.today().isoformat()

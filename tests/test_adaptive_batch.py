@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_adascale import assert_resumed_bit_for_bit, numpy_adascale
+from test_adascale import assert_resumed_bit_for_bit
+from test_adascale_gain import numpy_adascale
 
 from toolkit.config import ConfigError, from_mapping
 from toolkit.plan import RunPlan, Scale

@@ -100,7 +100,9 @@ def test_matches_mxnet_update(strategy, batch_scale):
             upe=12,
             batch_scale=batch_scale,
         )
-        np.testing.assert_allclose(keras.ops.convert_to_numpy(v), expected, rtol=2e-5, atol=1e-6)
+        # atol: float32's rounding over 48 updates of values near 5, in whatever order the
+        # backend's compiler (XLA on JAX) fuses the operations
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(v), expected, rtol=2e-5, atol=2e-6)
 
 
 def test_batch_scale_four_is_one_step_on_the_mean_of_four_gradients():

@@ -89,13 +89,16 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
         return self._gradient_norms[self._get_variable_index(variable)]
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        """Keras's update of every variable, then the trust ratios it recorded kept at once
-        (inside Keras's accumulation branch, so only updates that apply record). Gradient norms
-        given for the update are used up by it."""
+        """Keras's update of every variable, then the trust ratios it recorded kept at once,
+        by updates that apply only: on TensorFlow and PyTorch this runs in Keras's accumulation
+        branch alone; JAX runs it on every call and keeps its result where the call applies,
+        so the ratios are kept the same way. Gradient norms given for the update are used up
+        by it."""
         super()._backend_update_step(grads, trainable_variables, learning_rate)
         self._gradient_norms = None
         if self._applied_ratios is not None:
-            self._applied_ratios.write()
+            steps = self.gradient_accumulation_steps
+            self._applied_ratios.write((self._iterations + 1) % steps == 0 if steps else True)
 
     def applied_trust_ratios(self) -> dict[str, float]:
         """The trust ratio each variable got in the latest update (NaN before the first),

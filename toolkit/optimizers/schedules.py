@@ -169,6 +169,14 @@ class Poly(PolynomialDecay):
             power=power,
         )
 
+    def __call__(self, step):
+        """The steps left are counted first, ``(max_update - n) / max_update``: exact in float32
+        up to the division, where ``1 - n / max_update`` cancels near the end of the run (and
+        XLA on a GPU divides to within a few ulps, which that cancellation multiplies)."""
+        total = ops.cast(self.decay_steps, "float32")
+        left = total - ops.minimum(ops.cast(step, "float32"), total)
+        return self.initial_learning_rate * ops.power(left / total, self.power)
+
     def get_config(self):
         return {
             "base_lr": self.initial_learning_rate,

@@ -99,18 +99,17 @@ class AppliedRatios:
         """Hold ``ratio``, the one the update of variable ``index`` applies now."""
         self._pending[self._position[index]] = ops.cast(ratio, self._dtype)
 
-    def write(self) -> None:
-        """Keep the ratios recorded since the last write (the others keep their value)."""
+    def write(self, applies=True) -> None:
+        """Keep the ratios recorded since the last write (the others keep their value), where
+        ``applies`` (a Python or tensor boolean: whether the update applied) holds."""
         if not self._pending:
             return
         positions, ratios = zip(*sorted(self._pending.items()), strict=True)
         self._pending = {}
-        if len(positions) == len(self._paths):
-            self._ratios.assign(ops.stack(ratios))
-            return
-        self._ratios.assign(
-            ops.scatter_update(self._ratios, [[p] for p in positions], ops.stack(ratios))
-        )
+        old, new = self._ratios.value, ops.stack(ratios)
+        if len(positions) < len(self._paths):
+            new = ops.scatter_update(old, [[p] for p in positions], new)
+        self._ratios.assign(new if applies is True else ops.where(applies, new, old))
 
     def read(self) -> dict[str, float]:
         """The latest ratios, keyed by variable path."""

@@ -18,12 +18,16 @@ from two squared gradient norms measured at batch sizes ``b_small < b_big``, ave
 bias-corrected EMA of :class:`toolkit.scaling.noise_scale.Smoother`: here in the graph, every
 update, right before the update reads its rate. A negative average ``tr Σ`` counts as 0 (gain 1), a
 non-positive ``|G|²`` as pure noise (gain ``S``).
+
+Written with ``keras.ops``, so it computes the same on every Keras backend. Its state is in
+float64, except on JAX without ``jax_enable_x64``, which has no float64: there it is float32
+(:func:`state_dtype`).
 """
 
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from toolkit.optimizers.schedules import Wrapper, value_at
 from toolkit.scaling.noise_scale import estimate
@@ -63,23 +67,24 @@ class AdaScale(Wrapper):
         self.b_small, self.b_big, self.smoothing = float(b_small), float(b_big), float(smoothing)
         self.total = total
 
-        def variable(name, dtype=tf.float64):
-            return tf.Variable(0, dtype=dtype, trainable=False, name=f"adascale_{name}")
+        def variable(name, value=0.0):
+            return keras.Variable(
+                value, dtype=state_dtype(), trainable=False, name=f"adascale_{name}"
+            )
 
-        self.count = variable("count", tf.int64)  # measurements averaged
+        self.count = variable("count")  # measurements averaged
         self.grad_sq_sum = variable("grad_sq_sum")  # the EMAs, not yet bias-corrected
         self.trace_sigma_sum = variable("trace_sigma_sum")
         self.tau = variable("tau")  # base-run updates done
         self.gain = variable("gain")  # the latest update's
         self.read_at = variable("read_at")  # the clock the latest update read the schedule at
-        self.batches = tf.Variable(  # now: an adaptive batch changes them (rescale)
-            [batch, b_small, b_big], dtype=tf.float64, trainable=False, name="adascale_batches"
-        )
+        # now: an adaptive batch changes them (rescale)
+        self.batches = variable("batches", [float(batch), self.b_small, self.b_big])
 
     @property
     def scale(self) -> float:
         """``S = batch / base_batch``, at the batch now."""
-        return float(self.batches[0].numpy()) / self.base_batch
+        return float(self.batches.numpy()[0]) / self.base_batch
 
     def rescale(self, batch: int, b_small: int, b_big: int) -> None:
         """From the next update on, the global batch is ``batch`` and the noise is measured at
@@ -100,7 +105,7 @@ class AdaScale(Wrapper):
         return self.total is not None and float(self.tau.numpy()) >= self.total
 
     @property
-    def variables(self) -> list[tf.Variable]:
+    def variables(self) -> list[keras.Variable]:
         return [
             self.count,
             self.grad_sq_sum,
@@ -114,22 +119,23 @@ class AdaScale(Wrapper):
     def observe(self, small_sq, big_sq) -> None:
         """One update's squared gradient norms at ``b_small`` and ``b_big``: average them in,
         set the gain, keep the clock this update reads the schedule at, advance ``τ``."""
-        decay = self.smoothing
-        batch, b_small, b_big = tf.unstack(self.batches)
-        grad_sq, trace_sigma = estimate(_float64(small_sq), _float64(big_sq), b_small, b_big)
-        count = self.count.assign_add(1)
-        correction = 1 - tf.pow(tf.constant(decay, tf.float64), tf.cast(count, tf.float64))
-        grad_sq = self.grad_sq_sum.assign(decay * self.grad_sq_sum + (1 - decay) * grad_sq)
-        trace = self.trace_sigma_sum.assign(
-            decay * self.trace_sigma_sum + (1 - decay) * trace_sigma
-        )
+        decay = self.smoothing  # variables' values below: Keras's Variable arithmetic with a
+        # Python float rounds the float to float32 on PyTorch
+        batch, b_small, b_big = ops.unstack(self.batches.value, 3)
+        grad_sq, trace_sigma = estimate(_state(small_sq), _state(big_sq), b_small, b_big)
+        self.count.assign_add(1)
+        correction = 1 - ops.power(_state(decay), self.count.value)
+        grad_sq = decay * self.grad_sq_sum.value + (1 - decay) * grad_sq
+        trace = decay * self.trace_sigma_sum.value + (1 - decay) * trace_sigma
         gain = gain_of(grad_sq / correction, trace / correction, self.base_batch, batch)
-        tau = self.read_at.assign(self.tau)
+        self.grad_sq_sum.assign(grad_sq)
+        self.trace_sigma_sum.assign(trace)
+        self.read_at.assign(self.tau.value)
         self.gain.assign(gain)
-        self.tau.assign(tau + gain)
+        self.tau.assign(self.read_at.value + gain)
 
     def __call__(self, step):
-        gain, clock = tf.cast(self.gain, tf.float32), tf.cast(self.read_at, tf.float32)
+        gain, clock = ops.cast(self.gain.value, "float32"), ops.cast(self.read_at.value, "float32")
         return gain * value_at(self.schedule, clock)
 
     def arguments(self):
@@ -145,16 +151,29 @@ class AdaScale(Wrapper):
 
 def gain_of(grad_sq, trace_sigma, base_batch: int, batch):
     """AdaScale's gain ``(tr Σ / B0 + |G|²) / (tr Σ / B + |G|²)`` clipped to ``[1, B / B0]``
-    (tensors in, a float64 tensor out): a negative ``tr Σ`` counts as 0, and a non-positive
-    ``|G|²`` with a positive ``tr Σ`` as pure noise."""
-    grad_sq, trace_sigma, batch = _float64(grad_sq), _float64(trace_sigma), _float64(batch)
-    trace_sigma = tf.maximum(trace_sigma, 0.0)
+    (tensors in, a tensor of :func:`state_dtype` out): a negative ``tr Σ`` counts as 0, and a
+    non-positive ``|G|²`` with a positive ``tr Σ`` as pure noise."""
+    grad_sq, trace_sigma, batch = _state(grad_sq), _state(trace_sigma), _state(batch)
+    # Keras 3.15's ops.maximum, and a Python number mixed in, give float32 on PyTorch: avoided.
+    zero, one = _state(0.0), _state(1.0)
+    trace_sigma = ops.where(trace_sigma > 0, trace_sigma, zero)
     scale = batch / base_batch
     below = trace_sigma / batch + grad_sq
-    ratio = tf.math.divide_no_nan(trace_sigma / base_batch + grad_sq, below)
-    return tf.where(below > 0, tf.clip_by_value(ratio, 1.0, scale), scale)
+    ratio = (trace_sigma / base_batch + grad_sq) / ops.where(below > 0, below, one)
+    return ops.where(below > 0, ops.clip(ratio, one, scale), scale)
 
 
-def _float64(value) -> tf.Tensor:
-    """``value`` as a float64 tensor (a Python float never passes through float32)."""
-    return tf.cast(tf.convert_to_tensor(value, dtype_hint=tf.float64), tf.float64)
+def state_dtype() -> str:
+    """The dtype AdaScale computes and keeps its state in: ``float64``, but ``float32`` on JAX
+    without ``jax_enable_x64`` (which has no float64)."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return "float64" if jax.config.jax_enable_x64 else "float32"
+    return "float64"
+
+
+def _state(value):
+    """``value`` as a tensor of :func:`state_dtype` (a Python float never passes through
+    float32 where there is float64)."""
+    return ops.cast(ops.convert_to_tensor(value, dtype=state_dtype()), state_dtype())
