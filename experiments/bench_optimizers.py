@@ -1,7 +1,7 @@
 """Time one update of each optimizer over ResNet-50's variables, against Keras SGD, on the
 Keras backend ``KERAS_BACKEND`` names (TensorFlow by default; JAX and PyTorch too).
 
-    python experiments/bench_optimizers.py [--repeats 30] [--jit]
+    python experiments/bench_optimizers.py [--repeats 30] [--jit] [--model tiny]
     KERAS_BACKEND=jax python experiments/bench_optimizers.py [--repeats 30]
     KERAS_BACKEND=torch python experiments/bench_optimizers.py [--repeats 30]
 
@@ -102,9 +102,17 @@ def device() -> str:
     return benchmark_csv.machine()
 
 
-def main(repeats: int, jit: bool) -> pd.DataFrame:
+def tiny_model() -> keras.Model:
+    """Three dense layers (17k parameters): for smoke runs of this script, not for timings."""
+    return keras.Sequential([keras.Input((64,)), *(keras.layers.Dense(64) for _ in range(3))])
+
+
+MODELS = {"resnet50": lambda: keras.applications.ResNet50(weights=None), "tiny": tiny_model}
+
+
+def main(repeats: int, jit: bool, model_name: str = "resnet50") -> pd.DataFrame:
     backend = keras.backend.backend()
-    model = keras.applications.ResNet50(weights=None)
+    model = MODELS[model_name]()
     rng = np.random.default_rng(0)
     grads = [
         keras.ops.convert_to_tensor(rng.standard_normal(v.shape).astype("float32") * 1e-3)
@@ -129,7 +137,7 @@ def main(repeats: int, jit: bool) -> pd.DataFrame:
         __file__,
         [
             {"optimizer": name, "repeat": i, "seconds": seconds, "jit": jit or backend == "jax"}
-            | {"backend": backend, "device": on}
+            | {"backend": backend, "device": on, "model": model_name}
             for name in times
             for i, seconds in enumerate(times[name], 1)
         ],
@@ -147,7 +155,7 @@ def main(repeats: int, jit: bool) -> pd.DataFrame:
             "p90": ratios.quantile(0.9),
         }
     )
-    table.index.name = f"{backend} on {on}: update of {params / 1e6:.1f}M params"
+    table.index.name = f"{backend} on {on}: update of {params / 1e6:.2g}M params"
     return table
 
 
@@ -155,5 +163,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--jit", action="store_true", help="TensorFlow: compile with XLA")
+    parser.add_argument("--model", choices=sorted(MODELS), default="resnet50")
     args = parser.parse_args()
-    print(main(args.repeats, args.jit).to_markdown(floatfmt=".2f"))
+    print(main(args.repeats, args.jit, args.model).to_markdown(floatfmt=".2f"))

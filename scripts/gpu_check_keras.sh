@@ -15,9 +15,11 @@
 #   3. bench_resnet50.py on JAX: images/s of ResNet-50 trained with our LARS against Keras's SGD
 #   4. the optimizer, schedule and AdaScale oracle tests on each backend, on its default (GPU)
 #      device
-# --smoke runs the benchmarks at a toy size and leaves out the tests, which CI runs on every
-# backend anyway (CI runs the smoke on the CPU, so the check works on first contact with a GPU). Each step writes OUT/<step>.log and a line to
-# OUT/summary.md; the benchmarks' CSVs go to OUT. The exit status is the number of failed steps.
+# --smoke runs the benchmarks at a toy size (a tiny model's update, ResNet-50 on 32x32 images at
+# batch 2) and leaves out the tests, which CI runs on every backend anyway: CI runs the smoke on
+# the CPU, so that the check works on first contact with a GPU. Each step writes OUT/<step>.log
+# and a line to OUT/summary.md; the benchmarks' CSVs go to OUT. The exit status is the number
+# of failed steps.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -50,9 +52,9 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if ((SMOKE)); then
-  optimizer_repeats=2 resnet=(--batch 2 --steps 1 --repeats 1 --image-size 32 --precision float32)
+  updates=(--repeats 2 --model tiny) resnet=(--batch 2 --steps 1 --repeats 1 --image-size 32 --precision float32)
 else
-  optimizer_repeats=30 resnet=(--batch 256 --steps 20 --repeats 3)
+  updates=(--repeats 30) resnet=(--batch 256 --steps 20 --repeats 3)
 fi
 failed=0
 echo "# Keras GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null)" >"$OUT/summary.md"
@@ -74,7 +76,7 @@ print(\"torch\", torch.__version__, torch.cuda.is_available() and torch.cuda.get
 print(\"keras\", keras.__version__)'"
 for backend in jax torch; do
   step "2-bench-optimizers-$backend" env KERAS_BACKEND=$backend \
-    "$PY" experiments/bench_optimizers.py --repeats "$optimizer_repeats"
+    "$PY" experiments/bench_optimizers.py "${updates[@]}"
 done
 step 3-bench-resnet50-jax env KERAS_BACKEND=jax "$PY" experiments/bench_resnet50.py "${resnet[@]}"
 if ((!SMOKE)); then  # CI runs these on every backend already (tests/test_every_backend.py)

@@ -1,15 +1,11 @@
-"""The optimizers as Keras users meet them: fit, configs, checkpoints, mixed precision, sparse
-gradients, and a second Keras backend."""
+"""The optimizers as Keras users meet them: fit, configs, checkpoints, mixed precision and sparse
+gradients (test_every_backend.py runs some of these on JAX and PyTorch too)."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
-from conftest import ROOT
 
 from toolkit import optimizers
 from toolkit.optimizers.schedules import MultiFactor, Warmup
@@ -155,27 +151,3 @@ def test_sparse_embedding_gradients(name):
     after = model.layers[0].embeddings.numpy()
     assert not np.allclose(after[1:5], before[1:5])
     np.testing.assert_array_equal(after[5:], before[5:])
-
-
-def test_numerics_and_fit_on_the_torch_backend(subprocess_env):
-    """The oracle tests and model.fit again, with Keras on its PyTorch backend."""
-    env = {**subprocess_env, "KERAS_BACKEND": "torch"}
-    tests = [
-        "tests/test_sgd_vs_torch.py",
-        "tests/test_lars.py",
-        "tests/test_lbsgd.py",
-        "tests/test_optimizers_keras.py::test_fit_reduces_the_loss",
-        "tests/test_optimizers_keras.py::test_checkpoint_restore_continues_bit_for_bit",
-    ]
-    probe = "import keras; assert keras.backend.backend() == 'torch'"
-    subprocess.run([sys.executable, "-c", probe], env=env, check=True, cwd=ROOT)
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout

@@ -358,6 +358,29 @@ def check(config: ExperimentConfig) -> None:
         rule(config)
 
 
+def check_backend(config: ExperimentConfig, backend: str) -> None:
+    """Raise :class:`~toolkit.errors.ConfigError`, naming the field and ``backend``, where
+    ``config`` needs what only Keras's TensorFlow backend runs: Horovod's allreduce (more than
+    one worker, an elastic world, a compressed or averaged exchange, an adaptive batch's
+    accumulation in it) and AdaScale, whose rate the compiled step reads from state set by a
+    callback (a jitted JAX step would keep the first value). The rest runs on one worker on
+    every backend. Checked before anything starts: by the launcher, for the backend its
+    workers will get (:func:`toolkit.backends.requested`), and by ``train``."""
+    if backend == "tensorflow":
+        return
+    _refuse_first(
+        f"KERAS_BACKEND={backend} (Horovod's allreduce and AdaScale run on tensorflow only)",
+        (
+            (config.workers > 1, f"workers 1, got {config.workers}"),
+            (config.elastic is not None, "no elastic section"),
+            (config.allreduce.compression != "none", "allreduce.compression 'none'"),
+            (config.sync.mode != "full", "sync.mode 'full'"),
+            (config.batch.adaptive is not None, "no batch.adaptive section"),
+            (config.lr_scaling.rule == "adascale", "lr_scaling.rule other than 'adascale'"),
+        ),
+    )
+
+
 def _refuse_first(what: str, refusals) -> None:
     """Raise ``ConfigError("<what> needs <why>")`` for the first ``(refused, why)`` that is."""
     for refused, why in refusals:

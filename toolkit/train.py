@@ -20,6 +20,7 @@ from pathlib import Path
 
 import keras
 
+from toolkit import backends, plan
 from toolkit import config as config_lib
 from toolkit.files import WriteError
 from toolkit.parallel import distributed
@@ -55,6 +56,7 @@ def train(
     ``elastic`` section and ``run_dir``, where every worker, a late one included, writes once
     it is rank 0.
     """
+    plan.check_backend(config, backends.name())
     fusion_bytes = config.communication().fusion_bytes
     os.environ["HOROVOD_FUSION_THRESHOLD"] = str(fusion_bytes)  # read when Horovod starts
     distributed.init()
@@ -181,6 +183,7 @@ def _meta(config, world_size: int) -> dict:
             "python": platform.python_version(),
             "tensorflow": tf.__version__,
             "keras": keras.__version__,
+            "keras_backend": backends.name(),
             "horovod": horovod.__version__,
         },
     }

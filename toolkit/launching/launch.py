@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from toolkit import backends, files, plan
 from toolkit import config as config_lib
-from toolkit import files
 from toolkit.files import writing
 from toolkit.launching import horovodrun, preflight, remote, slots
 from toolkit.launching import hosts as hosts_lib
@@ -99,6 +99,7 @@ def launch(
         config = config.model_copy(
             update={"elastic": config.elastic.model_copy(update={"discovery": discovery})}
         )
+    plan.check_backend(config, backends.requested())
     check_fits_dataset(config)
     slots.check_fits(slots.slots_of(config), runs_root_dir)
     preflight.check(config, runs_root(runs_root_dir))
@@ -127,6 +128,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
         if not any(run.checkpoints_path.glob("epoch-*")):
             raise RunError(f"run {run.run_id} has no checkpoint to resume from")
         config = config_lib.from_mapping(run.config().model_dump(mode="json"))  # checked again
+        plan.check_backend(config, backends.requested())
         slots.check_fits(slots.slots_of(config), run.path.parent)
         preflight.check(config, run.path.parent)
         try:

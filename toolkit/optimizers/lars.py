@@ -85,7 +85,7 @@ class LARS(CoupledDecayOptimizer):
         # `update_step` may receive backend variables without a `path`; decide once here.
         self._adapted = [self.is_adapted(v) for v in variables]
         adapted = [i for i, is_adapted in enumerate(self._adapted) if is_adapted]
-        self._applied_ratios = AppliedRatios(variables, adapted)
+        self._applied_ratios = AppliedRatios(self, variables, adapted)
 
     def trust_ratio_tensors(self, gradients, variables) -> dict:
         """The per-variable ``local`` ratios an update with ``gradients`` would use, keyed by

@@ -100,7 +100,7 @@ class LBSGD(CoupledDecayOptimizer):
             return
         super().build(variables)
         if self.warmup_strategy == "lars":
-            self._applied_ratios = AppliedRatios(variables, range(len(variables)))
+            self._applied_ratios = AppliedRatios(self, variables, range(len(variables)))
 
     def warmup_multiplier(self, calls):
         """``mult`` of the linear/power2/sqrt strategies after ``calls`` calls (1-based)."""

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from toolkit import backends
 from toolkit.optimizers import unwrapped
 from toolkit.parallel.distributed import allgather_rows
 from toolkit.plan import RunPlan
@@ -179,30 +179,6 @@ class TrustRatioLogger(keras.callbacks.Callback):
         )
 
 
-def loss_gradients(model: keras.Model, x, y) -> list[tf.Tensor]:
-    """The gradients of the compiled loss on ``(x, y)``, the model run with ``training=False``
-    (no dropout, batch norm's moving statistics untouched): what the one-worker noise scale
-    measures (:class:`HalfBatchNorms`)."""
-    with tf.GradientTape() as tape:
-        loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=False))
-    return tape.gradient(loss, model.trainable_variables)
-
-
-_GRADIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def probe_gradients(model: keras.Model, x, y) -> list[tf.Tensor]:
-    """:func:`loss_gradients`, run as one graph per model, traced once for every batch size:
-    eagerly a gradient costs several times a compiled one, and tracing one costs about a second
-    for a ResNet, so it is done once per model, not once per measurement."""
-    if model not in _GRADIENTS:
-        signature = [tf.TensorSpec([None, *x.shape[1:]], x.dtype), tf.TensorSpec([None], y.dtype)]
-        _GRADIENTS[model] = tf.function(
-            lambda x, y: loss_gradients(model, x, y), input_signature=signature, autograph=False
-        )
-    return _GRADIENTS[model](x, y)
-
-
 class HalfBatchNorms:
     """One worker's stand-in for the allreduce measurement of the noise scale: a fresh random
     batch of ``2·half`` training examples taken as two halves. ``small_sq`` is the mean of the
@@ -223,8 +199,8 @@ class HalfBatchNorms:
         rng = self.rng if at is None else np.random.default_rng([self.seed, at])
         rows = rng.choice(len(self.x), size=2 * self.half, replace=False)
         x, y = self.x[rows], self.y[rows]
-        first = probe_gradients(model, x[: self.half], y[: self.half])
-        second = probe_gradients(model, x[self.half :], y[self.half :])
+        first = backends.loss_gradients(model, x[: self.half], y[: self.half])
+        second = backends.loss_gradients(model, x[self.half :], y[self.half :])
         return self._squared_norms(first, second)
 
     @staticmethod

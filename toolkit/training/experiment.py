@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from toolkit import optimizers
+from toolkit import backends, optimizers
 from toolkit.config import ExperimentConfig
 from toolkit.optimizers import schedules
 from toolkit.optimizers.schedules import Warmup
@@ -130,13 +130,12 @@ def rates_at(optimizer: keras.optimizers.Optimizer) -> Callable[[int], tuple[flo
     compiled once: eagerly one costs milliseconds a call, compiled tens of microseconds."""
     inner = optimizers.unwrapped(optimizer)
     momentum = getattr(inner, "moved_momentum", None) or getattr(inner, "momentum", None)
-    scheduled = tf.function(
-        lambda step: (_rate(optimizer, step), momentum(step) if callable(momentum) else 0.0),
-        autograph=False,
+    scheduled = backends.compiled(
+        lambda step: (_rate(optimizer, step), momentum(step) if callable(momentum) else 0.0)
     )
 
     def rates(step: int) -> tuple[float, float | None]:
-        rate, scheduled_momentum = scheduled(tf.constant(step, tf.int64))
+        rate, scheduled_momentum = scheduled(keras.ops.convert_to_tensor(step, "int32"))
         return float(rate), float(scheduled_momentum) if callable(momentum) else momentum
 
     return rates

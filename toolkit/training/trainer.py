@@ -24,6 +24,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from toolkit import backends
 from toolkit.config import ExperimentConfig
 from toolkit.optimizers import applies_trust_ratios
 from toolkit.parallel import distributed, elastic
@@ -94,7 +95,8 @@ class Trainer:
             optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
-            jit_compile=False,  # Horovod's ops cannot run inside an XLA cluster on CPU
+            # Horovod's ops cannot run inside an XLA cluster on CPU; JAX's step is jitted
+            jit_compile=backends.name() == "jax",
             steps_per_execution=plan.steps_per_execution(applies_trust_ratios(optimizer)),
         )
         smoother = Smoother(decay=plan.noise_smoothing)
