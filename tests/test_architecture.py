@@ -14,6 +14,7 @@ from conftest import ROOT
 
 LAYERS = {  # bottom to top, as docs/architecture.md's table gives them (top first)
     "foundations": {
+        "backends",
         "config",
         "plan",
         "communication",
