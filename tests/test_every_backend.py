@@ -103,27 +103,28 @@ def test_a_model_saved_with_its_optimizer_on_tensorflow_trains_on(
                 )
 
 
-def test_a_one_worker_run_on_jax_writes_the_run_the_dashboard_reads(
-    tmp_path, subprocess_env, monkeypatch
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_one_worker_run_writes_the_run_the_dashboard_reads(
+    backend, tmp_path, subprocess_env, monkeypatch
 ):
     """The quickstart (LARS, cosine with warmup, the one-worker noise scale) for 2 epochs through
-    ``python -m toolkit.train`` on JAX: the same run directory, events and checkpoints as on
-    TensorFlow, with finite trust ratios and a falling loss, read by the runs table and the
-    Run detail page like any run."""
+    ``python -m toolkit.train`` on ``backend``: the same run directory, events and checkpoints
+    as on TensorFlow, with finite trust ratios and a falling loss, read by the runs table and
+    the Run detail page like any run."""
     from test_app import figures, page
 
     from toolkit.runs import table
     from toolkit.runs.events import read_events
     from toolkit.runs.rundir import RunDir
 
-    run_dir = tmp_path / "runs" / "on-jax"
+    run_dir = tmp_path / "runs" / f"on-{backend}"
     args = ["-m", "toolkit.train", "experiments/quickstart.yaml", "--run-dir", str(run_dir)]
     overrides = ["--set", "workers=1", "--set", "epochs=2"]
-    result = run_on("jax", [*args, *overrides], subprocess_env)
+    result = run_on(backend, [*args, *overrides], subprocess_env)
     assert result.returncode == 0, result.stderr[-4000:]
     run = RunDir(run_dir)
     assert run.status()["state"] == "completed"
-    assert run.meta()["versions"]["keras_backend"] == "jax"
+    assert run.meta()["versions"]["keras_backend"] == backend
     assert [p.name for p in run.checkpoints_path.glob("epoch-*")] == ["epoch-0002"]
     events = read_events(run.events_path)
     assert {"train", "eval", "trust_ratio", "gns"} <= set(events.phase)

@@ -97,7 +97,10 @@ class Trainer:
             metrics=["accuracy"],
             # Horovod's ops cannot run inside an XLA cluster on CPU; JAX's step is jitted
             jit_compile=backends.name() == "jax",
-            steps_per_execution=plan.steps_per_execution(applies_trust_ratios(optimizer)),
+            # Keras's PyTorch trainer runs one step per call only
+            steps_per_execution=1
+            if backends.name() == "torch"
+            else plan.steps_per_execution(applies_trust_ratios(optimizer)),
         )
         smoother = Smoother(decay=plan.noise_smoothing)
         return cls(
