@@ -10,6 +10,7 @@ from __future__ import annotations
 import keras
 
 from toolkit.catalog import OPTIMIZERS
+from toolkit.optimizers.base import unwrapped
 from toolkit.optimizers.lars import LARS
 from toolkit.optimizers.lbsgd import LBSGD
 from toolkit.optimizers.sgd import SGD
@@ -19,11 +20,6 @@ from toolkit.optimizers.trust_ratio import trust_ratio
 def get(name: str, **params) -> keras.optimizers.Optimizer:
     """Build the optimizer registered as ``name`` with ``params`` (errors list what is allowed)."""
     return OPTIMIZERS.get(name, **params)
-
-
-def unwrapped(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-    """The optimizer a ``LossScaleOptimizer`` (mixed precision) wraps, or ``optimizer``."""
-    return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 def applies_trust_ratios(optimizer: keras.optimizers.Optimizer) -> bool:

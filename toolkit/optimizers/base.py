@@ -1,5 +1,6 @@
 """What the toolkit's optimizers share: coupled L2 weight decay, hyperparameters that may be
-schedules, the heavy-ball momentum step, and a config that round-trips all of it."""
+schedules, the heavy-ball momentum step, a config that round-trips all of it, and the state a
+checkpoint keeps."""
 
 from __future__ import annotations
 
@@ -20,6 +21,21 @@ def check_non_negative(name: str, value: Hyperparameter) -> Hyperparameter:
     if not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"`{name}` must be a non-negative float or a schedule, got {value!r}")
     return float(value)
+
+
+def unwrapped(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """The optimizer a ``LossScaleOptimizer`` (mixed precision) wraps, or ``optimizer``."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+def state_variables(optimizer: keras.optimizers.Optimizer) -> list:
+    """``optimizer.variables`` less the trust ratios it applied last, which are for logging and
+    among them on JAX only (its compiled step returns only tracked variables): what a saved
+    model holds (``model.save``), the same list on every backend. (A run directory's
+    checkpoint holds ``optimizer.variables``, so one written on JAX resumes on JAX.)"""
+    ratios = getattr(unwrapped(optimizer), "_applied_ratios", None)
+    logged = ratios.variable if ratios is not None else None
+    return [v for v in optimizer.variables if v is not logged]
 
 
 class CoupledDecayOptimizer(keras.optimizers.Optimizer):
@@ -136,6 +152,20 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
         velocity = self.velocities[self._get_variable_index(variable)]
         momentum = self._hyper(self.momentum, variable.dtype)
         heavy_ball(variable, velocity, learning_rate, gradient, momentum, nesterov, weight_decay)
+
+    def save_own_variables(self, store):
+        """Keras's, over the state only (:func:`state_variables`), so a saved model loads on
+        every backend."""
+        for i, variable in enumerate(state_variables(self)):
+            store[str(i)] = variable.numpy()
+
+    def load_own_variables(self, store):
+        """Keras's, over the state only (a count that differs: Keras's warning, and no load)."""
+        state = state_variables(self)
+        if len(store.keys()) != len(state):
+            return super().load_own_variables(store)
+        for i, variable in enumerate(state):
+            variable.assign(store[str(i)])
 
     def get_config(self):
         config = super().get_config()

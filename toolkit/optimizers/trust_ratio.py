@@ -78,7 +78,8 @@ class AppliedRatios:
     the first update). Kept in one vector outside the optimizer's tracked variables, so
     ``optimizer.variables``, checkpoints and the broadcast of optimizer state do not see it;
     on JAX, whose compiled step is stateless and returns only tracked variables, it is one of
-    them (and so in that backend's checkpoints).
+    them, which a saved model leaves out (:func:`~toolkit.optimizers.base.state_variables`),
+    so it loads on every backend.
 
     An update holds each variable's ratio as it goes (:meth:`record`) and keeps them all at its
     end in one assignment (:meth:`write`): one op per update rather than one per layer, which
@@ -105,6 +106,11 @@ class AppliedRatios:
                 ops.full((len(indices),), math.nan, self._dtype), trainable=False
             )
         self._pending = {}
+
+    @property
+    def variable(self) -> keras.Variable:
+        """The vector of ratios, one per variable with a ratio, in the optimizer's order."""
+        return self._ratios
 
     def record(self, index: int, ratio) -> None:
         """Hold ``ratio``, the one the update of variable ``index`` applies now."""
