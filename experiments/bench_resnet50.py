@@ -3,7 +3,7 @@ LARS against Keras's SGD, on the Keras backend ``KERAS_BACKEND`` names (JAX is t
 lent GPU machines can run: they have no TensorFlow).
 
     KERAS_BACKEND=jax python experiments/bench_resnet50.py [--batch 256] [--steps 20]
-        [--repeats 3] [--precision mixed_bfloat16] [--image-size 224]
+        [--repeats 3] [--precision mixed_bfloat16] [--image-size 224] [--model tiny]
 
 Each optimizer's model is built and compiled once (Keras's own compiled train step, jitted on
 JAX), warmed up, then timed over ``--steps`` calls of ``train_on_batch`` on one batch of random
@@ -38,23 +38,46 @@ CANDIDATES = {
 }
 
 
-def compiled_resnet50(make_optimizer, image_size: int) -> keras.Model:
-    """ResNet-50 for 1,000 classes, untrained, compiled with the optimizer ``make_optimizer``
-    builds (Keras's trainer, jit on JAX)."""
+def tiny_convnet(input_shape) -> keras.Model:
+    """Two convolutions and a classifier: for smoke runs of this script, not for timings."""
+    return keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.Conv2D(8, 3, strides=2, activation="relu"),
+            keras.layers.Conv2D(8, 3, strides=2, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(1000),
+        ]
+    )
+
+
+MODELS = {
+    "resnet50": lambda shape: keras.applications.ResNet50(weights=None, input_shape=shape),
+    "tiny": tiny_convnet,
+}
+
+
+def compiled_model(model_name: str, make_optimizer, image_size: int) -> keras.Model:
+    """The model (ResNet-50 for 1,000 classes, untrained), compiled with the optimizer
+    ``make_optimizer`` builds (Keras's trainer, jit on JAX)."""
     keras.utils.set_random_seed(0)
-    model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3))
+    model = MODELS[model_name]((image_size, image_size, 3))
     model.compile(optimizer=make_optimizer(), loss="sparse_categorical_crossentropy")
     return model
 
 
-def main(batch: int, steps: int, repeats: int, precision: str, image_size: int) -> pd.DataFrame:
+def main(
+    batch: int, steps: int, repeats: int, precision: str, image_size: int, model_name="resnet50"
+) -> pd.DataFrame:
     keras.mixed_precision.set_global_policy(precision)
     rng = np.random.default_rng(0)
     images = keras.ops.convert_to_tensor(
         rng.uniform(size=(batch, image_size, image_size, 3)).astype("float32")
     )
     labels = keras.ops.convert_to_tensor(rng.integers(0, 1000, size=batch).astype("int32"))
-    models = {name: compiled_resnet50(make, image_size) for name, make in CANDIDATES.items()}
+    models = {
+        name: compiled_model(model_name, make, image_size) for name, make in CANDIDATES.items()
+    }
     for model in models.values():  # compile and warm up
         for _ in range(2):
             model.train_on_batch(images, labels)
@@ -71,7 +94,7 @@ def main(batch: int, steps: int, repeats: int, precision: str, image_size: int) 
             )
     backend, on = keras.backend.backend(), device()
     frame = pd.DataFrame(rows).assign(
-        backend=backend, device=on, precision=precision, image_size=image_size
+        backend=backend, device=on, precision=precision, image_size=image_size, model=model_name
     )
     benchmark_csv.save(__file__, frame.to_dict("records"), backend)
     speed = frame.pivot(index="round", columns="optimizer", values="images_per_second")
@@ -84,7 +107,7 @@ def main(batch: int, steps: int, repeats: int, precision: str, image_size: int) 
             "max": ratios.max(),
         }
     )
-    table.index.name = f"{backend} on {on}: ResNet-50, batch {batch}, {precision}"
+    table.index.name = f"{backend} on {on}: {model_name}, batch {batch}, {precision}"
     return table
 
 
@@ -95,6 +118,7 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3, help="rounds")
     parser.add_argument("--precision", default="mixed_bfloat16", help="a Keras dtype policy")
     parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--model", choices=sorted(MODELS), default="resnet50")
     args = parser.parse_args()
-    table = main(args.batch, args.steps, args.repeats, args.precision, args.image_size)
+    table = main(args.batch, args.steps, args.repeats, args.precision, args.image_size, args.model)
     print(table.to_markdown(floatfmt=".2f"))

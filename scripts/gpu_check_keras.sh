@@ -15,11 +15,11 @@
 #   3. bench_resnet50.py on JAX: images/s of ResNet-50 trained with our LARS against Keras's SGD
 #   4. the optimizer, schedule and AdaScale oracle tests on each backend, on its default (GPU)
 #      device
-# --smoke runs the benchmarks at a toy size (a tiny model's update, ResNet-50 on 32x32 images at
-# batch 2) and leaves out the tests, which CI runs on every backend anyway: CI runs the smoke on
-# the CPU, so that the check works on first contact with a GPU. Each step writes OUT/<step>.log
-# and a line to OUT/summary.md; the benchmarks' CSVs go to OUT. The exit status is the number
-# of failed steps.
+# --smoke runs the benchmarks at a toy size (tiny models in place of ResNet-50) and leaves out
+# the tests, which CI runs on every backend anyway: CI runs the smoke on the CPU, so that the
+# check works on first contact with a GPU. Each step writes OUT/<step>.log and a line to
+# OUT/summary.md; the benchmarks' CSVs go to OUT. The exit status is the number of failed
+# steps.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -52,7 +52,8 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if ((SMOKE)); then
-  updates=(--repeats 2 --model tiny) resnet=(--batch 2 --steps 1 --repeats 1 --image-size 32 --precision float32)
+  updates=(--repeats 2 --model tiny)
+  resnet=(--batch 2 --steps 1 --repeats 1 --image-size 32 --precision float32 --model tiny)
 else
   updates=(--repeats 30) resnet=(--batch 256 --steps 20 --repeats 3)
 fi
