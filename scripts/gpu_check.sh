@@ -23,19 +23,10 @@ OUT="$(realpath -m "${1:-gpu-check}")"
 mkdir -p "$OUT"
 PY="$ROOT/.venv/bin/python"
 export LBL_GPU=1 LBL_RUNS="$OUT/runs"
-failed=0
 echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)" >"$OUT/summary.md"
 
-step() {  # step NAME COMMAND...: run it, log it, time it
-  local name="$1" log="$OUT/$1.log" begin=$SECONDS status
-  shift
-  echo "[gpu-check] $name"
-  "$@" >"$log" 2>&1
-  status=$?
-  ((status)) && failed=$((failed + 1))
-  printf -- '- %s: %s in %d s (%s)\n' "$name" "$( ((status)) && echo "FAILED ($status)" || echo ok)" \
-    $((SECONDS - begin)) "$log" | tee -a "$OUT/summary.md"
-}
+CHECK=gpu-check
+source "$ROOT/scripts/check_steps.sh"
 
 step 1-setup scripts/setup.sh --test
 step 2-machine bash -c 'nvidia-smi && cat .venv/.horovod-check-build && grep -q "\[X\] NCCL" .venv/.horovod-check-build'

@@ -57,19 +57,10 @@ if ((SMOKE)); then
 else
   updates=(--repeats 30) resnet=(--batch 256 --steps 20 --repeats 3)
 fi
-failed=0
 echo "# Keras GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null)" >"$OUT/summary.md"
 
-step() {  # step NAME COMMAND...: run it, log it, time it
-  local name="$1" log="$OUT/$1.log" begin=$SECONDS status
-  shift
-  echo "[gpu-check-keras] $name"
-  "$@" >"$log" 2>&1
-  status=$?
-  ((status)) && failed=$((failed + 1))
-  printf -- '- %s: %s in %d s\n' "$name" "$( ((status)) && echo "FAILED ($status)" || echo ok)" \
-    $((SECONDS - begin)) | tee -a "$OUT/summary.md"
-}
+CHECK=gpu-check-keras
+source "$ROOT/scripts/check_steps.sh"
 
 step 1-machine env KERAS_BACKEND=jax bash -c "'$PY' --version; nvidia-smi -L || true;
   '$PY' -c 'import jax, torch, keras; print(\"jax\", jax.__version__, jax.devices());
