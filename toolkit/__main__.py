@@ -2,6 +2,8 @@
 
 python -m toolkit launch CONFIG [--np N] [--hosts h1:2,h2:2 | auto | --hostfile F]
                           [--min-np M --max-np X --discovery HOSTS_FILE_OR_SCRIPT]
+                          [--slurm [--nodes K] [--partition P] [--time T] [--account A]
+                           [--gpus-per-task G] [--sbatch-arg ARG ...]]
                           [--set k=v ...] [--tag T ...] [--note TEXT] [--wait]
 python -m toolkit runs [--all] [--tag T ...] [--search TEXT]
 python -m toolkit tag RUN [TAG ...] [--remove TAG ...]
@@ -13,7 +15,7 @@ python -m toolkit probe CONFIG [--np N] [--steps K] [--set k=v ...]
 python -m toolkit sweep SWEEP [--dry-run | --status] [--max-parallel K] [--retry-failed] [--csv F]
 python -m toolkit queue [--capacity h1:2,h2:2 | --capacity default]
 python -m toolkit notebook [JUPYTERLAB ARGS]   (toolkit.launching.jupyter)
-python -m toolkit cluster up [--hosts N] [--bandwidth 1gbit] [--delay 100us]   (namespaces)
+python -m toolkit cluster up [--hosts N] [--slurm] [--bandwidth 1gbit] [--delay 100us]
 python -m toolkit cluster status | shape [--bandwidth R] [--delay D] | down
 python -m toolkit cluster exec HOST -- COMMAND...
 
@@ -90,6 +92,7 @@ def build_parser() -> Parser:
     start.add_argument(
         "--discovery", help="elastic: hosts file (host:slots lines) or discovery script"
     )
+    _slurm_arguments(start)
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     start.add_argument("--name", help="run id (default <name>-b<batch>-<optimizer>-<hex>)")
     start.add_argument("--tag", action="append", default=[], help="tag the run (repeatable)")
@@ -163,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                 min_np=args.min_np,
                 max_np=args.max_np,
                 discovery=args.discovery,
+                slurm=_slurm_fields(args),
             )
             print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
+            if job := run.recorded_status().get("slurm_job_id"):
+                print(f"submitted to Slurm as job {job} ({run.path / 'job.sbatch'})")
             if place := slots.positions(args.runs).get(run.run_id):
                 print(f"queued: number {place} in line for slots (python -m toolkit queue)")
             if args.wait:
@@ -220,6 +226,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted; {went_on} (`python -m toolkit stop RUN`)", file=sys.stderr)
         return 130
     return 0
+
+
+SLURM_FLAGS = {  # flag: the field of the config's slurm section it sets
+    "nodes": "nodes",
+    "partition": "partition",
+    "time": "time",
+    "account": "account",
+    "gpus_per_task": "gpus_per_task",
+    "sbatch_arg": "sbatch_args",
+}
+
+
+def _slurm_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--slurm`` and the fields of the config's ``slurm`` section (see
+    :class:`toolkit.config.SlurmConfig`)."""
+    group = parser.add_argument_group("Slurm (toolkit.launching.slurm)")
+    group.add_argument("--slurm", action="store_true", help="submit to Slurm: --np ranks")
+    group.add_argument("--nodes", type=integer(1, MAX_WORKERS), help="Slurm: nodes")
+    group.add_argument("--partition", help="Slurm: partition (default: the cluster's)")
+    group.add_argument("--time", help="Slurm: time limit, e.g. 2:00:00 (requeued past it)")
+    group.add_argument("--account", help="Slurm: account")
+    group.add_argument("--gpus-per-task", type=integer(1, 64), help="Slurm: GPUs per rank")
+    group.add_argument(
+        "--sbatch-arg", action="append", default=[], help="Slurm: another sbatch option"
+    )
+
+
+def _slurm_fields(args) -> dict | None:
+    """The ``slurm`` fields the flags give (``None``: not a Slurm launch); a Slurm flag
+    without ``--slurm`` is refused, naming it."""
+    given = {field: getattr(args, flag) for flag, field in SLURM_FLAGS.items()}
+    given = {field: value for field, value in given.items() if value not in (None, [])}
+    if given and not args.slurm:
+        flags = ", ".join(f"--{f.replace('_', '-')}" for f, v in SLURM_FLAGS.items() if v in given)
+        raise ValueError(f"{flags} go with --slurm (a run submitted to Slurm)")
+    return given if args.slurm else None
 
 
 def _tensorboard(args) -> int:
@@ -349,10 +391,13 @@ def _cluster_parser(parser: argparse.ArgumentParser) -> None:
     make.add_argument(
         "--hosts", type=integer(1, cluster.MAX_HOSTS), default=3, help="number of hosts (3)"
     )
+    make.add_argument(
+        "--slurm", action="store_true", help="also a Slurm controller and a slurmd per host"
+    )
     for action in (make, actions.add_parser("shape", help="limit every host's link")):
         action.add_argument("--bandwidth", help="each host's link rate, tc units: 1gbit, 500mbit")
         action.add_argument("--delay", help="one-way delay, tc units: 100us (needs sch_netem)")
-    actions.add_parser("status", help="each host: namespace, sshd, ssh, shaping")
+    actions.add_parser("status", help="each host: namespace, sshd, ssh, shaping, Slurm state")
     actions.add_parser("down", help="remove every namespace, process and file the cluster made")
     inside = actions.add_parser("exec", help="run a command inside a host")
     inside.add_argument("host")
@@ -364,9 +409,12 @@ def _cluster(args) -> int:
     if args.action == "up":
         given = args.bandwidth or args.delay
         made = cluster.up(
-            args.hosts, cluster.Shaping(args.bandwidth, args.delay) if given else None
+            args.hosts,
+            cluster.Shaping(args.bandwidth, args.delay) if given else None,
+            slurm=args.slurm,
         )
-        print(f"cluster up: {', '.join(h.name for h in made)} (ssh {made[-1].name} works)")
+        works = f"ssh {made[-1].name}" + (", sinfo, sbatch" if args.slurm else "")
+        print(f"cluster up: {', '.join(h.name for h in made)} ({works} work)")
     elif args.action == "shape":
         cluster.shape(cluster.Shaping(args.bandwidth, args.delay))
     elif args.action == "down":

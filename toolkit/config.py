@@ -50,6 +50,9 @@ def run_name_problem(name: object) -> str | None:
 
 
 HOSTS = re.compile(r"^[A-Za-z0-9_.-]+:[1-9][0-9]*(,[A-Za-z0-9_.-]+:[1-9][0-9]*)*$")
+SLURM_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+SLURM_TIME = r"^([0-9]+-[0-9]{1,2}(:[0-9]{2}){0,2}|[0-9]+(:[0-9]{2}){0,2})$"
+SBATCH_ARG = r"^--[a-z][a-z-]*(=[^\x00-\x1f]{1,512})?$"
 
 
 def _check_component(
@@ -369,6 +372,28 @@ class ElasticConfig(_Section):
         return self
 
 
+class SlurmConfig(_Section):
+    """Run as a Slurm job (:mod:`toolkit.launching.slurm`): ``workers`` ranks, one Slurm task
+    each, on ``nodes`` nodes (Slurm's placement when unset) of ``partition`` (the cluster's
+    default when unset), under ``account``, with ``time`` as the job's limit (Slurm's formats:
+    ``minutes``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) and ``gpus_per_task`` GPUs per
+    rank. ``signal_before_end_s`` seconds before the limit (or a preemption), Slurm signals the
+    job: the workers checkpoint where they are and the job is requeued, to go on from there.
+    ``sbatch_args``: further ``sbatch`` options, written into the job script as given."""
+
+    nodes: int | None = Field(None, ge=1, le=MAX_WORKERS, description="nodes (default: Slurm's)")
+    partition: str | None = Field(None, pattern=SLURM_NAME, description="partition")
+    account: str | None = Field(None, pattern=SLURM_NAME, description="account to charge")
+    time: str | None = Field(None, pattern=SLURM_TIME, description="time limit, e.g. 2:00:00")
+    gpus_per_task: int | None = Field(None, ge=1, le=64, description="GPUs per rank")
+    signal_before_end_s: int = Field(
+        120, ge=60, le=65535, description="checkpoint this long before the time limit"
+    )
+    sbatch_args: list[Annotated[str, Field(pattern=SBATCH_ARG)]] = Field(
+        default_factory=list, description="further sbatch options, e.g. --qos=long"
+    )
+
+
 class CheckpointConfig(_Section):
     every_epochs: int = Field(1, ge=1)
 
@@ -396,6 +421,7 @@ class ExperimentConfig(_Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     elastic: ElasticConfig | None = None
+    slurm: SlurmConfig | None = None
     workers: int = Field(1, ge=1, le=MAX_WORKERS)
     hosts: str | None = None
     ssh_port: int | None = Field(None, ge=1, le=65535, description="the hosts' ssh port")

@@ -352,6 +352,7 @@ def check(config: ExperimentConfig) -> None:
         _averaging_fits,
         _global_size_divides,
         _elastic_fits,
+        _slurm_fits,
         _adascale_fits,
         _enough_slots,
     ):
@@ -489,6 +490,23 @@ def _elastic_fits(config: ExperimentConfig) -> None:
         )
     if config.hosts:
         raise ConfigError("elastic: give the hosts in elastic.discovery, not hosts")
+
+
+def _slurm_fits(config: ExperimentConfig) -> None:
+    """A Slurm run's ranks go where Slurm places them: no host list, no elastic range (Slurm
+    sizes the job once), and at most one node per rank."""
+    slurm = config.slurm
+    if slurm is None:
+        return
+    if config.hosts:
+        raise ConfigError("slurm: Slurm places the ranks; give slurm.nodes, not hosts")
+    if config.elastic is not None:
+        raise ConfigError("slurm: an elastic run is not submitted to Slurm; remove elastic")
+    if slurm.nodes is not None and slurm.nodes > config.workers:
+        raise ConfigError(
+            f"slurm.nodes={slurm.nodes} is more than workers={config.workers}: every node "
+            "needs at least one rank"
+        )
 
 
 def _adascale_fits(config: ExperimentConfig) -> None:

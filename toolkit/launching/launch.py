@@ -45,7 +45,7 @@ from pathlib import Path
 from toolkit import backends, files, plan
 from toolkit import config as config_lib
 from toolkit.files import writing
-from toolkit.launching import horovodrun, preflight, remote, slots
+from toolkit.launching import horovodrun, preflight, remote, slots, slurm
 from toolkit.launching import hosts as hosts_lib
 from toolkit.plan import RunPlan
 from toolkit.runs import processes, rundir
@@ -67,6 +67,7 @@ def launch(
     min_np: int | None = None,
     max_np: int | None = None,
     discovery: str | Path | None = None,
+    slurm: dict | bool | None = None,
 ) -> RunDir:
     """Validate ``config`` (a path or an object), check its hosts
     (:mod:`toolkit.launching.preflight`), create its run directory and start it with ``np`` workers
@@ -75,7 +76,9 @@ def launch(
     ``max_np`` and ``discovery`` set the config's ``elastic`` section (horovodrun's ``--min-np``,
     ``--max-np`` and its hosts file or discovery script); the discovery path is stored absolute.
     ``meta``: extra fields for ``meta.json`` (e.g. ``{"probe": True}``); ``tags`` and ``notes``: the
-    run's (see :meth:`~toolkit.runs.rundir.RunDir.set_tags`), checked before anything is created."""
+    run's (see :meth:`~toolkit.runs.rundir.RunDir.set_tags`), checked before anything is created.
+    ``slurm``: submit the run to Slurm (:mod:`toolkit.launching.slurm`): ``True``, or the fields
+    of the config's ``slurm`` section to set (``{"nodes": 2, "time": "1:00:00"}``)."""
     labels = {"tags": sorted({rundir.check_tag(t) for t in tags})} if tags else {}
     if notes:
         labels["notes"] = rundir.check_notes(notes)
@@ -89,6 +92,8 @@ def launch(
         "elastic.max_workers": max_np,
         "elastic.discovery": None if discovery is None else str(discovery),
     }
+    if slurm is not None and slurm is not False and isinstance(raw, dict):
+        raw["slurm"] = {**(raw.get("slurm") or {}), **(slurm if isinstance(slurm, dict) else {})}
     for path, value in flags.items():
         if value is not None and isinstance(raw, dict):  # else from_raw says what it is
             config_lib.set_path(raw, path, value)
@@ -101,8 +106,7 @@ def launch(
         )
     plan.check_backend(config, backends.requested())
     check_fits_dataset(config)
-    slots.check_fits(slots.slots_of(config), runs_root_dir)
-    preflight.check(config, runs_root(runs_root_dir))
+    _check_place(config, runs_root(runs_root_dir))
     run = (
         RunDir.create(runs_root_dir, run_id, config)
         if run_id
@@ -129,13 +133,22 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
             raise RunError(f"run {run.run_id} has no checkpoint to resume from")
         config = config_lib.from_mapping(run.config().model_dump(mode="json"))  # checked again
         plan.check_backend(config, backends.requested())
-        slots.check_fits(slots.slots_of(config), run.path.parent)
-        preflight.check(config, run.path.parent)
+        _check_place(config, run.path.parent)
         try:
             _start(run, config, resume=True)
         except OSError as error:
             raise RunError(f"cannot resume run {run.run_id}: {error}") from None
     return run
+
+
+def _check_place(config: config_lib.ExperimentConfig, root: Path) -> None:
+    """Pre-flight where the run will go: Slurm's (:func:`toolkit.launching.slurm.preflight`), or
+    this machine's launch queue and the hosts' (:mod:`toolkit.launching.preflight`)."""
+    if config.slurm is not None:
+        slurm.preflight(config, root)
+        return
+    slots.check_fits(slots.slots_of(config), root)
+    preflight.check(config, root)
 
 
 def check_fits_dataset(config: config_lib.ExperimentConfig) -> None:
@@ -210,6 +223,9 @@ def _elastic_options(config: config_lib.ExperimentConfig, run: RunDir) -> list[s
 def _start(
     run: RunDir, config: config_lib.ExperimentConfig, resume: bool, meta: dict | None = None
 ) -> None:
+    if config.slurm is not None:
+        _submit(run, config, meta)
+        return
     argv = horovodrun_argv(config, run, resume)
     run.set_status(
         "queued",
@@ -261,6 +277,32 @@ def _start(
     run.record_processes(processes.record("supervisor", supervisor.pid), pid=supervisor.pid)
 
 
+def _submit(run: RunDir, config: config_lib.ExperimentConfig, meta: dict | None) -> None:
+    """Hand ``run`` to Slurm: its job script submitted, its job id recorded; Slurm's queue is
+    its queue (the job resumes from the latest checkpoint, if the run has one)."""
+    run.set_status(
+        "queued",
+        stop_requested=False,
+        exit_code=None,
+        reason=None,
+        finished=None,
+        pid=None,
+        processes=[],
+        slurm_job_id=None,
+    )
+    job_id = slurm.submit(config, run)
+    run.set_status("queued", slurm_job_id=job_id, reason=f"submitted to Slurm as job {job_id}")
+    run.update_meta(
+        run_id=run.run_id,
+        created=time.time(),
+        command=["sbatch", str((run.path / slurm.JOB_SCRIPT).resolve())],
+        world_size=config.workers,
+        seed=config.seed,
+        slurm_job_ids=[*run.meta().get("slurm_job_ids", []), job_id],
+        **(meta or {}),
+    )
+
+
 def supervise(run: RunDir, argv: list[str]) -> int:
     """Wait for the run's turn in the launch queue, run ``argv`` and record the final state if
     training did not (the supervisor's job), as long as the run is still this supervisor's (a
@@ -280,7 +322,7 @@ def supervise(run: RunDir, argv: list[str]) -> int:
         except InterruptedError:
             continue
     try:
-        _record_exit(run, me, code)
+        record_exit(run, me, code)
     except RunError:  # deleted after a stop: nothing left to record into
         pass
     heartbeat.stop()
@@ -309,9 +351,10 @@ def _start_when_free(run: RunDir, argv: list[str]) -> subprocess.Popen | None:
         slots.leave_line(run)
 
 
-def _record_exit(run: RunDir, me: dict, code: int) -> None:
+def record_exit(run: RunDir, me: dict, code: int) -> None:
     """Record the final state unless training did, and that the slots are free (``released``),
-    if the run is still this supervisor's."""
+    if the run is still this supervisor's (``me``: its process record). Used by the local
+    supervisor and by a Slurm job's (:mod:`toolkit.launching.slurm_job`)."""
     with run.lock(timeout=120):
         status = run.recorded_status()
         if me not in status.get("processes", []):  # resumed meanwhile: no longer this run's
@@ -328,9 +371,11 @@ def _record_exit(run: RunDir, me: dict, code: int) -> None:
 
 
 def _failure(run: RunDir, status: dict, code: int) -> tuple[int | None, str]:
-    """Why horovodrun exited with ``code``, and the rank that failed first where horovodrun's
-    last words in ``stdout.log`` name it: that worker's rank, host and exit."""
-    said = f"horovodrun exited with code {code}; see stdout.log"
+    """Why horovodrun (or a Slurm job's ``srun``) exited with ``code``, and the rank that
+    failed first where its last words in ``stdout.log`` name it: that worker's rank, host and
+    exit."""
+    launcher = "srun" if status.get("slurm_job_id") else "horovodrun"
+    said = f"{launcher} exited with code {code}; see stdout.log"
     if code == 0:
         return None, "training exited without finishing"
     tail = files.tail(run.stdout_path, 65536)
@@ -343,6 +388,10 @@ def _failure(run: RunDir, status: dict, code: int) -> tuple[int | None, str]:
                 f"hosts; resume the run once they are back. {said}"
             )
     first = re.findall(r"Process name: (\d+)\s+Exit code: (-?\d+)", tail)
+    srun = re.search(r"srun: error: (\S+): task (\d+): (.+)", tail)
+    if srun and not first:
+        host, rank, what = srun.group(1), int(srun.group(2)), srun.group(3).strip()
+        return rank, f"worker rank {rank} on {host}: {what.lower()} (srun); {said}"
     if not first:
         return None, said
     rank, exit_code = int(first[-1][0]), int(first[-1][1])
@@ -390,7 +439,11 @@ def stop(
         if status["state"] not in LIVE:
             return run
         run.set_status(status["state"], stop_requested=True)
-        survivors = _terminate_everywhere(run, run.process_records(status), timeout)
+        if status.get("slurm_job_id"):  # Slurm ends every rank on every node
+            problem = slurm.cancel(status["slurm_job_id"], timeout + slurm.KILL_MARGIN_S)
+            survivors = [problem] if problem else []
+        else:
+            survivors = _terminate_everywhere(run, run.process_records(status), timeout)
         if survivors:
             raise RunError(f"run {run.run_id}: {'; '.join(survivors)}; still running")
         reason = f"stopped on request from {by} by {getpass.getuser()}@{socket.gethostname()}"

@@ -1,0 +1,148 @@
+"""Inside a Slurm job: the run's supervisor on the first node, and each rank's start.
+
+``python -m toolkit.launching.slurm_job drive RUN_DIR`` is the job script's one command
+(:func:`toolkit.launching.slurm.job_script`). On the job's first node it
+
+1. records itself as the run's supervisor (with a heartbeat, so readers on other hosts see it);
+2. places the ranks on the allocation's nodes as horovodrun would (Horovod's own
+   ``get_host_assignments`` over ``SLURM_JOB_NODELIST`` and ``SLURM_TASKS_PER_NODE``) and starts
+   Horovod's Gloo rendezvous server (Horovod's ``RendezvousServer``) on the interface the ranks
+   share: the run's ``network_interface``, else the one this node reaches the next node
+   through (loopback on one node);
+3. starts every rank with ``srun`` (one task each, ``--kill-on-bad-exit``: one rank's failure
+   ends the step), each as ``python -m toolkit.launching.slurm_job rank -- TRAIN ARGV``, which
+   finds its slot by its node and its local task id, sets Horovod's variables for it, and
+   becomes ``python -m toolkit.train`` (``--resume`` when the run has a checkpoint: a requeued
+   job, or a resubmitted one, goes on from it);
+4. on Slurm's ``USR1`` (the time limit or a preemption ahead, ``--signal=B:USR1@...``) passes
+   the signal to the ranks, which checkpoint and exit with
+   :data:`~toolkit.launching.slurm.REQUEUE_EXIT`; the job then requeues itself;
+5. otherwise records the run's end as the local supervisor does
+   (:func:`toolkit.launching.launch.record_exit`), srun's words naming a failed rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from toolkit.launching import launch, remote, slurm
+from toolkit.launching import hosts as hosts_lib
+from toolkit.runs import processes
+from toolkit.runs.rundir import RunDir
+
+PLAN_ENV = "LBL_SLURM_PLAN"
+SLOT_FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
+
+
+def drive(run: RunDir) -> int:
+    """The supervisor of ``run`` inside its job; returns the job's exit code."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.gloo_run import create_run_env_vars
+    from horovod.runner.http.http_server import RendezvousServer
+
+    me = processes.record("supervisor")
+    heartbeat = processes.Heartbeat(run.path, me)
+    heartbeat.start()
+    run.record_processes(me, replacing="supervisor", reason=None)  # Slurm started the job
+    config = run.config()
+    allocation = hosts_lib.from_slurm()
+    slots = get_host_assignments(parse_hosts(allocation), config.workers)
+    interface = _interface(config, list(hosts_lib.parse(allocation)))
+    rendezvous = RendezvousServer()
+    port = rendezvous.start()
+    rendezvous.init(slots)
+    plan = [{"host": s.hostname, **{f: getattr(s, f) for f in SLOT_FIELDS}} for s in slots]
+    env = {
+        **os.environ,
+        **{k: str(v) for k, v in create_run_env_vars(_address(interface), [interface], port).items()},
+        PLAN_ENV: json.dumps(plan),
+    }
+    resume = any((run.checkpoints_path).glob("epoch-*"))
+    train = [sys.executable, "-m", "toolkit.train", str(run.config_path.resolve()),
+             "--run-dir", str(run.path.resolve()), *(["--resume"] if resume else [])]  # fmt: skip
+    gpus = [f"--gpus-per-task={config.slurm.gpus_per_task}"] if config.slurm.gpus_per_task else []
+    step = subprocess.Popen(
+        ["srun", f"--ntasks={config.workers}", "--kill-on-bad-exit=1", *gpus,
+         sys.executable, "-m", "toolkit.launching.slurm_job", "rank", "--", *train],  # fmt: skip
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    signalled = []
+
+    def pass_on(signum, _frame):  # the time limit ahead: the ranks checkpoint
+        signalled.append(signum)
+        step.send_signal(signum)
+
+    signal.signal(signal.SIGUSR1, pass_on)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # scancel: outlive the step to record it
+    code = _wait(step)
+    rendezvous.stop()
+    job_id = os.environ["SLURM_JOB_ID"]
+    if code == slurm.REQUEUE_EXIT or (signalled and code == 0 and not _completed(run)):
+        print(f"[lab] checkpointed on Slurm's signal: requeueing job {job_id}", flush=True)
+        heartbeat.stop()
+        slurm.requeue(job_id)
+        return 0
+    launch.record_exit(run, me, code)
+    heartbeat.stop()
+    return code
+
+
+def rank(argv: list[str]) -> None:
+    """Become this task's rank: Horovod's variables for the slot the driver's plan gives this
+    node and local task id, then ``argv`` in place of this process."""
+    plan = json.loads(os.environ[PLAN_ENV])
+    node, local = os.environ["SLURMD_NODENAME"], int(os.environ["SLURM_LOCALID"])
+    slot = next((s for s in plan if s["host"] == node and s["local_rank"] == local), None)
+    if slot is None:
+        sys.exit(f"[lab] Slurm placed task {local} on {node}, where the plan has no slot: {plan}")
+    os.environ["HOROVOD_HOSTNAME"] = node
+    for field in SLOT_FIELDS:
+        os.environ[f"HOROVOD_{field.upper()}"] = str(slot[field])
+    os.execv(argv[0], argv)
+
+
+def _interface(config, nodes: list[str]) -> str:
+    """The interface the ranks talk over (see the module's docstring)."""
+    if config.network_interface:
+        return config.network_interface.split(",")[0]
+    others = [n for n in nodes if n != os.environ.get("SLURMD_NODENAME", socket.gethostname())]
+    return (remote.interface_towards(others[0]) if others else None) or "lo"
+
+
+def _address(interface: str) -> str:
+    for address in psutil.net_if_addrs().get(interface, []):
+        if address.family == socket.AF_INET:
+            return address.address
+    raise OSError(f"this node has no IPv4 address on {interface!r} for the rendezvous")
+
+
+def _wait(step: subprocess.Popen) -> int:
+    while True:
+        try:
+            return step.wait()
+        except InterruptedError:
+            continue
+
+
+def _completed(run: RunDir) -> bool:
+    return run.recorded_status().get("state") == "completed"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m toolkit.launching.slurm_job")
+    parser.add_argument("command", choices=["drive", "rank"])
+    parser.add_argument("argv", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    if args.command == "drive":
+        sys.exit(drive(RunDir(Path(args.argv[0]))))
+    rank(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)

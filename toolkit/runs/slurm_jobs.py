@@ -1,0 +1,117 @@
+"""What Slurm says of the lab's jobs, read once for all of them and kept a few seconds.
+
+The dashboard reads every run every 2 s, and ``runs`` every run at once: one ``squeue`` answers
+for all of them (:func:`jobs`), cached for :data:`CACHE_S` seconds, never one call per run.
+Without ``slurmdbd`` (the test cluster) a finished job stays in ``squeue -t all`` for
+``MinJobAge`` seconds; after that the run's own record (the job writes its end into the run
+directory) and its processes' heartbeats say how it ended.
+
+:func:`lab_state` maps Slurm's job states to the lab's: ``PENDING`` (and a requeued job's
+``REQUEUED``) is ``queued``; ``RUNNING``, ``CONFIGURING`` and ``COMPLETING`` are ``running``;
+``COMPLETED``, ``FAILED``, ``NODE_FAIL``, ``OUT_OF_MEMORY``, ``TIMEOUT``, ``PREEMPTED``,
+``BOOT_FAIL`` and ``DEADLINE`` are ``failed`` when the run did not record its own end (a
+completed job whose training did not say so ended early); ``CANCELLED`` is ``stopped``. The
+reason always carries Slurm's own words.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+CACHE_S = 3.0
+QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED")
+RUNNING = ("RUNNING", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as ``squeue`` lists it: its id, Slurm state and reason (``None`` if none)."""
+
+    job_id: str
+    state: str
+    reason: str | None
+
+
+_lock = threading.Lock()
+_cache: tuple[float, dict[str, Job] | None] = (-float("inf"), None)
+
+
+def jobs() -> dict[str, Job] | None:
+    """Every job ``squeue`` knows of, pending, running or recently ended, by id (an array's
+    tasks as ``123_4``); ``None`` if Slurm does not answer. Cached for :data:`CACHE_S` s."""
+    global _cache
+    with _lock:
+        read_at, cached = _cache
+        if time.monotonic() - read_at < CACHE_S:
+            return cached
+        _cache = (time.monotonic(), _squeue())
+        return _cache[1]
+
+
+def job(job_id: str) -> Job | None:
+    """The job ``job_id`` (``None``: Slurm does not answer, or no longer knows it)."""
+    listed = jobs()
+    return None if listed is None else listed.get(str(job_id))
+
+
+def answers() -> bool:
+    """Whether ``squeue`` answers (through the cache)."""
+    return jobs() is not None
+
+
+def forget() -> None:
+    """Drop the cache: the next read asks Slurm (after a submit or a cancel)."""
+    global _cache
+    with _lock:
+        _cache = (-float("inf"), None)
+
+
+def wait_ended(job_id: str, timeout: float) -> bool:
+    """Wait up to ``timeout`` s until ``job_id`` is neither pending nor running; whether it
+    ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        forget()
+        found = job(job_id)
+        if found is None or found.state not in QUEUED + RUNNING:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
+
+
+def lab_state(job: Job) -> tuple[str, str]:
+    """The lab's state for ``job`` and a reason in Slurm's words."""
+    said = f"Slurm job {job.job_id} {job.state}" + (f" ({job.reason})" if job.reason else "")
+    if job.state in QUEUED:
+        return "queued", said
+    if job.state in RUNNING:
+        return "running", said
+    if job.state == "CANCELLED":
+        return "stopped", said
+    return "failed", said
+
+
+def _squeue() -> dict[str, Job] | None:
+    try:
+        answer = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-o", "%i|%T|%r"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if answer.returncode != 0:
+        return None
+    found = {}
+    for line in answer.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3:
+            reason = None if parts[2] in ("None", "") else parts[2]
+            found[parts[0]] = Job(parts[0], parts[1], reason)
+    return found
