@@ -24,7 +24,7 @@ from toolkit import backends, plan
 from toolkit import config as config_lib
 from toolkit.files import WriteError
 from toolkit.parallel import distributed
-from toolkit.runs import checkpoints, monitor, processes
+from toolkit.runs import checkpoints, monitor, processes, slurm_jobs
 from toolkit.runs.rundir import RunDir, RunError
 from toolkit.training import callbacks
 from toolkit.training.trainer import Trainer
@@ -56,6 +56,8 @@ def train(
     ``elastic`` section and ``run_dir``, where every worker, a late one included, writes once
     it is rank 0.
     """
+    if os.environ.get(slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV) == "1":
+        callbacks.listen_for_slurm_signal()  # before anything slow: the signal may come early
     plan.check_backend(config, backends.name())
     fusion_bytes = config.communication().fusion_bytes
     os.environ["HOROVOD_FUSION_THRESHOLD"] = str(fusion_bytes)  # read when Horovod starts
@@ -95,6 +97,8 @@ def train(
             _fit(config, run, Path(run_dir) if run_dir else None, resume, world, verbose, view)
         finally:
             keras.config.set_dtype_policy(previous_policy)
+    except callbacks.Requeue:  # not an end: the job's driver requeues it
+        raise
     except BaseException as error:
         run = _recorder(run, run_dir)
         if run:
@@ -228,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     except (callbacks.NonFiniteLoss, WriteError) as error:
         print(f"training failed: {error}", file=sys.stderr)
         return 1
+    except callbacks.Requeue as requeue:
+        print(requeue, flush=True)
+        return slurm_jobs.REQUEUE_EXIT
     return 0
 
 

@@ -47,9 +47,6 @@ KILL_MARGIN_S = 60
 sends SIGKILL ``KillWait`` seconds after SIGTERM (30 by default)."""
 IMMEDIATE_S = 10
 """How long pre-flight waits for a node to look at the runs root from."""
-REQUEUE_EXIT = 75
-"""A rank's exit code when it checkpointed on Slurm's signal and the job should requeue
-(``EX_TEMPFAIL``: try again later)."""
 
 
 def job_script(config: ExperimentConfig, run: RunDir) -> str:
@@ -77,7 +74,8 @@ def job_script(config: ExperimentConfig, run: RunDir) -> str:
         *(f"#SBATCH {arg}" for arg in slurm.sbatch_args),
         "export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2",
         f"export PYTHONPATH={shlex.quote(str(PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
-        shlex.join(
+        "exec "  # the driver is the batch step itself: Slurm's signal reaches it, not a shell
+        + shlex.join(
             [sys.executable, "-m", "toolkit.launching.slurm_job", "drive", str(run.path.resolve())]
         ),
         "",

@@ -16,7 +16,7 @@
    job, or a resubmitted one, goes on from it);
 4. on Slurm's ``USR1`` (the time limit or a preemption ahead, ``--signal=B:USR1@...``) passes
    the signal to the ranks, which checkpoint and exit with
-   :data:`~toolkit.launching.slurm.REQUEUE_EXIT`; the job then requeues itself;
+   :data:`~toolkit.runs.slurm_jobs.REQUEUE_EXIT`; the job then requeues itself;
 5. otherwise records the run's end as the local supervisor does
    (:func:`toolkit.launching.launch.record_exit`), srun's words naming a failed rank.
 """
@@ -36,7 +36,7 @@ import psutil
 
 from toolkit.launching import launch, remote, slurm
 from toolkit.launching import hosts as hosts_lib
-from toolkit.runs import processes
+from toolkit.runs import processes, slurm_jobs
 from toolkit.runs.rundir import RunDir
 
 PLAN_ENV = "LBL_SLURM_PLAN"
@@ -65,6 +65,7 @@ def drive(run: RunDir) -> int:
         **os.environ,
         **{k: str(v) for k, v in create_run_env_vars(_address(interface), [interface], port).items()},
         PLAN_ENV: json.dumps(plan),
+        slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV: "1",
     }
     resume = any((run.checkpoints_path).glob("epoch-*"))
     train = [sys.executable, "-m", "toolkit.train", str(run.config_path.resolve()),
@@ -76,19 +77,16 @@ def drive(run: RunDir) -> int:
         env=env,
         stdin=subprocess.DEVNULL,
     )
-    signalled = []
-
-    def pass_on(signum, _frame):  # the time limit ahead: the ranks checkpoint
-        signalled.append(signum)
-        step.send_signal(signum)
-
-    signal.signal(signal.SIGUSR1, pass_on)
+    # the time limit ahead: the ranks checkpoint (srun passes the signal to every task)
+    signal.signal(signal.SIGUSR1, lambda signum, _: step.send_signal(signum))
     signal.signal(signal.SIGTERM, lambda *_: None)  # scancel: outlive the step to record it
     code = _wait(step)
     rendezvous.stop()
     job_id = os.environ["SLURM_JOB_ID"]
-    if code == slurm.REQUEUE_EXIT or (signalled and code == 0 and not _completed(run)):
-        print(f"[lab] checkpointed on Slurm's signal: requeueing job {job_id}", flush=True)
+    if code == slurm_jobs.REQUEUE_EXIT:
+        said = f"checkpointed on Slurm's signal ahead of the job's end; job {job_id} requeued"
+        print(f"[lab] {said}", flush=True)
+        run.set_status("queued", reason=said)
         heartbeat.stop()
         slurm.requeue(job_id)
         return 0
@@ -132,10 +130,6 @@ def _wait(step: subprocess.Popen) -> int:
             return step.wait()
         except InterruptedError:
             continue
-
-
-def _completed(run: RunDir) -> bool:
-    return run.recorded_status().get("state") == "completed"
 
 
 if __name__ == "__main__":

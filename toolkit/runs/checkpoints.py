@@ -40,13 +40,18 @@ def save(
     keep: int = 2,
     residuals: list[list[np.ndarray]] | None = None,
     state: list = (),
+    mid_epoch: bool = False,
 ) -> Path:
     """Write a checkpoint of ``model`` and its optimizer at ``position`` (and each worker's
     ``residuals``, in rank order, and the variables of ``state``, if given); keep the last
-    ``keep``.
+    ``keep``. One taken in the middle of an epoch (``mid_epoch``) is named
+    ``epoch-NNNN-step-SSSSSSSSS`` (``NNNN`` epochs and ``SSSSSSSSS`` steps done), which sorts
+    between the ends of its epoch's neighbours.
     A ``directory`` that is a symlink is refused: checkpoints are written, and old ones deleted,
     only inside the run."""
     final = directory / f"epoch-{position.epoch:04d}"
+    if mid_epoch:
+        final = final.with_name(f"{final.name}-step-{position.step:09d}")
     tmp = directory / f".{final.name}.tmp"
     try:
         with writing(tmp, name=f"checkpoints/{final.name}"):

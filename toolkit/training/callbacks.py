@@ -15,6 +15,8 @@ collective callback left out on one worker hangs the others.
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 
 import keras
@@ -23,7 +25,7 @@ import tensorflow as tf
 
 from toolkit import backends
 from toolkit.optimizers import unwrapped
-from toolkit.parallel.distributed import allgather_rows
+from toolkit.parallel.distributed import allgather_rows, allreduce_mean
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints
 from toolkit.runs.events import EventWriter
@@ -393,13 +395,41 @@ class AdaScaleProgress(keras.callbacks.Callback):
         )
 
 
+_signalled = threading.Event()
+
+
+def listen_for_slurm_signal() -> None:
+    """From now on, a ``SIGUSR1`` to this process is noted for :class:`Checkpointer` (instead
+    of ending it, the signal's default), however early in start-up it comes."""
+    signal.signal(signal.SIGUSR1, lambda *_: _signalled.set())
+
+
+class Requeue(Exception):
+    """Training checkpointed at ``step`` on Slurm's signal (the job's time limit or a preemption
+    ahead) and ends, so that its job requeues and resumes from there."""
+
+    def __init__(self, step: int):
+        super().__init__(
+            f"checkpointed at step {step} on Slurm's signal ahead of the job's end; the job "
+            "requeues to go on from there"
+        )
+        self.step = step
+
+
 class Checkpointer(keras.callbacks.Callback):
     """Saves a checkpoint every ``checkpoint_every`` epochs of the ``plan`` and after its last
     epoch, into ``directory`` (rank 0; ``None`` on the other workers). ``gather``, if given, is
     called on every worker at those epochs (a collective: it returns every worker's residuals,
     which rank 0 saves with the checkpoint). ``state``: variables outside the optimizer saved
     with it (AdaScale's); ``finished``, if given, says the run ends at this epoch's end before
-    its last (AdaScale's clock ran out), which is checkpointed too."""
+    its last (AdaScale's clock ran out), which is checkpointed too.
+
+    With ``on_signal`` (a Slurm job's ranks, :data:`toolkit.runs.slurm_jobs.
+    CHECKPOINT_ON_SIGNAL_ENV`), a ``SIGUSR1`` to any worker is looked for every ``event_every``
+    steps of the plan where an update begins (``starts_update``), all workers agreeing through
+    one allreduce; at the first such step after it, a checkpoint of that step is saved (in the
+    middle of an epoch: ``epoch-NNNN-step-SSSSSSSSS``), every worker waits for it, and
+    :class:`Requeue` is raised."""
 
     def __init__(
         self,
@@ -410,25 +440,43 @@ class Checkpointer(keras.callbacks.Callback):
         gather=None,
         state: list = (),
         finished=None,
+        on_signal: bool = False,
+        starts_update=None,
     ):
         super().__init__()
         self.directory, self.counter, self.gather = directory, counter, gather
         self.every_epochs, self.last_epoch = plan.checkpoint_every, plan.last_epoch
+        self.steps_per_epoch, self.look_every = plan.steps_per_epoch, plan.event_every
         self.state, self.finished = state, finished
+        self.on_signal, self.starts_update = on_signal, starts_update
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.counter.step
+        if not self.on_signal or step % self.look_every or not self.starts_update(step):
+            return
+        if allreduce_mean(float(_signalled.is_set())) == 0:
+            return
+        self._save(checkpoints.Position(step // self.steps_per_epoch, step))
+        allreduce_mean(0.0)  # every worker waits for rank 0's checkpoint before it ends
+        raise Requeue(step)
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1
         last = done == self.last_epoch or (self.finished is not None and self.finished())
         if done % self.every_epochs and not last:
             return
+        self._save(checkpoints.Position(done, self.counter.step))
+
+    def _save(self, position: checkpoints.Position) -> None:
         residuals = self.gather() if self.gather is not None else None
         if self.directory is not None:
             checkpoints.save(
                 self.directory,
                 self.model,
-                checkpoints.Position(done, self.counter.step),
+                position,
                 residuals=residuals,
                 state=self.state,
+                mid_epoch=position.step != position.epoch * self.steps_per_epoch,
             )
 
 

@@ -18,6 +18,7 @@ rank 0 has a run directory to write events and checkpoints into.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from toolkit.config import ExperimentConfig
 from toolkit.optimizers import applies_trust_ratios
 from toolkit.parallel import distributed, elastic
 from toolkit.plan import RunPlan
-from toolkit.runs import checkpoints, processes
+from toolkit.runs import checkpoints, processes, slurm_jobs
 from toolkit.runs.events import EventWriter, read_events, truncate_after
 from toolkit.runs.rundir import RunDir
 from toolkit.scaling import adaptive_batch
@@ -236,6 +237,12 @@ class Trainer:
                 ),
                 state=self.state,
                 finished=(lambda: self.ended(counter.step)) if self.adascale else None,
+                # a Slurm job's ranks; an adaptive batch's stretches start only at epochs
+                on_signal=(
+                    os.environ.get(slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV) == "1"
+                    and self.config.batch.adaptive is None
+                ),
+                starts_update=accumulation.starts_update,
             )
         )
         # the noise scale: from the meter's norms (the allreduce hook's with several workers, so
@@ -332,8 +339,12 @@ class Trainer:
             hooks.insert(-1, progress)
             verbose = 0
         hooks = [distributed.BroadcastInitialState(), *hooks]
+        done_in_epoch = position.step - position.epoch * plan.steps_per_epoch
         try:
-            for first, last in self._stretches(position.epoch):
+            if done_in_epoch:  # a checkpoint from the middle of an epoch: its rest first
+                epoch = position.epoch
+                self.stretch(plan, hooks, epoch, epoch + 1, verbosity(verbose), done_in_epoch)
+            for first, last in self._stretches(position.epoch + bool(done_in_epoch)):
                 self.stretch(plan, hooks, first, last, verbosity(verbose))
         finally:
             if writer:  # ended or failed: the events' columnar copy is brought up to date
