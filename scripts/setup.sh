@@ -3,7 +3,7 @@
 #
 #   scripts/setup.sh           runtime: Debian build tools, .venv, requirements, Horovod,
 #                              the fused optimizer kernels
-#   scripts/setup.sh --test    also the test dependencies (torch CPU, pytest, Chromium)
+#   scripts/setup.sh --test    also the test dependencies (torch CPU, pytest, Chromium, Slurm)
 #   scripts/setup.sh --detect  only say which build this machine gets, CPU or GPU, and why
 #
 # The GPU build is chosen where `nvidia-smi -L` lists a GPU (the rule the launch queue counts
@@ -59,9 +59,10 @@ fi
 say "$FLAVOUR build ($why)"
 
 # --- Debian packages -------------------------------------------------------------------------
-# ssh and iproute2: multi-host runs, and the namespace cluster (python -m toolkit cluster).
+# ssh and iproute2: multi-host runs, and the namespace cluster (python -m toolkit cluster);
+# for the tests also Chromium and Slurm with MUNGE (the cluster's Slurm: cluster up --slurm).
 apt_packages=(cmake g++ make git openssh-client openssh-server iproute2)
-((WITH_TESTS)) && apt_packages+=(chromium)
+((WITH_TESTS)) && apt_packages+=(chromium slurmctld slurmd slurm-client munge)
 [[ $FLAVOUR == gpu ]] && apt_packages+=(patchelf)  # Horovod's path to NCCL, below
 missing=()
 for pkg in "${apt_packages[@]}"; do

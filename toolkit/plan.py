@@ -507,6 +507,24 @@ def _slurm_fits(config: ExperimentConfig) -> None:
             f"slurm.nodes={slurm.nodes} is more than workers={config.workers}: every node "
             "needs at least one rank"
         )
+    if slurm.time is not None and slurm_seconds(slurm.time) <= slurm.signal_before_end_s:
+        raise ConfigError(
+            f"slurm.time={slurm.time!r} is not longer than slurm.signal_before_end_s="
+            f"{slurm.signal_before_end_s}: the job would be told to checkpoint as it starts"
+        )
+
+
+def slurm_seconds(limit: str) -> int:
+    """A Slurm time limit in seconds: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
+    ``D-H:M:S`` (``sbatch --time``'s formats, :data:`toolkit.config.SLURM_TIME`)."""
+    days, _, clock = limit.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-H[:M[:S]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:  # M, M:S or H:M:S
+        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts) if len(parts) == 3 else (
+            0, parts[0], parts[1] if len(parts) == 2 else 0)  # fmt: skip
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def _adascale_fits(config: ExperimentConfig) -> None:

@@ -110,8 +110,7 @@ def slurm_conf(hosts: list[cluster.Host]) -> str:
     """The test cluster's ``slurm.conf`` for ``hosts``."""
     controller = socket.gethostname()
     nodes = [
-        f"NodeName={h.name} NodeAddr={h.address} CPUs={CPUS_PER_NODE} State=UNKNOWN"
-        for h in hosts
+        f"NodeName={h.name} NodeAddr={h.address} CPUs={CPUS_PER_NODE} State=UNKNOWN" for h in hosts
     ]
     return "\n".join(
         [
@@ -132,7 +131,7 @@ def slurm_conf(hosts: list[cluster.Host]) -> str:
             "ReturnToService=2",
             "JobRequeue=1",
             f"KillWait={KILL_WAIT_S}",
-            "SlurmdTimeout=30",
+            "SlurmdTimeout=10",
             "InactiveLimit=0",
             "MinJobAge=600",
             "SchedulerParameters=bf_interval=5",

@@ -143,9 +143,7 @@ def preflight(config: ExperimentConfig, runs_root: Path) -> None:
         )
     nodes, gpus_per_node, _ = partitions[name]
     if slurm.nodes is not None and slurm.nodes > nodes:
-        raise ConfigError(
-            f"slurm.nodes={slurm.nodes}: partition {name!r} has {nodes} node(s)"
-        )
+        raise ConfigError(f"slurm.nodes={slurm.nodes}: partition {name!r} has {nodes} node(s)")
     if slurm.gpus_per_task and slurm.gpus_per_task * config.workers > gpus_per_node * nodes:
         raise ConfigError(
             f"slurm.gpus_per_task={slurm.gpus_per_task} x workers={config.workers}: partition "
@@ -168,9 +166,9 @@ def _check_shared(runs_root: Path, partition: str, config: ExperimentConfig) -> 
     probe.write_text(token)
     account = ["--account", config.slurm.account] if config.slurm.account else []
     try:
+        where = ["--partition", partition, *account, "--ntasks=1", "--time=1"]
         answer = _slurm(
-            ["srun", "--partition", partition, *account, "--ntasks=1", "--time=1",
-             f"--immediate={IMMEDIATE_S}", "--quiet", "cat", str(probe)],  # fmt: skip
+            ["srun", *where, f"--immediate={IMMEDIATE_S}", "--quiet", "cat", str(probe)],
             timeout=IMMEDIATE_S + TIMEOUT_S,
         )
     finally:
@@ -200,5 +198,5 @@ def _slurm(argv: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedP
 
 
 def _said(answer: subprocess.CompletedProcess) -> str:
-    text = (answer.stderr.strip() or answer.stdout.strip() or f"exit {answer.returncode}")
+    text = answer.stderr.strip() or answer.stdout.strip() or f"exit {answer.returncode}"
     return text.splitlines()[-1][:300]

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import psutil
 
-from toolkit.launching import launch, remote, slurm
 from toolkit.launching import hosts as hosts_lib
+from toolkit.launching import launch, remote, slurm
 from toolkit.runs import processes, slurm_jobs
 from toolkit.runs.rundir import RunDir
 
@@ -61,9 +61,10 @@ def drive(run: RunDir) -> int:
     port = rendezvous.start()
     rendezvous.init(slots)
     plan = [{"host": s.hostname, **{f: getattr(s, f) for f in SLOT_FIELDS}} for s in slots]
+    gloo = create_run_env_vars(_address(interface), [interface], port)
     env = {
         **os.environ,
-        **{k: str(v) for k, v in create_run_env_vars(_address(interface), [interface], port).items()},
+        **{name: str(value) for name, value in gloo.items()},
         PLAN_ENV: json.dumps(plan),
         slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV: "1",
     }
@@ -71,9 +72,9 @@ def drive(run: RunDir) -> int:
     train = [sys.executable, "-m", "toolkit.train", str(run.config_path.resolve()),
              "--run-dir", str(run.path.resolve()), *(["--resume"] if resume else [])]  # fmt: skip
     gpus = [f"--gpus-per-task={config.slurm.gpus_per_task}"] if config.slurm.gpus_per_task else []
+    ranks = [sys.executable, "-m", "toolkit.launching.slurm_job", "rank", "--", *train]
     step = subprocess.Popen(
-        ["srun", f"--ntasks={config.workers}", "--kill-on-bad-exit=1", *gpus,
-         sys.executable, "-m", "toolkit.launching.slurm_job", "rank", "--", *train],  # fmt: skip
+        ["srun", f"--ntasks={config.workers}", "--kill-on-bad-exit=1", *gpus, *ranks],
         env=env,
         stdin=subprocess.DEVNULL,
     )

@@ -1,0 +1,336 @@
+"""Slurm as the engine beyond one machine, on a real Slurm: the namespace cluster's slurmctld and
+one slurmd per host (toolkit.launching.cluster_slurm), MUNGE, sbatch, srun and scancel.
+
+The hosts share this machine's process table, so a test checks from here, as ground truth,
+that no process of a run is left on any host. The rules that need no Slurm (the job script,
+the state mapping, the config's checks) are tested first, without one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from conftest import ROOT, run_cli
+from test_multihost import SMALL, hosts_of, in_host
+from test_train import wait
+
+from toolkit import config as config_lib
+from toolkit.launching import cluster, cluster_slurm, slurm
+from toolkit.launching import launch as launcher
+from toolkit.runs import slurm_jobs
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import TERMINAL, RunDir
+
+pytestmark = pytest.mark.timeout(300)
+
+TWO_NODES = {**SMALL, "epochs": 8, "slurm": {"nodes": 2}}
+
+
+# --- without Slurm ----------------------------------------------------------------------------
+
+
+def test_the_job_script_asks_for_one_task_per_rank_and_execs_the_driver(tmp_path):
+    config = config_lib.from_mapping(
+        {**SMALL, "workers": 4, "slurm": {
+            "nodes": 2, "partition": "gpu", "account": "lab", "time": "1-02:00",
+            "gpus_per_task": 1, "signal_before_end_s": 300, "sbatch_args": ["--qos=long"]}}
+    )  # fmt: skip
+    run = RunDir(tmp_path / "r")
+    script = slurm.job_script(config, run).splitlines()
+    options = [line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH")]
+    assert options == [
+        "--job-name=lbl-r", "--ntasks=4", "--nodes=2", "--partition=gpu", "--account=lab",
+        "--time=1-02:00", "--gpus-per-task=1", f"--output={run.stdout_path.resolve()}",
+        "--open-mode=append", "--signal=B:USR1@300", f"--chdir={ROOT}", "--no-requeue",
+        "--qos=long",
+    ]  # fmt: skip
+    assert script[0] == "#!/bin/bash"
+    assert script[-1] == (
+        f"exec {sys.executable} -m toolkit.launching.slurm_job drive {run.path.resolve()}"
+    )
+
+
+@pytest.mark.parametrize(
+    "state, reason, lab",
+    [
+        ("PENDING", "Resources", "queued"),
+        ("REQUEUED", None, "queued"),
+        ("RUNNING", None, "running"),
+        ("COMPLETING", None, "running"),
+        ("COMPLETED", None, "failed"),  # completed without the run recording its end
+        ("NODE_FAIL", "NodeDown", "failed"),
+        ("TIMEOUT", None, "failed"),
+        ("OUT_OF_MEMORY", None, "failed"),
+        ("PREEMPTED", None, "failed"),
+        ("CANCELLED", None, "stopped"),
+    ],
+)
+def test_slurm_states_map_to_the_labs_with_slurms_words(state, reason, lab):
+    found, said = slurm_jobs.lab_state(slurm_jobs.Job("42", state, reason))
+    assert found == lab
+    assert said.startswith(f"Slurm job 42 {state}") and (reason or "") in said
+
+
+@pytest.mark.parametrize(
+    "slurm_section, other, expected",
+    [
+        ({"time": "1h"}, {}, "slurm.time"),
+        ({"sbatch_args": ["-N 2"]}, {}, "slurm.sbatch_args"),
+        ({"nodes": 3}, {"workers": 2}, "slurm.nodes=3 is more than workers=2"),
+        ({}, {"hosts": "a:1,b:1", "workers": 2}, "give slurm.nodes, not hosts"),
+        ({"time": "2"}, {}, "slurm.time='2' is not longer than slurm.signal_before_end_s=120"),
+        ({"signal_before_end_s": 10}, {}, "slurm.signal_before_end_s"),
+    ],
+)
+def test_a_bad_slurm_section_is_refused_naming_the_field(slurm_section, other, expected):
+    with pytest.raises(config_lib.ConfigError) as refused:
+        config_lib.from_mapping({**SMALL, **other, "slurm": slurm_section})
+    assert expected in str(refused.value)
+
+
+def test_slurm_flags_without_slurm_are_refused(tmp_path):
+    result = run_cli(["launch", "experiments/quickstart.yaml", "--nodes", "2"], tmp_path)
+    assert result.returncode == 2
+    assert "--nodes go with --slurm" in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+# --- on the cluster's Slurm -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def slurm_hosts(cluster_hosts) -> list[str]:
+    """The session's namespace cluster with Slurm on it; Slurm is ended after the session
+    (with the cluster, or alone where the cluster was up before)."""
+    was_running = cluster_slurm.running()
+    cluster_slurm.start(cluster.hosts())
+    yield cluster_hosts
+    if not was_running:
+        cluster_slurm.stop()
+
+
+@pytest.fixture
+def slurm_runs(tmp_path, monkeypatch, subprocess_env):
+    """A runs root on the shared file system, as ``$LBL_RUNS``."""
+    monkeypatch.setenv("LBL_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("PATH", subprocess_env["PATH"])
+    return tmp_path / "runs"
+
+
+def job_of(run: RunDir) -> str:
+    return run.recorded_status()["slurm_job_id"]
+
+
+def processes_of(run: RunDir) -> list[psutil.Process]:
+    """Every process on any host whose command line names the run's directory."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if str(run.path.resolve()) in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def train_steps(run: RunDir) -> list[int]:
+    events = read_events(run.events_path)
+    return events[events.phase == "train"].step.tolist() if "phase" in events else []
+
+
+def wait_for_step(run: RunDir, step: int, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while not (run.events_path.exists() and max(train_steps(run), default=0) >= step):
+        assert run.status()["state"] in ("queued", "running"), run.stdout_path.read_text()[-3000:]
+        assert time.time() < deadline, run.status()
+        time.sleep(0.2)
+
+
+def test_cluster_up_slurm_registers_every_host_as_a_node(slurm_hosts, subprocess_env):
+    assert [r["slurm"] for r in cluster.status()] == ["idle"] * len(slurm_hosts)
+    seen = in_host("lbl-h2", ["sh", "-c", "sinfo -h -N -o '%N %t'; hostname"], subprocess_env)
+    assert seen.returncode == 0, seen.stderr
+    assert seen.stdout.split() == ["lbl-h1", "idle", "lbl-h2", "idle", "lbl-h3", "idle", "lbl-h2"]
+    job = subprocess.run(
+        ["sbatch", "--wait", "-N3", "-o", "/dev/null", "--wrap", "srun hostname"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert job.returncode == 0, job.stderr
+
+
+@pytest.fixture(scope="module")
+def two_nodes_and_one_host(slurm_hosts, tmp_path_factory, subprocess_env):
+    """The small config as a Slurm job of 2 ranks on 2 nodes, submitted from the terminal of
+    lbl-h3, and the same config on this host alone under horovodrun, at the same time."""
+    root = tmp_path_factory.mktemp("runs")
+    os.environ["PATH"] = subprocess_env["PATH"]
+    local = launcher.launch(config_lib.from_mapping(SMALL | {"epochs": 8}),
+                            runs_root_dir=root, run_id="one-host")  # fmt: skip
+    config_path = root.parent / "two-nodes.yaml"
+    config_path.write_text(config_lib.from_mapping(TWO_NODES).to_yaml())
+    argv = [sys.executable, "-m", "toolkit", "--runs", str(root), "launch", str(config_path),
+            "--name", "two-nodes", "--wait"]  # fmt: skip
+    started = time.monotonic()
+    cli = in_host("lbl-h3", argv, subprocess_env)
+    wait(local, TERMINAL)
+    return cli, RunDir(root / "two-nodes"), local, time.monotonic() - started
+
+
+def test_a_two_node_slurm_run_completes_with_one_rank_per_node(two_nodes_and_one_host):
+    cli, run, _, _ = two_nodes_and_one_host
+    assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
+    assert "submitted to Slurm as job" in cli.stdout and "two-nodes: completed" in cli.stdout
+    status = run.status()
+    assert status["state"] == "completed" and status["exit_code"] == 0
+    assert len(set(hosts_of(run).values())) == 2  # one rank on each of two nodes
+    assert "#SBATCH --nodes=2" in (run.path / "job.sbatch").read_text()
+    assert run.meta()["slurm_job_ids"] == [job_of(run)]
+    assert slurm_jobs.wait_ended(job_of(run), 30)  # the driver records the exit, then ends
+    assert slurm_jobs.job(job_of(run)).state == "COMPLETED"
+    assert not processes_of(run)
+
+
+def test_a_two_node_slurm_run_matches_the_same_run_on_one_host(two_nodes_and_one_host):
+    _, slurm_run, one_host, _ = two_nodes_and_one_host
+    a, b = read_events(one_host.events_path), read_events(slurm_run.events_path)
+    for phase in ("train", "eval"):
+        x, y = a[a.phase == phase], b[b.phase == phase]
+        assert x.step.tolist() == y.step.tolist() and len(x) > 0
+        np.testing.assert_allclose(y.loss, x.loss, rtol=1e-6, err_msg=phase)
+
+
+def test_a_pending_run_is_queued_with_slurms_reason_and_stop_cancels_it(slurm_hosts, slurm_runs):
+    hold = subprocess.run(  # every node, whole
+        ["sbatch", "--parsable", "--exclusive", "-N3", "-o", "/dev/null", "--wrap", "sleep 120"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    try:
+        run = launcher.launch(config_lib.from_mapping(TWO_NODES), run_id="waits")
+        slurm_jobs.forget()
+        status = run.status()
+        assert status["state"] == "queued", status
+        assert status["reason"] == f"Slurm job {job_of(run)} PENDING (Resources)"
+        launcher.stop(run, by="a test")
+    finally:
+        subprocess.run(["scancel", hold], check=True)
+    assert run.status()["state"] == "stopped"
+    assert slurm_jobs.job(job_of(run)).state == "CANCELLED"
+
+
+def test_stop_cancels_a_running_job_and_leaves_no_process_on_any_host(slurm_hosts, slurm_runs):
+    run = launcher.launch(config_lib.from_mapping(TWO_NODES | {"epochs": 200}), run_id="long")
+    wait_for_step(run, 20)
+    assert {p.info["cmdline"][2] for p in processes_of(run)} >= {"toolkit.train"}
+    result = run_cli(["stop", "long"], slurm_runs, timeout=120)
+    assert result.returncode == 0, result.stderr
+    status = run.status()
+    assert status["state"] == "stopped" and "stopped on request from the CLI" in status["reason"]
+    assert slurm_jobs.job(job_of(run)).state == "CANCELLED"
+    deadline = time.time() + 30  # Slurm's KillWait (5 s here) then SIGKILL
+    while processes_of(run):
+        assert time.time() < deadline, [p.info["cmdline"] for p in processes_of(run)]
+        time.sleep(0.5)
+
+
+def test_slurms_signal_checkpoints_requeues_and_resumes_without_a_duplicate_step(
+    two_nodes_and_one_host, slurm_runs
+):
+    """What ``--signal=B:USR1@T`` does at T seconds before the time limit, sent now:
+    ``scancel --signal=USR1 --batch``. The run ends equal to the uninterrupted one."""
+    _, reference, _, _ = two_nodes_and_one_host
+    run = launcher.launch(config_lib.from_mapping(TWO_NODES), run_id="requeued")
+    wait_for_step(run, 100)
+    job = job_of(run)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    wait(run, ("queued",), timeout=60)  # checkpointed, and back in Slurm's queue
+    status = wait(run, TERMINAL, timeout=240)
+    assert status["state"] == "completed", run.stdout_path.read_text()[-3000:]
+    log = run.stdout_path.read_text()
+    assert f"[lab] checkpointed on Slurm's signal ahead of the job's end; job {job} requeued" in log
+    restarted = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
+    assert "Restarts=1" in restarted.stdout
+    steps = train_steps(run)
+    assert len(steps) == len(set(steps)) and steps == sorted(steps)
+    assert steps == train_steps(reference)
+    mine, theirs = read_events(run.events_path), read_events(reference.events_path)
+    np.testing.assert_allclose(  # the epoch's running mean restarts at the resume: compare evals
+        mine[mine.phase == "eval"].loss, theirs[theirs.phase == "eval"].loss, rtol=1e-6
+    )
+
+
+def test_a_lost_nodes_slurmd_fails_the_run_with_slurms_words_and_resume_completes_it(
+    slurm_hosts, slurm_runs
+):
+    run = launcher.launch(config_lib.from_mapping(TWO_NODES | {"epochs": 60}), run_id="lost")
+    wait_for_step(run, 300)
+    lost = hosts_of(run)[1]
+    pid = int((cluster_slurm.STATE / f"slurmd-{lost}.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    status = wait(run, TERMINAL, timeout=120)
+    assert status["state"] == "failed", status
+    assert f"Slurm cancelled job {job_of(run)}: node failure on {lost}" in status["reason"]
+    cluster_slurm.start(cluster.hosts())  # the node's slurmd back: it returns to service
+    launcher.resume(run)
+    status = wait(run, TERMINAL, timeout=240)
+    assert status["state"] == "completed", run.stdout_path.read_text()[-3000:]
+    assert len(run.meta()["slurm_job_ids"]) == 2
+    steps = train_steps(run)
+    assert len(steps) == len(set(steps)) and steps[-1] == 60 * 62
+
+
+@pytest.fixture
+def hidden_from_the_nodes(tmp_path):
+    """A runs root the nodes cannot see: a tmpfs mounted in a mount namespace of its own, the
+    launching CLI's."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            f'mount -t tmpfs tmpfs {hidden} && exec "$@"', "sh"], hidden  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case, flags, expected",
+    [
+        ("no such partition", ["--partition", "gpu"], "slurm.partition='gpu': no such partition"),
+        ("too many nodes", ["--np", "4", "--nodes", "4"], "slurm.nodes=4: partition 'lab' has 3"),
+        ("no GPUs", ["--gpus-per-task", "1"], "slurm.gpus_per_task=1 x workers=2"),
+        ("not shared", [], "is not visible from partition 'lab'"),
+        ("no Slurm", [], "slurm: Slurm does not answer (sinfo: sinfo not found"),
+    ],
+)
+def test_pre_flight_refuses_before_anything_is_created_or_submitted(
+    case, flags, expected, slurm_hosts, slurm_runs, subprocess_env, request
+):
+    env, prefix, runs = dict(subprocess_env), [], slurm_runs
+    if case == "not shared":
+        prefix, runs = request.getfixturevalue("hidden_from_the_nodes")
+    if case == "no Slurm":  # a machine without Slurm's commands
+        env["PATH"] = str(Path(sys.executable).parent)
+    before = set((slurm_jobs.jobs() or {}).keys())
+    argv = [sys.executable, "-m", "toolkit", "--runs", str(runs), "launch",
+            "experiments/quickstart.yaml", "--slurm", "--np", "2", *flags]  # fmt: skip
+    result = subprocess.run([*prefix, *argv], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert expected in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not runs.exists() or not [p for p in runs.iterdir() if not p.name.startswith(".")]
+    slurm_jobs.forget()
+    submitted = set((slurm_jobs.jobs() or {}).keys()) - before
+    assert all(slurm_jobs.job(j).state != "PENDING" for j in submitted)  # only the probe's
+
+
+def test_cluster_slurm_stop_ends_every_daemon_and_removes_its_files(slurm_hosts):
+    daemons = [cluster_slurm._process(name) for name in cluster_slurm._pid_files()]
+    assert len(daemons) == 2 + len(slurm_hosts) and all(daemons)
+    cluster_slurm.stop()
+    assert not any(d.is_running() for d in daemons)
+    assert not cluster_slurm.STATE.exists() and not (cluster_slurm.CONF_DIR / "slurm.conf").exists()
+    assert "slurm" not in cluster.status()[0]
+    cluster_slurm.stop()  # twice is fine
+    cluster_slurm.start(cluster.hosts())  # as the session's fixture left it
