@@ -151,8 +151,11 @@ def wait_for_step(run: RunDir, step: int, timeout: float = 180) -> None:
         time.sleep(0.2)
 
 
-def test_cluster_up_slurm_registers_every_host_as_a_node(slurm_hosts, subprocess_env):
-    assert [r["slurm"] for r in cluster.status()] == ["idle"] * len(slurm_hosts)
+def test_cluster_up_slurm_registers_every_host_as_a_node(slurm_hosts, subprocess_env, tmp_path):
+    shown = run_cli(["cluster", "status"], tmp_path, subprocess_env).stdout.splitlines()
+    assert shown[0].split()[-1] == "slurm" and [line.split()[-1] for line in shown[1:]] == [
+        "idle"
+    ] * len(slurm_hosts)
     seen = in_host("lbl-h2", ["sh", "-c", "sinfo -h -N -o '%N %t'; hostname"], subprocess_env)
     assert seen.returncode == 0, seen.stderr
     assert seen.stdout.split() == ["lbl-h1", "idle", "lbl-h2", "idle", "lbl-h3", "idle", "lbl-h2"]
@@ -331,6 +334,6 @@ def test_cluster_slurm_stop_ends_every_daemon_and_removes_its_files(slurm_hosts)
     cluster_slurm.stop()
     assert not any(d.is_running() for d in daemons)
     assert not cluster_slurm.STATE.exists() and not (cluster_slurm.CONF_DIR / "slurm.conf").exists()
-    assert "slurm" not in cluster.status()[0]
+    assert not cluster_slurm.running()
     cluster_slurm.stop()  # twice is fine
     cluster_slurm.start(cluster.hosts())  # as the session's fixture left it

@@ -36,7 +36,7 @@ import pandas as pd
 
 from toolkit import safe_yaml
 from toolkit.config import MAX_WORKERS
-from toolkit.launching import cluster, jupyter, slots
+from toolkit.launching import cluster, cluster_slurm, jupyter, slots
 from toolkit.launching import launch as launcher
 from toolkit.launching import probe as probe_lib
 from toolkit.launching.cluster import ClusterError
@@ -409,15 +409,16 @@ def _cluster(args) -> int:
     if args.action == "up":
         given = args.bandwidth or args.delay
         made = cluster.up(
-            args.hosts,
-            cluster.Shaping(args.bandwidth, args.delay) if given else None,
-            slurm=args.slurm,
+            args.hosts, cluster.Shaping(args.bandwidth, args.delay) if given else None
         )
+        if args.slurm:
+            cluster_slurm.start(made)
         works = f"ssh {made[-1].name}" + (", sinfo, sbatch" if args.slurm else "")
         print(f"cluster up: {', '.join(h.name for h in made)} ({works} work)")
     elif args.action == "shape":
         cluster.shape(cluster.Shaping(args.bandwidth, args.delay))
     elif args.action == "down":
+        cluster_slurm.stop()
         cluster.down()
         print("cluster down")
         return 0
@@ -427,6 +428,9 @@ def _cluster(args) -> int:
             raise ClusterError("cluster exec HOST -- COMMAND: the command is missing")
         os.execvp("ip", cluster.exec_argv(args.host, argv))
     rows = cluster.status()
+    if cluster_slurm.running():
+        states = cluster_slurm.node_states()
+        rows = [{**row, "slurm": states.get(row["host"], "-")} for row in rows]
     print(pd.DataFrame(rows).to_string(index=False) if rows else "no cluster is up")
     return 0
 

@@ -84,11 +84,10 @@ def host_name(index: int) -> str:
     return f"{PREFIX}{index}"
 
 
-def up(hosts: int = 3, shaping: Shaping | None = None, slurm: bool = False) -> list[Host]:
+def up(hosts: int = 3, shaping: Shaping | None = None) -> list[Host]:
     """Make (or repair) a cluster of ``hosts`` hosts and shape its links (``None``: as they
-    were, unshaped for a new cluster), with a Slurm controller and one ``slurmd`` per host if
-    ``slurm`` (:mod:`toolkit.launching.cluster_slurm`); returns the hosts. A cluster of another
-    size that is already up is refused: ``down`` it first."""
+    were, unshaped for a new cluster); returns the hosts. A cluster of another size that is
+    already up is refused: ``down`` it first."""
     if not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
         raise ClusterError(f"--hosts must be between 1 and {MAX_HOSTS} (got {hosts!r})")
     check_requirements()
@@ -107,10 +106,6 @@ def up(hosts: int = 3, shaping: Shaping | None = None, slurm: bool = False) -> l
     _describe(made, kept)
     shape(shaping or Shaping(**kept))
     _wait_for_ssh(made)
-    if slurm:
-        from toolkit.launching import cluster_slurm
-
-        cluster_slurm.start(made)
     return made
 
 
@@ -191,12 +186,8 @@ def hosts() -> list[Host]:
 
 def status() -> list[dict]:
     """One row per host: its address, whether its namespace exists, its sshd runs and ``ssh``
-    to it answers with its hostname, its link's shaping and, on a cluster with Slurm, its
-    node's Slurm state (``sinfo``'s)."""
-    from toolkit.launching import cluster_slurm
-
+    to it answers with its hostname, and its link's shaping."""
     description = describe() or {"hosts": [], "shaping": {}}
-    slurm = cluster_slurm.node_states() if cluster_slurm.running() else None
     namespaces = set(_namespaces())
     shaping = description.get("shaping") or {}
     rows = []
@@ -217,7 +208,6 @@ def status() -> list[dict]:
                 "ssh": answer.stdout.strip() == host.name,
                 "bandwidth": shaping.get("bandwidth") or "-",
                 "delay": shaping.get("delay") or "-",
-                **({"slurm": slurm.get(host.name, "-")} if slurm is not None else {}),
             }
         )
     return rows
@@ -238,11 +228,8 @@ def exec_argv(name: str, argv: list[str]) -> list[str]:
 
 def down() -> None:
     """End every process in the cluster's namespaces, then remove the namespaces, the bridge,
-    the names, the ssh config and :data:`STATE`, and Slurm's daemons and configuration. Safe to
-    run twice, and on a half-made cluster."""
-    from toolkit.launching import cluster_slurm
-
-    cluster_slurm.stop()
+    the names, the ssh config and :data:`STATE`. Safe to run twice, and on a half-made
+    cluster."""
     for name in _namespaces():
         _end_processes(name)
         _ip("link", "del", name, check=False)  # the root end of its veth: the kernel frees a

@@ -21,7 +21,9 @@ and SIGKILL. There is no ``slurmdbd``, so ``sacct`` has no data: the lab reads l
 ``squeue`` and ``scontrol``.
 
 :func:`stop` ends every daemon this module started (the hosts' slurmds die with their
-namespaces too) and removes its files and the configuration.
+namespaces too) and removes its files and the configuration. Slurm is laid over the cluster and
+taken off before it: ``cluster up --slurm`` is :func:`toolkit.launching.cluster.up`, then
+:func:`start`; ``cluster down`` is :func:`stop`, then :func:`toolkit.launching.cluster.down`.
 """
 
 from __future__ import annotations
