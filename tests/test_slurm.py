@@ -23,7 +23,7 @@ from test_multihost import SMALL, hosts_of, in_host
 from test_train import wait
 
 from toolkit import config as config_lib
-from toolkit.launching import cluster, cluster_slurm, slurm
+from toolkit.launching import cluster, cluster_slurm, slurm, sweep, sweep_runner
 from toolkit.launching import launch as launcher
 from toolkit.runs import slurm_jobs
 from toolkit.runs.events import read_events
@@ -337,3 +337,27 @@ def test_cluster_slurm_stop_ends_every_daemon_and_removes_its_files(slurm_hosts)
     assert not cluster_slurm.running()
     cluster_slurm.stop()  # twice is fine
     cluster_slurm.start(cluster.hosts())  # as the session's fixture left it
+
+
+def test_a_sweep_is_one_job_array_and_a_rerun_skips_its_completed_cells(slurm_hosts, slurm_runs):
+    grid = sweep.from_mapping(
+        {"name": "arr", "base": SMALL | {"workers": 1, "epochs": 1},
+         "grid": {"optimizer.learning_rate": [0.1, 0.2, 0.4]}}
+    )  # fmt: skip
+    grid = sweep_runner.on_slurm(grid, {"time": "10:00"})
+    said = []
+    table = sweep_runner.run(grid, max_parallel=2, log=said.append, poll_s=0.5)
+    assert (table["state"] == "completed").all(), said
+    runs = [RunDir(slurm_runs / run_id) for run_id in table["run_id"]]
+    arrays = {job_of(run).split("_")[0] for run in runs}
+    assert len(arrays) == 1 and sorted(job_of(r) for r in runs) == [
+        f"{next(iter(arrays))}_{i}" for i in range(3)
+    ]
+    script = (slurm_runs / ".sweeps" / "arr-0.sbatch").read_text()
+    assert "#SBATCH --array=0-2%2" in script and "#SBATCH --time=10:00" in script
+    assert all("val_accuracy" in run.stdout_path.read_text() for run in runs)  # each its own log
+    said.clear()
+    again = sweep_runner.run(grid, max_parallel=2, log=said.append, poll_s=0.5)
+    assert said == ["sweep arr: 3 cells, 3 ended, 0 in flight, 0 to launch, 2 at a time"]
+    assert again["run_id"].tolist() == table["run_id"].tolist()
+    assert [r.meta()["slurm_job_ids"] for r in runs] == [[job_of(r)] for r in runs]

@@ -13,6 +13,7 @@ python -m toolkit resume RUN [--wait]
 python -m toolkit delete RUN
 python -m toolkit probe CONFIG [--np N] [--steps K] [--set k=v ...]
 python -m toolkit sweep SWEEP [--dry-run | --status] [--max-parallel K] [--retry-failed] [--csv F]
+                       [--slurm [--nodes K] [--time T] ...]   (the cells as one Slurm job array)
 python -m toolkit queue [--capacity h1:2,h2:2 | --capacity default]
 python -m toolkit notebook [JUPYTERLAB ARGS]   (toolkit.launching.jupyter)
 python -m toolkit cluster up [--hosts N] [--slurm] [--bandwidth 1gbit] [--delay 100us]
@@ -131,6 +132,7 @@ def build_parser() -> Parser:
     grid.add_argument("--max-parallel", type=integer(1), help="cells at a time (default: fit)")
     grid.add_argument("--retry-failed", action="store_true", help="rerun failed/stopped cells")
     grid.add_argument("--csv", help="write the per-cell results table here")
+    _slurm_arguments(grid)
     queue = sub.add_parser("queue", help="the launch queue: capacity, running and waiting runs")
     queue.add_argument("--capacity", help="set the slots: name:slots,... or 'default'")
     sub.add_parser(
@@ -345,7 +347,7 @@ def _sweep(args) -> int:
     """``sweep``: the plan, the state, or the run; the aggregate over seeds at the end."""
     from toolkit.launching import sweep, sweep_results, sweep_runner
 
-    grid = sweep.load(args.sweep)
+    grid = sweep_runner.on_slurm(sweep.load(args.sweep), _slurm_fields(args))
     if args.dry_run:
         print(f"sweep {grid.name}: {len(grid.cells)} cells")
         print(sweep_runner.dry_run(grid).map(_cell).to_string(index=False))

@@ -280,6 +280,11 @@ def _start(
 def _submit(run: RunDir, config: config_lib.ExperimentConfig, meta: dict | None) -> None:
     """Hand ``run`` to Slurm: its job script submitted, its job id recorded; Slurm's queue is
     its queue (the job resumes from the latest checkpoint, if the run has one)."""
+    _reset_for_slurm(run)
+    _submitted(run, config, slurm.submit(config, run), meta)
+
+
+def _reset_for_slurm(run: RunDir) -> None:
     run.set_status(
         "queued",
         stop_requested=False,
@@ -290,7 +295,11 @@ def _submit(run: RunDir, config: config_lib.ExperimentConfig, meta: dict | None)
         processes=[],
         slurm_job_id=None,
     )
-    job_id = slurm.submit(config, run)
+
+
+def _submitted(
+    run: RunDir, config: config_lib.ExperimentConfig, job_id: str, meta: dict | None
+) -> None:
     run.set_status("queued", slurm_job_id=job_id, reason=f"submitted to Slurm as job {job_id}")
     run.update_meta(
         run_id=run.run_id,
@@ -301,6 +310,41 @@ def _submit(run: RunDir, config: config_lib.ExperimentConfig, meta: dict | None)
         slurm_job_ids=[*run.meta().get("slurm_job_ids", []), job_id],
         **(meta or {}),
     )
+
+
+def launch_array(
+    cells: list[tuple[config_lib.ExperimentConfig, str, dict]],
+    name: str,
+    runs_root_dir: str | Path | None = None,
+    max_parallel: int | None = None,
+) -> list[RunDir]:
+    """Launch ``cells`` (each a validated config with a ``slurm`` section, its run id and its
+    meta) as Slurm job arrays, one per job shape (:func:`toolkit.launching.slurm.job_shape`),
+    at most ``max_parallel`` of an array at a time; the arrays' scripts are
+    ``<runs root>/.sweeps/<name>-<k>.sbatch``. Pre-flight runs once, for the first cell. A
+    shape that Slurm refuses leaves none of its runs behind (:class:`RunError`)."""
+    root = runs_root(runs_root_dir)
+    for config, _, _ in cells[:1]:
+        _check_place(config, root)
+    shapes: dict[tuple, list] = {}
+    for config, run_id, meta in cells:
+        shapes.setdefault(tuple(slurm.job_shape(config)), []).append((config, run_id, meta))
+    launched = []
+    for index, group in enumerate(shapes.values()):
+        runs = [(config, RunDir.create(root, run_id, config)) for config, run_id, _ in group]
+        try:
+            for _, run in runs:
+                _reset_for_slurm(run)
+            script = root / ".sweeps" / f"{name}-{index}.sbatch"
+            job_ids = slurm.submit_array(runs, script, max_parallel)
+        except OSError as error:
+            for _, run in runs:
+                shutil.rmtree(run.path, ignore_errors=True)
+            raise RunError(f"cannot submit sweep {name}'s runs to Slurm: {error}") from None
+        for (config, run), job_id, (_, _, meta) in zip(runs, job_ids, group, strict=True):
+            _submitted(run, config, job_id, meta)
+            launched.append(run)
+    return launched
 
 
 def supervise(run: RunDir, argv: list[str]) -> int:

@@ -49,38 +49,50 @@ IMMEDIATE_S = 10
 """How long pre-flight waits for a node to look at the runs root from."""
 
 
-def job_script(config: ExperimentConfig, run: RunDir) -> str:
-    """The batch script of ``run``: Slurm's options, then the job's one command."""
+def job_shape(config: ExperimentConfig) -> list[str]:
+    """The ``sbatch`` options that size and place ``config``'s job (what a sweep's cells must
+    share to be one job array)."""
     slurm = config.slurm
     options = {
-        "job-name": f"lbl-{run.run_id}"[:128],
         "ntasks": config.workers,
         "nodes": slurm.nodes,
         "partition": slurm.partition,
         "account": slurm.account,
         "time": slurm.time,
         "gpus-per-task": slurm.gpus_per_task,
-        "output": run.stdout_path.resolve(),
-        "open-mode": "append",
         "signal": f"B:USR1@{slurm.signal_before_end_s}",
-        "chdir": PACKAGE_ROOT,
     }
-    lines = [
-        "#!/bin/bash",
-        f"# Large-Batch Lab run {run.run_id}: submitted with `sbatch {JOB_SCRIPT}`; runnable by",
-        "# hand the same way (it resumes from the run's latest checkpoint, if it has one).",
-        *(f"#SBATCH --{key}={value}" for key, value in options.items() if value is not None),
-        "#SBATCH --no-requeue",
-        *(f"#SBATCH {arg}" for arg in slurm.sbatch_args),
-        "export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2",
-        f"export PYTHONPATH={shlex.quote(str(PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
-        "exec "  # the driver is the batch step itself: Slurm's signal reaches it, not a shell
-        + shlex.join(
-            [sys.executable, "-m", "toolkit.launching.slurm_job", "drive", str(run.path.resolve())]
-        ),
-        "",
-    ]
-    return "\n".join(lines)
+    given = [f"--{key}={value}" for key, value in options.items() if value is not None]
+    return [*given, "--no-requeue", *slurm.sbatch_args]
+
+
+def job_script(config: ExperimentConfig, run: RunDir) -> str:
+    """The batch script of ``run``: Slurm's options, then the job's one command."""
+    return _script(
+        [f"--job-name=lbl-{run.run_id}", f"--output={run.stdout_path.resolve()}",
+         *job_shape(config)],  # fmt: skip
+        [f"# Large-Batch Lab run {run.run_id}: submitted with `sbatch {JOB_SCRIPT}`; runnable",
+         "# by hand the same way (it resumes from the run's latest checkpoint, if it has one)."],
+        [str(run.path.resolve())],
+    )  # fmt: skip
+
+
+def _script(options: list[str], comment: list[str], driver_args: list[str]) -> str:
+    driver = [sys.executable, "-m", "toolkit.launching.slurm_job", "drive", *driver_args]
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            *comment,
+            *(f"#SBATCH {option}" for option in options),
+            "#SBATCH --open-mode=append",
+            f"#SBATCH --chdir={PACKAGE_ROOT}",
+            "export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2",
+            f"export PYTHONPATH={shlex.quote(str(PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
+            # the driver is the batch step itself: Slurm's signal reaches it, not a shell
+            f"exec {shlex.join(driver)}",
+            "",
+        ]
+    )
 
 
 def submit(config: ExperimentConfig, run: RunDir) -> str:
@@ -89,12 +101,49 @@ def submit(config: ExperimentConfig, run: RunDir) -> str:
     script = run.path / JOB_SCRIPT
     with writing(script):
         script.write_text(job_script(config, run))
+    return _sbatch(script)
+
+
+def submit_array(
+    runs: list[tuple[ExperimentConfig, RunDir]], script: Path, max_parallel: int | None
+) -> list[str]:
+    """Submit ``runs`` (configs of one :func:`job_shape`) as one job array, task ``i`` running
+    ``runs[i]``, at most ``max_parallel`` at once; returns each run's job id (``ARRAY_i``).
+    ``script`` is the array's batch script, written beside a list of the runs' directories
+    (``.runs``); each run still gets its own ``job.sbatch``, to rerun it alone by hand. A
+    task's output goes to its run's ``stdout.log`` (the driver sends it there)."""
+    for config, run in runs:
+        with writing(run.path / JOB_SCRIPT):
+            (run.path / JOB_SCRIPT).write_text(job_script(config, run))
+    listing = script.with_suffix(".runs")
+    with writing(listing), writing(script):
+        listing.write_text("".join(f"{run.path.resolve()}\n" for _, run in runs))
+        limit = f"%{max_parallel}" if max_parallel else ""
+        script.write_text(
+            _script(
+                [
+                    f"--job-name=lbl-{script.stem}",
+                    f"--output={script.with_suffix('')}-%A_%a.out",
+                    f"--array=0-{len(runs) - 1}{limit}",
+                    *job_shape(runs[0][0]),
+                ],
+                [
+                    f"# Large-Batch Lab: {len(runs)} runs as one job array, task i running line",
+                    f"# i + 1 of {listing.name} (each run's own job.sbatch reruns it alone).",
+                ],
+                ["--list", str(listing.resolve())],
+            )  # fmt: skip
+        )
+    array = _sbatch(script)
+    return [f"{array}_{index}" for index in range(len(runs))]
+
+
+def _sbatch(script: Path) -> str:
     answer = _slurm(["sbatch", "--parsable", str(script.resolve())])
     if answer.returncode != 0:
         raise OSError(f"sbatch refused the job: {_said(answer)}")
-    job_id = answer.stdout.strip().split(";")[0]
     slurm_jobs.forget()
-    return job_id
+    return answer.stdout.strip().split(";")[0]
 
 
 def cancel(job_id: str, timeout: float) -> str | None:

@@ -96,6 +96,19 @@ def drive(run: RunDir) -> int:
     return code
 
 
+def _array_task_run(listing: str) -> RunDir:
+    """A job array task's run: line ``SLURM_ARRAY_TASK_ID + 1`` of the array's list, with this
+    process's output sent to its ``stdout.log`` from here on (the array's own output file
+    keeps what came before)."""
+    paths = Path(listing).read_text().splitlines()
+    run = RunDir(Path(paths[int(os.environ["SLURM_ARRAY_TASK_ID"])]))
+    log = os.open(run.stdout_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    for stream in (1, 2):
+        os.dup2(log, stream)
+    os.close(log)
+    return run
+
+
 def rank(argv: list[str]) -> None:
     """Become this task's rank: Horovod's variables for the slot the driver's plan gives this
     node and local task id, then ``argv`` in place of this process."""
@@ -139,5 +152,6 @@ if __name__ == "__main__":
     parser.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     if args.command == "drive":
-        sys.exit(drive(RunDir(Path(args.argv[0]))))
+        sys.exit(drive(_array_task_run(args.argv[1]) if args.argv[0] == "--list" else
+                       RunDir(Path(args.argv[0]))))  # fmt: skip
     rank(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)

@@ -1,5 +1,7 @@
 """Running a sweep (:mod:`toolkit.launching.sweep`): every cell that has not completed, through
-:mod:`toolkit.launching.launch` and its slot-aware queue, at most ``max_parallel`` at a time.
+:mod:`toolkit.launching.launch` and its slot-aware queue, at most ``max_parallel`` at a time; or,
+for cells with a ``slurm`` section (:func:`on_slurm`), all at once as Slurm job arrays whose
+``%max_parallel`` Slurm enforces (:func:`toolkit.launching.launch.launch_array`).
 
 A sweep resumes by looking, not by remembering: :func:`run` skips completed cells, waits for
 cells already queued or running (launched by an earlier runner that was killed), reports failed
@@ -12,6 +14,7 @@ and launches the rest. One runner per sweep and runs root holds the sweep's lock
 from __future__ import annotations
 
 import collections
+import dataclasses
 import fcntl
 import json
 import os
@@ -25,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from toolkit import files
-from toolkit.config import ConfigError, ExperimentConfig
+from toolkit.config import ConfigError, ExperimentConfig, from_mapping
 from toolkit.launching import launch, remote
 from toolkit.launching.slots import capacity, check_fits, positions, slots_of
 from toolkit.launching.sweep import (
@@ -63,7 +66,8 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
             if dataset not in sizes:
                 sizes[dataset] = len(load_dataset(c).x_train)
             plan = RunPlan.of(c, sizes[dataset])
-            check_fits(slots_of(c), root)
+            if c.slurm is None:  # Slurm's cells wait in Slurm's queue, not this machine's
+                check_fits(slots_of(c), root)
         except (ValueError, RuntimeError) as error:  # ConfigError, RunError; offline data
             problems.append(cell_problem(cell.coordinates, error))
             continue
@@ -129,6 +133,20 @@ def states(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def on_slurm(sweep: Sweep, slurm: dict | None) -> Sweep:
+    """``sweep`` with every cell's config given a ``slurm`` section of the fields ``slurm``
+    (over the section a cell already has; ``None``: unchanged). A cell keeps its key, and so
+    its identity: a cell completed on this machine is not run again on Slurm."""
+    if slurm is None:
+        return sweep
+    cells = []
+    for cell in sweep.cells:
+        raw = cell.config.model_dump(mode="json")
+        raw["slurm"] = {**(raw.get("slurm") or {}), **slurm}
+        cells.append(dataclasses.replace(cell, config=from_mapping(raw)))
+    return dataclasses.replace(sweep, cells=tuple(cells))
+
+
 def default_parallel(sweep: Sweep, root: str | Path | None = None) -> int:
     """How many cells fit the queue's capacity at once (at least 1)."""
     have = capacity(root)
@@ -179,6 +197,15 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
         f"sweep {sweep.name}: {total} cells, {done} ended, {len(in_flight)} in flight, "
         f"{len(todo)} to launch, {limit} at a time"
     )
+    on_slurm = [cell for cell in todo if cell.config.slurm is not None]
+    if on_slurm:  # Slurm runs them, max_parallel at a time: every one is submitted now
+        todo = [cell for cell in todo if cell.config.slurm is None]
+        cells = [(c.config, _free_id(c.run_id, base), c.meta()) for c in on_slurm]
+        for cell, run_dir in zip(
+            on_slurm, launch.launch_array(cells, sweep.name, base, max_parallel), strict=True
+        ):
+            in_flight[cell.key] = (cell, run_dir)
+        log(f"submitted {len(on_slurm)} cells to Slurm as job arrays")
     while todo or in_flight:
         while todo and len(in_flight) < limit:
             cell = todo.pop(0)

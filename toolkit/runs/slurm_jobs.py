@@ -104,7 +104,7 @@ def lab_state(job: Job) -> tuple[str, str]:
 def _squeue() -> dict[str, Job] | None:
     try:
         answer = subprocess.run(
-            ["squeue", "-h", "-t", "all", "-o", "%i|%T|%r"],
+            ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r"],
             capture_output=True,
             text=True,
             timeout=10,
