@@ -98,6 +98,66 @@ class Slots:
             self.slots[target].error("\n\n".join(map(md_escape, messages)), icon="⚠️")
 
 
+WHERE = ("This machine", "Hosts over ssh", "Slurm")
+"""Where a run goes: this machine's launch queue, named hosts through horovodrun, or a Slurm
+job (:mod:`toolkit.launching.slurm`)."""
+
+
+def slurm_section(key: str, given: dict | None) -> dict:
+    """The Slurm fields (a config's ``slurm`` section, :class:`toolkit.config.SlurmConfig`),
+    prefilled from ``given``; empty fields are left to Slurm. ``key`` prefixes the widgets'
+    keys."""
+    given = given or {}
+    cells = st.columns(3)
+    nodes = cells[0].number_input(
+        "Nodes",
+        min_value=1,
+        value=given.get("nodes"),
+        key=f"{key}:slurm.nodes",
+        help="empty: Slurm's placement of the ranks",
+    )
+    section = {
+        "nodes": None if nodes is None else int(nodes),
+        "partition": cells[1].text_input(
+            "Partition",
+            given.get("partition") or "",
+            key=f"{key}:slurm.partition",
+            help="empty: the cluster's default",
+        ),
+        "time": cells[2].text_input(
+            "Time limit",
+            given.get("time") or "",
+            key=f"{key}:slurm.time",
+            help="e.g. 2:00:00 or 1-00:00; the run checkpoints before it and is requeued",
+        ),
+        "account": cells[0].text_input(
+            "Account", given.get("account") or "", key=f"{key}:slurm.account"
+        ),
+    }
+    gpus = cells[1].number_input(
+        "GPUs per rank",
+        min_value=1,
+        value=given.get("gpus_per_task"),
+        key=f"{key}:slurm.gpus_per_task",
+        help="empty: none",
+    )
+    section["gpus_per_task"] = None if gpus is None else int(gpus)
+    extra = cells[2].text_area(
+        "More sbatch options",
+        "\n".join(given.get("sbatch_args") or []),
+        key=f"{key}:slurm.sbatch_args",
+        help="one a line, e.g. --qos=long",
+        height=68,
+    )
+    section = {k: (v.strip() if isinstance(v, str) else v) for k, v in section.items()}
+    section = {k: v for k, v in section.items() if v not in (None, "")}
+    if "signal_before_end_s" in given:  # no widget: kept as the preset has it
+        section["signal_before_end_s"] = given["signal_before_end_s"]
+    if args := [line.strip() for line in extra.splitlines() if line.strip()]:
+        section["sbatch_args"] = args
+    return section
+
+
 ACRONYMS = {"ema": "EMA", "lr": "LR", "fp16": "FP16", "sgd": "SGD"}
 
 

@@ -124,6 +124,19 @@ def cluster_hosts() -> Iterator[list[str]]:
             cluster.down()
 
 
+@pytest.fixture(scope="session")
+def slurm_hosts(cluster_hosts) -> Iterator[list[str]]:
+    """The session's namespace cluster with Slurm on it; Slurm is ended after the session
+    (with the cluster, or alone where the cluster was up before)."""
+    from toolkit.launching import cluster, cluster_slurm
+
+    was_running = cluster_slurm.running()
+    cluster_slurm.start(cluster.hosts())
+    yield cluster_hosts
+    if not was_running:
+        cluster_slurm.stop()
+
+
 def run_workers(
     script: str,
     out: Path,

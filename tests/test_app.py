@@ -169,6 +169,7 @@ def test_launch_invalid_fields_show_schema_messages_next_to_them_and_launch_noth
 
 def test_launch_section_and_cross_field_errors_are_reported(root, launches):
     at = page("launch")
+    by_label(at.radio, "Where").set_value("Hosts over ssh").run()
     by_label(at.text_input, "Hosts").set_value("h1:1")
     by_label(at.number_input, "Workers").set_value(2)
     params = by_label(at.text_input, "Schedule params (YAML mapping)").set_value("{power: 2}")
@@ -182,6 +183,29 @@ def test_launch_section_and_cross_field_errors_are_reported(root, launches):
     by_label(at.text_input, "Hosts").set_value("h1:1,h2:1").run()
     assert not at.error
     assert [m.value for m in at.metric][:2] == ["64", "0.1"]
+
+
+def test_launch_where_slurm_gives_the_config_a_slurm_section_and_no_hosts(root, launches):
+    at = page("launch")
+    assert by_label(at.radio, "Where").value == "This machine"
+    assert not [w for w in at.text_input if w.label in ("Hosts", "Partition")]
+    by_label(at.radio, "Where").set_value("Slurm").run()
+    assert not [w for w in at.text_input if w.label == "Hosts"]
+    by_label(at.number_input, "Nodes").set_value(2)
+    by_label(at.text_input, "Time limit").set_value("1:00:00")
+    by_label(at.text_area, "More sbatch options").set_value("--qos=long\n\n--mail-type=END")
+    at.run()
+    assert not at.error, [e.value for e in at.error]
+    by_label(at.button, "Launch").click().run()
+    ((config, _),) = launches
+    assert config.slurm.model_dump(exclude_defaults=True) == {
+        "nodes": 2,
+        "time": "1:00:00",
+        "sbatch_args": ["--qos=long", "--mail-type=END"],
+    }
+    assert config.hosts is None
+    by_label(at.text_input, "Time limit").set_value("1h").run()
+    assert any("slurm.time" in e.value for e in at.error)
 
 
 def test_launch_batch_larger_than_the_dataset_is_stopped_before_launch(root, launches):
@@ -1017,6 +1041,7 @@ def test_launch_quickstart_for_real_through_the_form_on_two_hosts(cluster_hosts,
     at = page("launch")
     by_label(at.selectbox, "Start from").set_value("quickstart").run()
     assert by_label(at.number_input, "Workers").value == 2
+    by_label(at.radio, "Where").set_value("Hosts over ssh").run()
     by_label(at.text_input, "Hosts").set_value(hosts).run()
     by_label(at.button, "Launch").click().run(timeout=60)
     assert not at.exception and not at.error, [e.value for e in at.error]

@@ -39,19 +39,38 @@ TWO_NODES = {**SMALL, "epochs": 8, "slurm": {"nodes": 2}}
 
 def test_the_job_script_asks_for_one_task_per_rank_and_execs_the_driver(tmp_path):
     config = config_lib.from_mapping(
-        {**SMALL, "workers": 4, "slurm": {
-            "nodes": 2, "partition": "gpu", "account": "lab", "time": "1-02:00",
-            "gpus_per_task": 1, "signal_before_end_s": 300, "sbatch_args": ["--qos=long"]}}
-    )  # fmt: skip
+        {
+            **SMALL,
+            "workers": 4,
+            "slurm": {
+                "nodes": 2,
+                "partition": "gpu",
+                "account": "lab",
+                "time": "1-02:00",
+                "gpus_per_task": 1,
+                "signal_before_end_s": 300,
+                "sbatch_args": ["--qos=long"],
+            },
+        }
+    )
     run = RunDir(tmp_path / "r")
     script = slurm.job_script(config, run).splitlines()
     options = [line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH")]
     assert options == [
-        "--job-name=lbl-r", "--ntasks=4", "--nodes=2", "--partition=gpu", "--account=lab",
-        "--time=1-02:00", "--gpus-per-task=1", f"--output={run.stdout_path.resolve()}",
-        "--open-mode=append", "--signal=B:USR1@300", f"--chdir={ROOT}", "--no-requeue",
+        "--job-name=lbl-r",
+        "--ntasks=4",
+        "--nodes=2",
+        "--partition=gpu",
+        "--account=lab",
+        "--time=1-02:00",
+        "--gpus-per-task=1",
+        f"--output={run.stdout_path.resolve()}",
+        "--open-mode=append",
+        "--signal=B:USR1@300",
+        f"--chdir={ROOT}",
+        "--no-requeue",
         "--qos=long",
-    ]  # fmt: skip
+    ]
     assert script[0] == "#!/bin/bash"
     assert script[-1] == (
         f"exec {sys.executable} -m toolkit.launching.slurm_job drive {run.path.resolve()}"
@@ -106,17 +125,6 @@ def test_slurm_flags_without_slurm_are_refused(tmp_path):
 # --- on the cluster's Slurm -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def slurm_hosts(cluster_hosts) -> list[str]:
-    """The session's namespace cluster with Slurm on it; Slurm is ended after the session
-    (with the cluster, or alone where the cluster was up before)."""
-    was_running = cluster_slurm.running()
-    cluster_slurm.start(cluster.hosts())
-    yield cluster_hosts
-    if not was_running:
-        cluster_slurm.stop()
-
-
 @pytest.fixture
 def slurm_runs(tmp_path, monkeypatch, subprocess_env):
     """A runs root on the shared file system, as ``$LBL_RUNS``."""
@@ -161,8 +169,10 @@ def test_cluster_up_slurm_registers_every_host_as_a_node(slurm_hosts, subprocess
     assert seen.stdout.split() == ["lbl-h1", "idle", "lbl-h2", "idle", "lbl-h3", "idle", "lbl-h2"]
     job = subprocess.run(
         ["sbatch", "--wait", "-N3", "-o", "/dev/null", "--wrap", "srun hostname"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert job.returncode == 0, job.stderr
 
 
@@ -172,12 +182,23 @@ def two_nodes_and_one_host(slurm_hosts, tmp_path_factory, subprocess_env):
     lbl-h3, and the same config on this host alone under horovodrun, at the same time."""
     root = tmp_path_factory.mktemp("runs")
     os.environ["PATH"] = subprocess_env["PATH"]
-    local = launcher.launch(config_lib.from_mapping(SMALL | {"epochs": 8}),
-                            runs_root_dir=root, run_id="one-host")  # fmt: skip
+    local = launcher.launch(
+        config_lib.from_mapping(SMALL | {"epochs": 8}), runs_root_dir=root, run_id="one-host"
+    )
     config_path = root.parent / "two-nodes.yaml"
     config_path.write_text(config_lib.from_mapping(TWO_NODES).to_yaml())
-    argv = [sys.executable, "-m", "toolkit", "--runs", str(root), "launch", str(config_path),
-            "--name", "two-nodes", "--wait"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "toolkit",
+        "--runs",
+        str(root),
+        "launch",
+        str(config_path),
+        "--name",
+        "two-nodes",
+        "--wait",
+    ]
     started = time.monotonic()
     cli = in_host("lbl-h3", argv, subprocess_env)
     wait(local, TERMINAL)
@@ -210,8 +231,10 @@ def test_a_two_node_slurm_run_matches_the_same_run_on_one_host(two_nodes_and_one
 def test_a_pending_run_is_queued_with_slurms_reason_and_stop_cancels_it(slurm_hosts, slurm_runs):
     hold = subprocess.run(  # every node, whole
         ["sbatch", "--parsable", "--exclusive", "-N3", "-o", "/dev/null", "--wrap", "sleep 120"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     try:
         run = launcher.launch(config_lib.from_mapping(TWO_NODES), run_id="waits")
         slurm_jobs.forget()
@@ -292,8 +315,16 @@ def hidden_from_the_nodes(tmp_path):
     launching CLI's."""
     hidden = tmp_path / "hidden"
     hidden.mkdir()
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            f'mount -t tmpfs tmpfs {hidden} && exec "$@"', "sh"], hidden  # fmt: skip
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs tmpfs {hidden} && exec "$@"',
+        "sh",
+    ], hidden
 
 
 @pytest.mark.parametrize(
@@ -315,10 +346,22 @@ def test_pre_flight_refuses_before_anything_is_created_or_submitted(
     if case == "no Slurm":  # a machine without Slurm's commands
         env["PATH"] = str(Path(sys.executable).parent)
     before = set((slurm_jobs.jobs() or {}).keys())
-    argv = [sys.executable, "-m", "toolkit", "--runs", str(runs), "launch",
-            "experiments/quickstart.yaml", "--slurm", "--np", "2", *flags]  # fmt: skip
-    result = subprocess.run([*prefix, *argv], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "toolkit",
+        "--runs",
+        str(runs),
+        "launch",
+        "experiments/quickstart.yaml",
+        "--slurm",
+        "--np",
+        "2",
+        *flags,
+    ]
+    result = subprocess.run(
+        [*prefix, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert expected in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -341,9 +384,12 @@ def test_cluster_slurm_stop_ends_every_daemon_and_removes_its_files(slurm_hosts)
 
 def test_a_sweep_is_one_job_array_and_a_rerun_skips_its_completed_cells(slurm_hosts, slurm_runs):
     grid = sweep.from_mapping(
-        {"name": "arr", "base": SMALL | {"workers": 1, "epochs": 1},
-         "grid": {"optimizer.learning_rate": [0.1, 0.2, 0.4]}}
-    )  # fmt: skip
+        {
+            "name": "arr",
+            "base": SMALL | {"workers": 1, "epochs": 1},
+            "grid": {"optimizer.learning_rate": [0.1, 0.2, 0.4]},
+        }
+    )
     grid = sweep_runner.on_slurm(grid, {"time": "10:00"})
     said = []
     table = sweep_runner.run(grid, max_parallel=2, log=said.append, poll_s=0.5)
@@ -361,3 +407,50 @@ def test_a_sweep_is_one_job_array_and_a_rerun_skips_its_completed_cells(slurm_ho
     assert said == ["sweep arr: 3 cells, 3 ended, 0 in flight, 0 to launch, 2 at a time"]
     assert again["run_id"].tolist() == table["run_id"].tolist()
     assert [r.meta()["slurm_job_ids"] for r in runs] == [[job_of(r)] for r in runs]
+
+
+# --- the app's doors ----------------------------------------------------------------------------
+
+
+def test_the_launch_form_submits_the_quickstart_to_slurm_on_two_nodes(slurm_hosts, slurm_runs):
+    from test_app import by_label, page
+
+    at = page("launch")
+    by_label(at.selectbox, "Start from").set_value("quickstart").run()
+    by_label(at.radio, "Where").set_value("Slurm").run()
+    by_label(at.number_input, "Nodes").set_value(2).run()
+    by_label(at.button, "Launch").click().run(timeout=60)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    (run_dir,) = [p for p in slurm_runs.iterdir() if not p.name.startswith(".")]
+    run = RunDir(run_dir)
+    assert f"as Slurm job {job_of(run)}" in at.success[0].value
+    status = wait(run, TERMINAL, timeout=240)
+    assert status["state"] == "completed", run.stdout_path.read_text()[-3000:]
+    assert run.config().slurm.nodes == 2 and len(set(hosts_of(run).values())) == 2
+    at.switch_page("views/runs.py").run()
+    row = at.dataframe[0].value.iloc[0]
+    assert row["run_id"] == run.run_id and row["state"] == "completed"
+
+
+def test_the_sweep_page_runs_its_cells_as_a_slurm_job_array(slurm_hosts, slurm_runs, monkeypatch):
+    from test_sweep import labelled, sweep_page
+
+    at = sweep_page(slurm_runs, monkeypatch, "Build a grid")
+    labelled(at.text_input, "Sweep name").set_value("onslurm")
+    grid = "epochs: [1]\nworkers: [1]\nbatch.global_size: [64, 128]\n"
+    labelled(at.text_area, "Grid: config path → values (YAML)").set_value(grid)
+    labelled(at.text_area, "Methods: name → overrides (YAML, optional)").set_value("")
+    labelled(at.text_input, "Seeds (YAML list)").set_value("[0]").run()
+    labelled(at.radio, "Where").set_value("Slurm").run()
+    labelled(at.text_input, "Time limit").set_value("10:00").run()
+    labelled(at.button, "Launch sweep").click().run()
+    assert "Sweep onslurm started" in at.success[0].value
+    grid = sweep.saved(slurm_runs)[0]
+    deadline = time.time() + 180
+    while not sweep_runner.states(grid, slurm_runs)["state"].isin(["completed", "failed"]).all():
+        assert time.time() < deadline, (slurm_runs / ".sweeps" / "onslurm.log").read_text()
+        time.sleep(1)
+    runs = [RunDir(slurm_runs / r) for r in sweep_runner.states(grid, slurm_runs)["run_id"]]
+    assert [r.status()["state"] for r in runs] == ["completed"] * 2
+    assert len({job_of(r).split("_")[0] for r in runs}) == 1  # one array
+    assert "#SBATCH --time=10:00" in (slurm_runs / ".sweeps" / "onslurm-0.sbatch").read_text()

@@ -521,9 +521,10 @@ def slurm_seconds(limit: str) -> int:
     parts = [int(p) for p in clock.split(":")]
     if days:  # D-H[:M[:S]]
         hours, minutes, seconds = (parts + [0, 0])[:3]
-    else:  # M, M:S or H:M:S
-        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts) if len(parts) == 3 else (
-            0, parts[0], parts[1] if len(parts) == 2 else 0)  # fmt: skip
+    elif len(parts) == 3:  # H:M:S
+        hours, minutes, seconds = parts
+    else:  # M or M:S
+        hours, minutes, seconds = 0, parts[0], (parts[1:] or [0])[0]
     return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 

@@ -136,9 +136,20 @@ with top[1]:
 with top[2]:
     raw["workers"] = number("Workers", "workers")
 with top[3]:
+    placed = 2 if form.get(given, "slurm") is not None else 1 if form.get(given, "hosts") else 0
+    where = st.radio("Where", form.WHERE, index=placed, horizontal=True, key=key("where"))
+raw["hosts"], raw["slurm"] = None, None
+if where == "Hosts over ssh":
     raw["hosts"] = (
         text("Hosts", "hosts", help="name:slots,... (empty: localhost:workers)").strip() or None
     )
+elif where == "Slurm":
+    st.caption(
+        "Submitted to Slurm as a job of one task per worker (sbatch; every rank under srun). "
+        "Slurm's queue is the run's: it reads queued, with Slurm's reason, until it starts."
+    )
+    raw["slurm"] = form.slurm_section(preset, form.get(given, "slurm"))
+    slots.add("slurm")
 with st.expander("Hosts over ssh: port, key and network interface (multi-host runs)"):
     cells = st.columns(3)
     with cells[0]:
@@ -529,5 +540,7 @@ if st.button("Launch", type="primary"):
             st.error(md_escape(f"Nothing was launched: {error}"))
         else:
             st.session_state.current_run = run.run_id
-            st.success(md_escape(f"Launched {run.run_id} in {run.path}"))
+            job = run.recorded_status().get("slurm_job_id")
+            where = f" as Slurm job {job}" if job else ""
+            st.success(md_escape(f"Launched {run.run_id} in {run.path}{where}"))
             st.page_link("views/detail.py", label="Follow it live", icon=":material/monitoring:")

@@ -115,6 +115,13 @@ parallel = left.number_input(
     "Cells at a time", min_value=1, value=sweep_runner.default_parallel(grid, root), step=1
 )
 retry = middle.checkbox("Rerun failed cells", help="failed or stopped cells run again")
+where = st.radio(
+    "Where",
+    (form.WHERE[0], form.WHERE[2]),
+    horizontal=True,
+    help="this machine's launch queue, or Slurm: the cells as one job array",
+)
+slurm = form.slurm_section("sweep", None) if where == form.WHERE[2] else None
 measured = int(seconds.notna().sum())
 cost = st.columns(3)
 cost[0].metric("Cells", f"{len(cells):,}")
@@ -136,7 +143,9 @@ big = len(cells) > CONFIRM_CELLS
 sure = not big or st.checkbox(f"Yes, run all {len(cells)} cells")
 if right.button("Launch sweep", type="primary", disabled=running or not sure, width="stretch"):
     try:
-        pid = sweep_runner.start(grid, root, max_parallel=int(parallel), retry_failed=retry)
+        pid = sweep_runner.start(
+            grid, root, max_parallel=int(parallel), retry_failed=retry, slurm=slurm
+        )
     except (ConfigError, OSError) as error:
         st.error(md_escape(error))
         st.stop()

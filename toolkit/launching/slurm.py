@@ -69,12 +69,17 @@ def job_shape(config: ExperimentConfig) -> list[str]:
 def job_script(config: ExperimentConfig, run: RunDir) -> str:
     """The batch script of ``run``: Slurm's options, then the job's one command."""
     return _script(
-        [f"--job-name=lbl-{run.run_id}", f"--output={run.stdout_path.resolve()}",
-         *job_shape(config)],  # fmt: skip
-        [f"# Large-Batch Lab run {run.run_id}: submitted with `sbatch {JOB_SCRIPT}`; runnable",
-         "# by hand the same way (it resumes from the run's latest checkpoint, if it has one)."],
+        [
+            f"--job-name=lbl-{run.run_id}",
+            f"--output={run.stdout_path.resolve()}",
+            *job_shape(config),
+        ],
+        [
+            f"# Large-Batch Lab run {run.run_id}: submitted with `sbatch {JOB_SCRIPT}`; runnable",
+            "# by hand the same way (it resumes from the run's latest checkpoint, if it has one).",
+        ],
         [str(run.path.resolve())],
-    )  # fmt: skip
+    )
 
 
 def _script(options: list[str], comment: list[str], driver_args: list[str]) -> str:
@@ -132,7 +137,7 @@ def submit_array(
                     f"# i + 1 of {listing.name} (each run's own job.sbatch reruns it alone).",
                 ],
                 ["--list", str(listing.resolve())],
-            )  # fmt: skip
+            )
         )
     array = _sbatch(script)
     return [f"{array}_{index}" for index in range(len(runs))]
@@ -159,8 +164,10 @@ def cancel(job_id: str, timeout: float) -> str | None:
 
 def requeue(job_id: str) -> None:
     """Put the job back in Slurm's queue (it was submitted ``--no-requeue``: allow it first)."""
-    for argv in (["scontrol", "update", f"JobId={job_id}", "Requeue=1"],
-                 ["scontrol", "requeue", job_id]):  # fmt: skip
+    for argv in (
+        ["scontrol", "update", f"JobId={job_id}", "Requeue=1"],
+        ["scontrol", "requeue", job_id],
+    ):
         answer = _slurm(argv)
         if answer.returncode != 0:
             raise OSError(f"{' '.join(argv)}: {_said(answer)}")
@@ -223,8 +230,11 @@ def _check_shared(runs_root: Path, partition: str, config: ExperimentConfig) -> 
     finally:
         probe.unlink(missing_ok=True)
     if "Unable to allocate resources" in answer.stderr:  # every node busy: cannot look now
-        print(f"warning: slurm: every node of {partition!r} is busy, so whether they see the "
-              f"runs root {runs_root.resolve()} was not checked", file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: slurm: every node of {partition!r} is busy, so whether they see the "
+            f"runs root {runs_root.resolve()} was not checked",
+            file=sys.stderr,
+        )
         return
     if answer.returncode != 0 or answer.stdout.strip() != token:
         raise ConfigError(

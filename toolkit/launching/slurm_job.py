@@ -69,8 +69,15 @@ def drive(run: RunDir) -> int:
         slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV: "1",
     }
     resume = any((run.checkpoints_path).glob("epoch-*"))
-    train = [sys.executable, "-m", "toolkit.train", str(run.config_path.resolve()),
-             "--run-dir", str(run.path.resolve()), *(["--resume"] if resume else [])]  # fmt: skip
+    train = [
+        sys.executable,
+        "-m",
+        "toolkit.train",
+        str(run.config_path.resolve()),
+        "--run-dir",
+        str(run.path.resolve()),
+        *(["--resume"] if resume else []),
+    ]
     gpus = [f"--gpus-per-task={config.slurm.gpus_per_task}"] if config.slurm.gpus_per_task else []
     ranks = [sys.executable, "-m", "toolkit.launching.slurm_job", "rank", "--", *train]
     step = subprocess.Popen(
@@ -152,6 +159,11 @@ if __name__ == "__main__":
     parser.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     if args.command == "drive":
-        sys.exit(drive(_array_task_run(args.argv[1]) if args.argv[0] == "--list" else
-                       RunDir(Path(args.argv[0]))))  # fmt: skip
+        sys.exit(
+            drive(
+                _array_task_run(args.argv[1])
+                if args.argv[0] == "--list"
+                else RunDir(Path(args.argv[0]))
+            )
+        )
     rank(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)

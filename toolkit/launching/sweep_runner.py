@@ -266,10 +266,12 @@ def start(
     *,
     max_parallel: int | None = None,
     retry_failed: bool = False,
+    slurm: dict | None = None,
 ) -> int:
     """Run ``sweep`` in a background process of its own session (the app's and notebooks'
-    way: it outlives them), output to ``<root>/.sweeps/<name>.log``; returns its pid. Raises
-    :class:`SweepError` if a runner of this sweep is alive already."""
+    way: it outlives them), output to ``<root>/.sweeps/<name>.log``; returns its pid; with
+    ``slurm`` (the fields of a ``slurm`` section, :func:`on_slurm`), its cells go to Slurm.
+    Raises :class:`SweepError` if a runner of this sweep is alive already."""
     _check_parallel(max_parallel)
     base = runs_root(root)
     if runner_active(sweep.name, base):
@@ -285,6 +287,9 @@ def start(
     ]
     command += [f"--max-parallel={max_parallel}"] * bool(max_parallel)
     command += ["--retry-failed"] * retry_failed
+    if slurm is not None:
+        on_slurm(sweep, slurm)  # refused here, naming the field, if it is not valid
+        command += ["--slurm", *_slurm_flags(slurm)]
     log_path = base / SWEEPS_DIR / f"{sweep.name}.log"
     with files.writing(log_path), open(log_path, "ab") as log:
         runner = subprocess.Popen(
@@ -296,6 +301,19 @@ def start(
             cwd=remote.PACKAGE_ROOT,
         )
     return runner.pid
+
+
+def _slurm_flags(slurm: dict) -> list[str]:
+    """The CLI's flags for the fields of a ``slurm`` section (see ``python -m toolkit sweep``)."""
+    flags = []
+    for field, value in slurm.items():
+        if field == "sbatch_args":
+            flags += [f"--sbatch-arg={arg}" for arg in value]
+        elif field == "signal_before_end_s":
+            raise SweepError("slurm.signal_before_end_s is set in the sweep's base config only")
+        else:
+            flags.append(f"--{field.replace('_', '-')}={value}")
+    return flags
 
 
 def _free_id(run_id: str, base: Path) -> str:
