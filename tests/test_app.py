@@ -191,7 +191,11 @@ def test_launch_where_slurm_gives_the_config_a_slurm_section_and_no_hosts(root, 
     assert not [w for w in at.text_input if w.label in ("Hosts", "Partition")]
     by_label(at.radio, "Where").set_value("Slurm").run()
     assert not [w for w in at.text_input if w.label == "Hosts"]
-    by_label(at.number_input, "Nodes").set_value(2)
+    by_label(at.number_input, "Nodes").set_value(2).run()
+    assert any(
+        "slurm.nodes=2 is more than workers=1" in e.value.replace("\\", "") for e in at.error
+    )
+    by_label(at.number_input, "Workers").set_value(2)
     by_label(at.text_input, "Time limit").set_value("1:00:00")
     by_label(at.text_area, "More sbatch options").set_value("--qos=long\n\n--mail-type=END")
     at.run()
@@ -205,7 +209,7 @@ def test_launch_where_slurm_gives_the_config_a_slurm_section_and_no_hosts(root, 
     }
     assert config.hosts is None
     by_label(at.text_input, "Time limit").set_value("1h").run()
-    assert any("slurm.time" in e.value for e in at.error)
+    assert any("slurm.time" in e.value.replace("\\", "") for e in at.error)
 
 
 def test_launch_batch_larger_than_the_dataset_is_stopped_before_launch(root, launches):
