@@ -177,20 +177,22 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
         *(["--network-interfaces", interface] if interface else []),
     ]
     where = ["-H", hosts] if config.elastic is None else _elastic_options(config, run)
-    argv = [
+    return [
         *horovodrun.COMMAND,
         "--gloo",
         "-np",
         str(config.workers),
         *where,
         *ssh,
-        sys.executable,
-        "-m",
-        "toolkit.train",
-        str(run.config_path.resolve()),
-        "--run-dir",
-        str(run.path.resolve()),
+        *train_argv(run, resume),
     ]
+
+
+def train_argv(run: RunDir, resume: bool) -> list[str]:
+    """A worker's command line: ``python -m toolkit.train`` on the run's stored config, writing
+    into its directory (``--resume``: from its latest checkpoint)."""
+    argv = [sys.executable, "-m", "toolkit.train", str(run.config_path.resolve())]
+    argv += ["--run-dir", str(run.path.resolve())]
     return argv + ["--resume"] if resume else argv
 
 
@@ -227,18 +229,8 @@ def _start(
         _submit(run, config, meta)
         return
     argv = horovodrun_argv(config, run, resume)
-    run.set_status(
-        "queued",
-        stop_requested=False,
-        exit_code=None,
-        reason=None,
-        finished=None,
-        pid=None,
-        processes=[],
-        launched=None,  # a resumed run holds no slots until its new supervisor takes them
-        released=None,
-        slots=None,
-    )
+    # a resumed run holds no slots until its new supervisor takes them
+    _queued_afresh(run, launched=None, released=None, slots=None)
     run.update_meta(
         run_id=run.run_id,
         created=time.time(),
@@ -280,11 +272,13 @@ def _start(
 def _submit(run: RunDir, config: config_lib.ExperimentConfig, meta: dict | None) -> None:
     """Hand ``run`` to Slurm: its job script submitted, its job id recorded; Slurm's queue is
     its queue (the job resumes from the latest checkpoint, if the run has one)."""
-    _reset_for_slurm(run)
+    _queued_afresh(run, slurm_job_id=None)
     _submitted(run, config, slurm.submit(config, run), meta)
 
 
-def _reset_for_slurm(run: RunDir) -> None:
+def _queued_afresh(run: RunDir, **fields) -> None:
+    """``queued``, with nothing left of a previous attempt (a resume's): no stop asked, no exit,
+    reason, end or processes; and ``fields``."""
     run.set_status(
         "queued",
         stop_requested=False,
@@ -293,7 +287,7 @@ def _reset_for_slurm(run: RunDir) -> None:
         finished=None,
         pid=None,
         processes=[],
-        slurm_job_id=None,
+        **fields,
     )
 
 
@@ -334,7 +328,7 @@ def launch_array(
         runs = [(config, RunDir.create(root, run_id, config)) for config, run_id, _ in group]
         try:
             for _, run in runs:
-                _reset_for_slurm(run)
+                _queued_afresh(run, slurm_job_id=None)
             script = root / ".sweeps" / f"{name}-{index}.sbatch"
             job_ids = slurm.submit_array(runs, script, max_parallel)
         except OSError as error:

@@ -68,16 +68,7 @@ def drive(run: RunDir) -> int:
         PLAN_ENV: json.dumps(plan),
         slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV: "1",
     }
-    resume = any((run.checkpoints_path).glob("epoch-*"))
-    train = [
-        sys.executable,
-        "-m",
-        "toolkit.train",
-        str(run.config_path.resolve()),
-        "--run-dir",
-        str(run.path.resolve()),
-        *(["--resume"] if resume else []),
-    ]
+    train = launch.train_argv(run, resume=any(run.checkpoints_path.glob("epoch-*")))
     gpus = [f"--gpus-per-task={config.slurm.gpus_per_task}"] if config.slurm.gpus_per_task else []
     ranks = [sys.executable, "-m", "toolkit.launching.slurm_job", "rank", "--", *train]
     step = subprocess.Popen(
