@@ -49,15 +49,16 @@ def bare(launcher: list[str]) -> float:
     return time.perf_counter() - begin
 
 
-def to_first_event(root: str) -> float:
-    """Seconds from ``launch.launch`` of the quickstart to its first train event."""
+def to_first_event(root: str, **where) -> float:
+    """Seconds from ``launch.launch`` of the quickstart to its first train event (``where``:
+    the launch's placement, e.g. ``slurm={"nodes": 2}``)."""
     from toolkit import config as config_lib
     from toolkit.launching import launch
     from toolkit.runs import monitor
 
     config = config_lib.load(ROOT / "experiments" / "quickstart.yaml", ["epochs=1"])
     begin = time.time()
-    run = launch.launch(config, runs_root_dir=root)
+    run = launch.launch(config, runs_root_dir=root, **where)
     while True:
         lines = run.events_path.read_text().splitlines() if run.events_path.exists() else []
         train = [json.loads(line) for line in lines if '"train"' in line]

@@ -393,6 +393,16 @@ class SlurmConfig(_Section):
         default_factory=list, description="further sbatch options, e.g. --qos=long"
     )
 
+    @field_validator("time", mode="before")
+    @classmethod
+    def _quoted_time(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise ValueError(
+                "give the time limit as a quoted string, e.g. '4:00:00' or '90' (minutes): "
+                "YAML reads an unquoted 4:00:00 or 90 as a number"
+            )
+        return value
+
 
 class CheckpointConfig(_Section):
     every_epochs: int = Field(1, ge=1)
