@@ -328,47 +328,51 @@ def hidden_from_the_nodes(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "case, flags, expected",
+    "case, fields, expected",
     [
-        ("no such partition", ["--partition", "gpu"], "slurm.partition='gpu': no such partition"),
-        ("too many nodes", ["--np", "4", "--nodes", "4"], "slurm.nodes=4: partition 'lab' has 3"),
-        ("no GPUs", ["--gpus-per-task", "1"], "slurm.gpus_per_task=1 x workers=2"),
-        ("not shared", [], "is not visible from partition 'lab'"),
-        ("no Slurm", [], "slurm: Slurm does not answer (sinfo: sinfo not found"),
+        ("no such partition", {"partition": "gpu"}, "slurm.partition='gpu': no such partition"),
+        ("too many nodes", {"nodes": 2}, "slurm.nodes=2: partition 'one' has 1 node(s)"),
+        ("no GPUs", {"gpus_per_task": 1}, "slurm.gpus_per_task=1 x workers=2"),
+        ("no Slurm", {}, "slurm: Slurm does not answer (sinfo: sinfo not found"),
     ],
 )
 def test_pre_flight_refuses_before_anything_is_created_or_submitted(
-    case, flags, expected, slurm_hosts, slurm_runs, subprocess_env, request
+    case, fields, expected, slurm_hosts, slurm_runs, monkeypatch
 ):
-    env, prefix, runs = dict(subprocess_env), [], slurm_runs
-    if case == "not shared":
-        prefix, runs = request.getfixturevalue("hidden_from_the_nodes")
     if case == "no Slurm":  # a machine without Slurm's commands
-        env["PATH"] = str(Path(sys.executable).parent)
+        monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    if case == "too many nodes":  # a partition of one node, for this test
+        subprocess.run(["scontrol", "create", "PartitionName=one", "Nodes=lbl-h1"], check=True)
+        fields = {**fields, "partition": "one"}
     before = set((slurm_jobs.jobs() or {}).keys())
-    argv = [
-        sys.executable,
-        "-m",
-        "toolkit",
-        "--runs",
-        str(runs),
-        "launch",
-        "experiments/quickstart.yaml",
-        "--slurm",
-        "--np",
-        "2",
-        *flags,
+    try:
+        with pytest.raises(config_lib.ConfigError) as refused:
+            launcher.launch(config_lib.from_mapping(SMALL), slurm=fields)
+    finally:
+        if case == "too many nodes":
+            subprocess.run(["scontrol", "delete", "PartitionName=one"], check=True)
+    assert expected in str(refused.value)
+    assert not slurm_runs.exists() or not [
+        p for p in slurm_runs.iterdir() if not p.name.startswith(".")
     ]
-    result = subprocess.run(
-        [*prefix, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert expected in result.stderr and "Traceback" not in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert not runs.exists() or not [p for p in runs.iterdir() if not p.name.startswith(".")]
     slurm_jobs.forget()
     submitted = set((slurm_jobs.jobs() or {}).keys()) - before
     assert all(slurm_jobs.job(j).state != "PENDING" for j in submitted)  # only the probe's
+
+
+def test_pre_flight_refuses_a_runs_root_the_nodes_cannot_see_with_one_line(
+    slurm_hosts, hidden_from_the_nodes, subprocess_env
+):
+    prefix, runs = hidden_from_the_nodes
+    argv = [sys.executable, "-m", "toolkit", "--runs", str(runs), "launch"]
+    argv += ["experiments/quickstart.yaml", "--slurm", "--np", "2"]
+    result = subprocess.run(
+        [*prefix, *argv], cwd=ROOT, env=subprocess_env, capture_output=True, text=True
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert f"the runs root {runs} is not visible from partition 'lab'" in line
+    assert not list(runs.iterdir())  # the nodes' view, and this one's: nothing left
 
 
 def test_cluster_slurm_stop_ends_every_daemon_and_removes_its_files(slurm_hosts):
