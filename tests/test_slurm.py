@@ -115,6 +115,38 @@ def test_a_bad_slurm_section_is_refused_naming_the_field(slurm_section, other, e
     assert expected in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    "said, reason",
+    [
+        (
+            "*** JOB 2 ON n1 CANCELLED AT 2026-11-27T05:15:32 DUE TO NODE FAILURE, SEE SLURMCTLD "
+            "LOG FOR DETAILS ***\nsrun: error: Node failure on n2\n",
+            "Slurm cancelled job 2: node failure on n2; resume the run",
+        ),
+        (
+            "*** JOB 2 ON n1 CANCELLED AT 2026-11-27T05:15:32 DUE TO TIME LIMIT ***\n",
+            "Slurm cancelled job 2: time limit; resume the run",
+        ),
+        (
+            "*** JOB 2 ON n1 CANCELLED AT 2026-11-27T05:15:32 ***\n",
+            "Slurm cancelled job 2: by scancel",
+        ),
+        (
+            "srun: error: n2: task 1: Exited with exit code 1\n",
+            "worker rank 1 on n2: exited with exit code 1 (srun); srun exited with code 1",
+        ),
+    ],
+)
+def test_a_job_that_ended_badly_leaves_the_run_failed_in_slurms_words(tmp_path, said, reason):
+    run = RunDir.create(tmp_path, "r", config_lib.from_mapping(SMALL))
+    me = {"role": "supervisor", "pid": 1, "started": 0.0, "host": "n1"}
+    run.set_status("running", slurm_job_id="2", processes=[me])
+    run.stdout_path.write_text(f"Epoch 1/3\nslurmstepd-n1: error: {said}")
+    launcher.record_exit(run, me, 143 if "CANCELLED" in said else 1)
+    status = run.recorded_status()
+    assert status["state"] == "failed" and status["reason"].startswith(reason), status
+
+
 def test_slurm_flags_without_slurm_are_refused(tmp_path):
     result = run_cli(["launch", "experiments/quickstart.yaml", "--nodes", "2"], tmp_path)
     assert result.returncode == 2

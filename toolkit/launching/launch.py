@@ -418,14 +418,14 @@ def _failure(run: RunDir, status: dict, code: int) -> tuple[int | None, str]:
         return None, "training exited without finishing"
     tail = files.tail(run.stdout_path, 65536)
     cancelled = re.search(
-        r"\*\*\* JOB (\S+) ON \S+ CANCELLED AT \S+ DUE TO ([A-Z][A-Z ]*[A-Z])", tail
+        r"\*\*\* JOB (\S+) ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z][A-Z ]*[A-Z]))?", tail
     )
-    if cancelled:  # by Slurm: a node failure, the time limit, a preemption
+    if cancelled:  # in Slurm: a node failure, the time limit, a preemption, or scancel
         node = re.search(r"srun: error: Node failure on (\S+)", tail)
-        where = f" on {node.group(1)}" if node else ""
+        why = (cancelled.group(2) or "by scancel").lower() + (f" on {node[1]}" if node else "")
         return None, (
-            f"Slurm cancelled job {cancelled.group(1)}: {cancelled.group(2).lower()}{where}; "
-            f"resume the run to go on from its last checkpoint. {said}"
+            f"Slurm cancelled job {cancelled.group(1)}: {why}; resume the run to go on from "
+            f"its last checkpoint. {said}"
         )
     if re.search(r"Timed out waiting for .* Horovod processes", tail):  # elastic, too few left
         elastic = run.config().elastic

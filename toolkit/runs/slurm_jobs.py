@@ -46,8 +46,9 @@ _cache: tuple[float, dict[str, Job] | None] = (-float("inf"), None)
 
 
 def jobs() -> dict[str, Job] | None:
-    """Every job ``squeue`` knows of, pending, running or recently ended, by id (an array's
-    tasks as ``123_4``); ``None`` if Slurm does not answer. Cached for :data:`CACHE_S` s."""
+    """Every job of this user's that ``squeue`` knows of, pending, running or recently ended,
+    by id (an array's tasks as ``123_4``); ``None`` if Slurm does not answer. Cached for
+    :data:`CACHE_S` s."""
     global _cache
     with _lock:
         read_at, cached = _cache
@@ -104,7 +105,7 @@ def lab_state(job: Job) -> tuple[str, str]:
 def _squeue() -> dict[str, Job] | None:
     try:
         answer = subprocess.run(
-            ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%r"],
+            ["squeue", "--me", "-h", "-r", "-t", "all", "-o", "%i|%T|%r"],
             capture_output=True,
             text=True,
             timeout=10,
