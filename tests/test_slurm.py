@@ -105,7 +105,7 @@ def test_slurm_states_map_to_the_labs_with_slurms_words(state, reason, lab):
         ({"sbatch_args": ["-N 2"]}, {}, "slurm.sbatch_args"),
         ({"nodes": 3}, {"workers": 2}, "slurm.nodes=3 is more than workers=2"),
         ({}, {"hosts": "a:1,b:1", "workers": 2}, "give slurm.nodes, not hosts"),
-        ({"time": "2"}, {}, "slurm.time='2' is not longer than slurm.signal_before_end_s=120"),
+        ({"time": "3"}, {}, "slurm.time='3' must be longer than slurm.signal_before_end_s=120 s"),
         ({"signal_before_end_s": 10}, {}, "slurm.signal_before_end_s"),
     ],
 )

@@ -492,6 +492,11 @@ def _elastic_fits(config: ExperimentConfig) -> None:
         raise ConfigError("elastic: give the hosts in elastic.discovery, not hosts")
 
 
+SLURM_SIGNAL_SLACK_S = 60
+"""How much earlier than ``--signal``'s time Slurm may send the signal (its event loop's
+resolution, per ``sbatch``'s manual)."""
+
+
 def _slurm_fits(config: ExperimentConfig) -> None:
     """A Slurm run's ranks go where Slurm places them: no host list, no elastic range (Slurm
     sizes the job once), and at most one node per rank."""
@@ -507,10 +512,12 @@ def _slurm_fits(config: ExperimentConfig) -> None:
             f"slurm.nodes={slurm.nodes} is more than workers={config.workers}: every node "
             "needs at least one rank"
         )
-    if slurm.time is not None and slurm_seconds(slurm.time) <= slurm.signal_before_end_s:
+    lead = slurm.signal_before_end_s + SLURM_SIGNAL_SLACK_S
+    if slurm.time is not None and slurm_seconds(slurm.time) <= lead:
         raise ConfigError(
-            f"slurm.time={slurm.time!r} is not longer than slurm.signal_before_end_s="
-            f"{slurm.signal_before_end_s}: the job would be told to checkpoint as it starts"
+            f"slurm.time={slurm.time!r} must be longer than slurm.signal_before_end_s="
+            f"{slurm.signal_before_end_s} s plus {SLURM_SIGNAL_SLACK_S} s (Slurm may signal that "
+            "much early): else the job is told to checkpoint as it starts"
         )
 
 
