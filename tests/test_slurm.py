@@ -466,6 +466,8 @@ def test_the_launch_form_submits_the_quickstart_to_slurm_on_two_nodes(slurm_host
     at.switch_page("views/runs.py").run()
     row = at.dataframe[0].value.iloc[0]
     assert row["run_id"] == run.run_id and row["state"] == "completed"
+    at.switch_page("views/detail.py").run()
+    assert any(f"slurm_job_id: {job_of(run)}" in text.value for text in at.text)
 
 
 def test_the_sweep_page_runs_its_cells_as_a_slurm_job_array(slurm_hosts, slurm_runs, monkeypatch):

@@ -262,7 +262,7 @@ def panel() -> None:
     frame = data.live_events(run)
     details = [f"state: {state}"] + [
         f"{key}: {status[key]}"
-        for key in ("pid", "exit_code", "reason")
+        for key in ("slurm_job_id", "pid", "exit_code", "reason")
         if status.get(key) is not None
     ]
     st.text("    ".join(details))
