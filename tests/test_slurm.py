@@ -27,7 +27,7 @@ from toolkit.launching import cluster, cluster_slurm, slurm, sweep, sweep_runner
 from toolkit.launching import launch as launcher
 from toolkit.runs import slurm_jobs
 from toolkit.runs.events import read_events
-from toolkit.runs.rundir import TERMINAL, RunDir
+from toolkit.runs.rundir import TERMINAL, RunDir, list_runs
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -260,7 +260,9 @@ def test_a_two_node_slurm_run_matches_the_same_run_on_one_host(two_nodes_and_one
         np.testing.assert_allclose(y.loss, x.loss, rtol=1e-6, err_msg=phase)
 
 
-def test_a_pending_run_is_queued_with_slurms_reason_and_stop_cancels_it(slurm_hosts, slurm_runs):
+def test_a_pending_run_is_queued_with_slurms_reason_and_stop_cancels_it(
+    slurm_hosts, slurm_runs, monkeypatch
+):
     hold = subprocess.run(  # every node, whole
         ["sbatch", "--parsable", "--exclusive", "-N3", "-o", "/dev/null", "--wrap", "sleep 120"],
         capture_output=True,
@@ -273,6 +275,15 @@ def test_a_pending_run_is_queued_with_slurms_reason_and_stop_cancels_it(slurm_ho
         status = run.status()
         assert status["state"] == "queued", status
         assert status["reason"] == f"Slurm job {job_of(run)} PENDING (Resources)"
+        second = launcher.launch(config_lib.from_mapping(TWO_NODES), run_id="waits-too")
+        asked = []
+        squeue = slurm_jobs._squeue
+        monkeypatch.setattr(slurm_jobs, "_squeue", lambda: asked.append(1) or squeue())
+        slurm_jobs.forget()
+        for _ in range(10):  # a dashboard's renders, and the runs table's
+            assert {r.status()["state"] for r in list_runs(slurm_runs)} == {"queued"}
+        assert len(asked) == 1  # one squeue for every run, cached
+        launcher.stop(second, by="a test")
         launcher.stop(run, by="a test")
     finally:
         subprocess.run(["scancel", hold], check=True)
