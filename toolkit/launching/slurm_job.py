@@ -30,6 +30,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -40,6 +42,7 @@ from toolkit.runs import processes, slurm_jobs
 from toolkit.runs.rundir import RunDir
 
 PLAN_ENV = "LBL_SLURM_PLAN"
+RESIGNAL_S = 30.0
 SLOT_FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 
 
@@ -49,6 +52,9 @@ def drive(run: RunDir) -> int:
     from horovod.runner.gloo_run import create_run_env_vars
     from horovod.runner.http.http_server import RendezvousServer
 
+    signalled = threading.Event()  # Slurm's signal may come at any time from now on
+    signal.signal(signal.SIGUSR1, lambda *_: signalled.set())
+    signal.signal(signal.SIGTERM, lambda *_: None)  # scancel: outlive the step to record it
     me = processes.record("supervisor")
     heartbeat = processes.Heartbeat(run.path, me)
     heartbeat.start()
@@ -76,10 +82,7 @@ def drive(run: RunDir) -> int:
         env=env,
         stdin=subprocess.DEVNULL,
     )
-    # the time limit ahead: the ranks checkpoint (srun passes the signal to every task)
-    signal.signal(signal.SIGUSR1, lambda signum, _: step.send_signal(signum))
-    signal.signal(signal.SIGTERM, lambda *_: None)  # scancel: outlive the step to record it
-    code = _wait(step)
+    code = _pass_signal_on(step, signalled)
     rendezvous.stop()
     job_id = os.environ["SLURM_JOB_ID"]
     if code == slurm_jobs.REQUEUE_EXIT:
@@ -118,6 +121,7 @@ def rank(argv: list[str]) -> None:
     os.environ["HOROVOD_HOSTNAME"] = node
     for field in SLOT_FIELDS:
         os.environ[f"HOROVOD_{field.upper()}"] = str(slot[field])
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # kept across exec, until training listens
     os.execv(argv[0], argv)
 
 
@@ -136,12 +140,17 @@ def _address(interface: str) -> str:
     raise OSError(f"this node has no IPv4 address on {interface!r} for the rendezvous")
 
 
-def _wait(step: subprocess.Popen) -> int:
-    while True:
-        try:
-            return step.wait()
-        except InterruptedError:
-            continue
+def _pass_signal_on(step: subprocess.Popen, signalled: threading.Event) -> int:
+    """Wait for ``step`` to end, passing Slurm's signal on to it (srun passes it to every task)
+    once it has come, and again every :data:`RESIGNAL_S` seconds: a rank still starting
+    ignores it until training listens for it. Returns the step's exit code."""
+    passed = -float("inf")
+    while step.poll() is None:
+        if signalled.is_set() and time.monotonic() - passed > RESIGNAL_S:
+            step.send_signal(signal.SIGUSR1)
+            passed = time.monotonic()
+        time.sleep(0.5)
+    return step.returncode
 
 
 if __name__ == "__main__":
