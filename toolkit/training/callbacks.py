@@ -456,7 +456,7 @@ class Checkpointer(keras.callbacks.Callback):
             return
         if allreduce_mean(float(_signalled.is_set())) == 0:
             return
-        self._save(checkpoints.Position(step // self.steps_per_epoch, step))
+        self._save(checkpoints.Position(step // self.steps_per_epoch, step), mid_epoch=True)
         allreduce_mean(0.0)  # every worker waits for rank 0's checkpoint before it ends
         raise Requeue(step)
 
@@ -467,7 +467,7 @@ class Checkpointer(keras.callbacks.Callback):
             return
         self._save(checkpoints.Position(done, self.counter.step))
 
-    def _save(self, position: checkpoints.Position) -> None:
+    def _save(self, position: checkpoints.Position, mid_epoch: bool = False) -> None:
         residuals = self.gather() if self.gather is not None else None
         if self.directory is not None:
             checkpoints.save(
@@ -476,7 +476,7 @@ class Checkpointer(keras.callbacks.Callback):
                 position,
                 residuals=residuals,
                 state=self.state,
-                mid_epoch=position.step != position.epoch * self.steps_per_epoch,
+                mid_epoch=mid_epoch,
             )
 
 

@@ -339,9 +339,11 @@ class Trainer:
             hooks.insert(-1, progress)
             verbose = 0
         hooks = [distributed.BroadcastInitialState(), *hooks]
-        done_in_epoch = position.step - position.epoch * plan.steps_per_epoch
+        # a checkpoint from the middle of an epoch (Slurm's signal): the epoch's rest first (an
+        # AdaScale run's last checkpoint, at the end of its clock, is behind its epoch's end)
+        done_in_epoch = max(0, position.step - position.epoch * plan.steps_per_epoch)
         try:
-            if done_in_epoch:  # a checkpoint from the middle of an epoch: its rest first
+            if done_in_epoch:
                 epoch = position.epoch
                 self.stretch(plan, hooks, epoch, epoch + 1, verbosity(verbose), done_in_epoch)
             for first, last in self._stretches(position.epoch + bool(done_in_epoch)):
