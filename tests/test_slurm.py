@@ -57,19 +57,19 @@ def test_the_job_script_asks_for_one_task_per_rank_and_execs_the_driver(tmp_path
     script = slurm.job_script(config, run).splitlines()
     options = [line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH")]
     assert options == [
+        "--open-mode=append",
+        f"--chdir={ROOT}",
         "--job-name=lbl-r",
+        f"--output={run.stdout_path.resolve()}",
         "--ntasks=4",
         "--nodes=2",
         "--partition=gpu",
         "--account=lab",
         "--time=1-02:00",
         "--gpus-per-task=1",
-        f"--output={run.stdout_path.resolve()}",
-        "--open-mode=append",
         "--signal=B:USR1@300",
-        f"--chdir={ROOT}",
         "--no-requeue",
-        "--qos=long",
+        "--qos=long",  # last: a user's option overrides the lab's
     ]
     assert script[0] == "#!/bin/bash"
     assert script[-1] == (

@@ -88,9 +88,9 @@ def _script(options: list[str], comment: list[str], driver_args: list[str]) -> s
         [
             "#!/bin/bash",
             *comment,
-            *(f"#SBATCH {option}" for option in options),
             "#SBATCH --open-mode=append",
             f"#SBATCH --chdir={PACKAGE_ROOT}",
+            *(f"#SBATCH {option}" for option in options),  # the user's sbatch_args last: they win
             "export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2",
             f"export PYTHONPATH={shlex.quote(str(PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
             # the driver is the batch step itself: Slurm's signal reaches it, not a shell
