@@ -48,7 +48,7 @@ from toolkit.files import writing
 from toolkit.launching import horovodrun, preflight, remote, slots, slurm
 from toolkit.launching import hosts as hosts_lib
 from toolkit.plan import RunPlan
-from toolkit.runs import processes, rundir
+from toolkit.runs import checkpoints, processes, rundir
 from toolkit.runs.rundir import LIVE, RUN_FILES, RunDir, RunError, resolve, runs_root
 
 
@@ -129,8 +129,10 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
         state = run.status()["state"]
         if state not in ("stopped", "failed"):
             raise RunError(f"run {run.run_id} is {state}: only a stopped or failed run resumes")
-        if not any(run.checkpoints_path.glob("epoch-*")):
-            raise RunError(f"run {run.run_id} has no checkpoint to resume from")
+        intact, damaged = checkpoints.latest_intact(run.checkpoints_path)
+        if intact is None:
+            where = checkpoints.none_intact(run.checkpoints_path, damaged)
+            raise RunError(f"run {run.run_id} cannot resume: {where}")
         config = config_lib.from_mapping(run.config().model_dump(mode="json"))  # checked again
         plan.check_backend(config, backends.requested())
         _check_place(config, run.path.parent)

@@ -9,20 +9,30 @@ optimizer (AdaScale's clock and averages), in the order it was given. It is writ
 to a temporary directory and renamed into place, so a crash mid-write leaves the previous
 checkpoint as the latest; a failed write (a full disk) removes the temporary directory and
 raises :class:`~toolkit.files.WriteError` naming the checkpoint.
+
+A checkpoint proves it is whole: ``manifest.json``, written last before the rename, gives every
+other file's size and SHA-256. :func:`damage` checks a checkpoint against it (a truncated, a
+changed or a missing file), and :func:`latest_intact` is the newest checkpoint that passes, with
+the damaged ones it passed over and why; resuming starts from it. A checkpoint from before
+manifests (none in it) is taken as whole, as it always was.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 
 from toolkit.files import writing
+
+if TYPE_CHECKING:  # Keras only where a model is saved or restored: the launcher reads these
+    import keras
 
 
 @dataclass(frozen=True)
@@ -61,16 +71,19 @@ def save(
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
             model.save_weights(tmp / "model.weights.h5")
+            from keras import ops
+
             variables = model.optimizer.variables
-            np.savez(tmp / "optimizer.npz", *[keras.ops.convert_to_numpy(v) for v in variables])
+            np.savez(tmp / "optimizer.npz", *[ops.convert_to_numpy(v) for v in variables])
             (tmp / "position.json").write_text(json.dumps(position.__dict__))
             if state:
-                np.savez(tmp / "state.npz", *[keras.ops.convert_to_numpy(v) for v in state])
+                np.savez(tmp / "state.npz", *[ops.convert_to_numpy(v) for v in state])
             if residuals is not None:
                 arrays = {
                     f"rank{r}_{i}": a for r, rs in enumerate(residuals) for i, a in enumerate(rs)
                 }
                 np.savez(tmp / "residuals.npz", workers=len(residuals), **arrays)
+            _write_manifest(tmp)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
     finally:
@@ -83,6 +96,65 @@ def save(
 def latest(directory: Path) -> Path | None:
     found = _checkpoints(directory)
     return found[-1] if found else None
+
+
+MANIFEST = "manifest.json"
+
+
+def damage(checkpoint: Path) -> str | None:
+    """What is wrong with ``checkpoint`` by its manifest (``model.weights.h5: 34,488 bytes of
+    68,976``, ``optimizer.npz: missing``, ``state.npz: changed (SHA-256 differs)``), or ``None``
+    if it is whole. One without a manifest (written before them) is whole."""
+    try:
+        manifest = json.loads((checkpoint / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        return f"{MANIFEST}: unreadable ({error})"
+    problems = []
+    for name, expected in sorted(manifest.items()):
+        path = checkpoint / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            problems.append(f"{name}: missing")
+            continue
+        if size != expected["bytes"]:
+            problems.append(f"{name}: {size:,} bytes of {expected['bytes']:,}")
+        elif _sha256(path) != expected["sha256"]:
+            problems.append(f"{name}: changed (SHA-256 differs)")
+    return "; ".join(problems) or None
+
+
+def latest_intact(directory: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint in ``directory`` that :func:`damage` finds whole (``None``: none
+    is), and the newer, damaged ones passed over, newest first, each with what is wrong."""
+    passed_over = []
+    for checkpoint in reversed(_checkpoints(directory)):
+        problem = damage(checkpoint)
+        if problem is None:
+            return checkpoint, passed_over
+        passed_over.append((checkpoint, problem))
+    return None, passed_over
+
+
+def none_intact(directory: Path, damaged: list[tuple[Path, str]]) -> str:
+    """Why nothing in ``directory`` can be resumed from: no checkpoint, or each one damaged."""
+    if not damaged:
+        return f"no checkpoint in {directory}"
+    listed = "; ".join(f"{checkpoint.name} ({problem})" for checkpoint, problem in damaged)
+    return f"no intact checkpoint in {directory}: {listed}"
+
+
+def _write_manifest(checkpoint: Path) -> None:
+    files = sorted(p for p in checkpoint.iterdir() if p.is_file() and p.name != MANIFEST)
+    manifest = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    (checkpoint / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def restore(checkpoint: Path, model: keras.Model, state: list = ()) -> Position:

@@ -12,7 +12,8 @@ Only complete lines (ending in a newline) are read. The writer sends each record
 operating system in a single ``write``, so a crash leaves at most one torn line, which readers
 skip (as they skip any line that is not a JSON object, or is an empty one). A value of the
 wrong type is dropped from its record, not the record from the file: the values of
-:data:`TEXT_KEYS` (``phase``, and an elastic reset's ``reason`` and ``hosts``) must be strings
+:data:`TEXT_KEYS` (``phase``, an elastic reset's ``reason`` and ``hosts``, and a damaged
+checkpoint's name, ``reason`` and the ``resumed_from`` checkpoint) must be strings
 and every other value a number (or null); a string, list, object or boolean elsewhere is read as
 missing.
 The file is opened as :mod:`toolkit.files` says: never through a symlink.
@@ -47,7 +48,7 @@ import pyarrow.parquet as pq
 from toolkit import files
 
 _NONFINITE = ("NaN", "Infinity", "-Infinity")
-TEXT_KEYS = ("phase", "reason", "hosts")
+TEXT_KEYS = ("phase", "reason", "hosts", "checkpoint", "resumed_from")
 """The keys whose values are text; every other key's are numbers."""
 COPY_AFTER = 256 * 1024
 """Bytes of a log past its columnar copy at which a read rewrites the copy."""

@@ -135,16 +135,20 @@ class Trainer:
     def restore(
         self, checkpoint_dir: Path, run: RunDir | None
     ) -> tuple[checkpoints.Position, list | None]:
-        """Continue from the latest checkpoint in ``checkpoint_dir`` (rank 0's; ``run`` is
-        rank 0's, else ``None``): its position, and in an elastic run every worker's
-        residuals there, which the run's state deals out (elsewhere each worker takes its own
-        now). The events after the checkpoint are dropped and the smoother fed the ones
-        before, so smoothing goes on as if the run had not stopped."""
+        """Continue from the latest intact checkpoint in ``checkpoint_dir`` (rank 0's; ``run``
+        is rank 0's, else ``None``), passing over damaged ones, each said in the log and as a
+        ``checkpoint`` event (:func:`~toolkit.runs.checkpoints.latest_intact`): its position,
+        and in an elastic run every worker's residuals there, which the run's state deals out
+        (elsewhere each worker takes its own now). The events after the checkpoint are
+        dropped and the smoother fed the ones before, so smoothing goes on as if the run had
+        not stopped."""
         rank0 = distributed.is_rank0()
         position, residuals = checkpoints.Position(0, 0), None
-        latest = checkpoints.latest(checkpoint_dir) if rank0 else None
+        latest, damaged = checkpoints.latest_intact(checkpoint_dir) if rank0 else (None, [])
+        for checkpoint, problem in damaged:
+            print(f"checkpoint {checkpoint.name} is damaged, passed over: {problem}", flush=True)
         if rank0 and latest is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {checkpoint_dir}")
+            raise FileNotFoundError(f"--resume: {checkpoints.none_intact(checkpoint_dir, damaged)}")
         if latest is not None:
             position = checkpoints.restore(latest, self.model, self.state)
         if distributed.elastic():  # no collective: its state's first sync gives rank 0's
@@ -161,6 +165,18 @@ class Trainer:
         if run:
             truncate_after(run.events_path, position.step)
             self._smooth_on(run.events_path)
+            with EventWriter(run.events_path) as writer:  # after the truncation: it stays
+                for checkpoint, problem in damaged:
+                    writer.write(
+                        {
+                            "step": position.step,
+                            "epoch": position.epoch,
+                            "phase": "checkpoint",
+                            "checkpoint": checkpoint.name,
+                            "reason": problem,
+                            "resumed_from": latest.name,
+                        }
+                    )
         return position, residuals
 
     def _restore_residuals(self, checkpoint: Path | None) -> None:
