@@ -70,6 +70,41 @@ def to_first_event(root: str, **where) -> float:
     return first
 
 
+def in_turn(cases: dict, repeat: int, root: str) -> dict[str, list[float]]:
+    """Each case's seconds, ``repeat`` times, the cases in turn (so machine noise hits each
+    alike), after one launch to warm the page cache and the dataset's cache."""
+    to_first_event(root)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for index in range(1, repeat + 1):
+        for name, case in cases.items():
+            times[name].append(case(root))
+        print(f"{index}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()))
+    return times
+
+
+def report(script: str, times: dict[str, list[float]], numerator: str, title: str) -> None:
+    """Save every repeat beside ``script`` and print each case's median seconds, spread and
+    the median ratio of ``numerator``'s seconds to its (lower is better)."""
+    benchmark_csv.save(
+        script,
+        [
+            {"case": name, "repeat": i, "seconds": seconds}
+            for name, values in times.items()
+            for i, seconds in enumerate(values, 1)
+        ],
+    )
+    top = times[numerator]
+    print(f"\n{title}, median of {len(top)} (min-max)\n")
+    print(f"| case | seconds | spread | {numerator} / this |")
+    print("| --- | --- | --- | --- |")
+    for name, values in times.items():
+        ratios = [a / b for a, b in zip(top, values, strict=True)]
+        print(
+            f"| {name} | {statistics.median(values):.2f} | {min(values):.2f}-{max(values):.2f} "
+            f"| {statistics.median(ratios):.2f} |"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -81,31 +116,9 @@ def main() -> int:
         "horovodrun, probe answered": lambda root: bare(horovodrun.COMMAND),
         "launch to first event": to_first_event,
     }
-    times: dict[str, list[float]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory() as root:
-        to_first_event(root)  # a warm-up: page cache, the dataset's cache
-        for repeat in range(1, args.repeat + 1):
-            for name, case in cases.items():
-                times[name].append(case(root))
-            print(f"{repeat}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()))
-    benchmark_csv.save(
-        __file__,
-        [
-            {"case": name, "repeat": i, "seconds": seconds}
-            for name, values in times.items()
-            for i, seconds in enumerate(values, 1)
-        ],
-    )
-    launch = times["launch to first event"]
-    print(f"\n2 Gloo workers on this host, median of {args.repeat} (min-max)\n")
-    print("| case | seconds | spread | launch to first event / this |")
-    print("| --- | --- | --- | --- |")
-    for name, values in times.items():
-        ratios = [a / b for a, b in zip(launch, values, strict=True)]
-        print(
-            f"| {name} | {statistics.median(values):.2f} | {min(values):.2f}-{max(values):.2f} "
-            f"| {statistics.median(ratios):.2f} |"
-        )
+        times = in_turn(cases, args.repeat, root)
+    report(__file__, times, "launch to first event", "2 Gloo workers on this host")
     return 0
 
 
