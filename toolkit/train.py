@@ -232,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     except (callbacks.NonFiniteLoss, WriteError) as error:
         print(f"training failed: {error}", file=sys.stderr)
         return 1
-    except callbacks.Requeue as requeue:
-        print(requeue, flush=True)
-        return slurm_jobs.REQUEUE_EXIT
+    except callbacks.Requeue as requeue:  # this worker's part is done: 0, so that srun ends no
+        print(requeue, flush=True)  # other worker; rank 0 recorded it for the job's driver
+        return 0
     return 0
 
 

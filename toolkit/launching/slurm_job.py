@@ -15,8 +15,9 @@
    becomes ``python -m toolkit.train`` (``--resume`` when the run has a checkpoint: a requeued
    job, or a resubmitted one, goes on from it);
 4. on Slurm's ``USR1`` (the time limit or a preemption ahead, ``--signal=B:USR1@...``) passes
-   the signal to the ranks, which checkpoint and exit with
-   :data:`~toolkit.runs.slurm_jobs.REQUEUE_EXIT`; the job then requeues itself;
+   the signal to the ranks, which checkpoint and end, rank 0 having recorded the step
+   (``requeue_step`` in the status); the job then requeues itself, whatever srun's exit code
+   (a rank that ends first may have srun end the others);
 5. otherwise records the run's end as the local supervisor does
    (:func:`toolkit.launching.launch.record_exit`), srun's words naming a failed rank.
 """
@@ -58,7 +59,7 @@ def drive(run: RunDir) -> int:
     me = processes.record("supervisor")
     heartbeat = processes.Heartbeat(run.path, me)
     heartbeat.start()
-    run.record_processes(me, replacing="supervisor", reason=None)  # Slurm started the job
+    run.record_processes(me, replacing="supervisor", reason=None, requeue_step=None)
     config = run.config()
     allocation = hosts_lib.from_slurm()
     slots = get_host_assignments(parse_hosts(allocation), config.workers)
@@ -85,7 +86,7 @@ def drive(run: RunDir) -> int:
     code = _pass_signal_on(step, signalled)
     rendezvous.stop()
     job_id = os.environ["SLURM_JOB_ID"]
-    if code == slurm_jobs.REQUEUE_EXIT:
+    if run.recorded_status().get("requeue_step") is not None:  # whatever srun's code
         said = f"checkpointed on Slurm's signal ahead of the job's end; job {job_id} requeued"
         print(f"[lab] {said}", flush=True)
         run.set_status("queued", reason=said)

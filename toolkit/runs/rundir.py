@@ -111,6 +111,7 @@ STATUS_FIELDS = _fields(
     released=float,
     slots=dict[str, int],
     slurm_job_id=str,
+    requeue_step=int,
 )
 META_FIELDS = _fields(
     run_id=str,

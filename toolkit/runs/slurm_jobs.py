@@ -22,12 +22,9 @@ import time
 from dataclasses import dataclass
 
 CACHE_S = 3.0
-REQUEUE_EXIT = 75
-"""A rank's exit code when it checkpointed on Slurm's signal and its job should requeue
-(``EX_TEMPFAIL``: try again later); the job's driver requeues on it."""
 CHECKPOINT_ON_SIGNAL_ENV = "LBL_CHECKPOINT_ON_USR1"
 """Set (to ``1``) by a Slurm job's driver for its ranks: on ``SIGUSR1`` they checkpoint where
-they are and end with :data:`REQUEUE_EXIT`."""
+they are, rank 0 records the step in the run's status (``requeue_step``), and they end."""
 QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED")
 RUNNING = ("RUNNING", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT")
 

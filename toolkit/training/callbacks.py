@@ -428,8 +428,8 @@ class Checkpointer(keras.callbacks.Callback):
     CHECKPOINT_ON_SIGNAL_ENV`), a ``SIGUSR1`` to any worker is looked for every ``event_every``
     steps of the plan where an update begins (``starts_update``), all workers agreeing through
     one allreduce; at the first such step after it, a checkpoint of that step is saved (in the
-    middle of an epoch: ``epoch-NNNN-step-SSSSSSSSS``), every worker waits for it, and
-    :class:`Requeue` is raised."""
+    middle of an epoch: ``epoch-NNNN-step-SSSSSSSSS``), ``on_requeue`` (rank 0's) records the
+    step for the job's driver, every worker waits for both, and :class:`Requeue` is raised."""
 
     def __init__(
         self,
@@ -442,13 +442,14 @@ class Checkpointer(keras.callbacks.Callback):
         finished=None,
         on_signal: bool = False,
         starts_update=None,
+        on_requeue=None,
     ):
         super().__init__()
         self.directory, self.counter, self.gather = directory, counter, gather
         self.every_epochs, self.last_epoch = plan.checkpoint_every, plan.last_epoch
         self.steps_per_epoch, self.look_every = plan.steps_per_epoch, plan.event_every
         self.state, self.finished = state, finished
-        self.on_signal, self.starts_update = on_signal, starts_update
+        self.on_signal, self.starts_update, self.on_requeue = on_signal, starts_update, on_requeue
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.counter.step
@@ -457,7 +458,9 @@ class Checkpointer(keras.callbacks.Callback):
         if allreduce_mean(float(_signalled.is_set())) == 0:
             return
         self._save(checkpoints.Position(step // self.steps_per_epoch, step), mid_epoch=True)
-        allreduce_mean(0.0)  # every worker waits for rank 0's checkpoint before it ends
+        if self.on_requeue is not None:  # rank 0: the job's driver reads it and requeues
+            self.on_requeue(step)
+        allreduce_mean(0.0)  # every worker waits for rank 0's checkpoint and record
         raise Requeue(step)
 
     def on_epoch_end(self, epoch, logs=None):

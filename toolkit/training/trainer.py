@@ -259,6 +259,15 @@ class Trainer:
                     and self.config.batch.adaptive is None
                 ),
                 starts_update=accumulation.starts_update,
+                on_requeue=(
+                    (
+                        lambda step: run.set_status(
+                            "queued", requeue_step=step, reason=str(callbacks.Requeue(step))
+                        )
+                    )
+                    if run
+                    else None
+                ),
             )
         )
         # the noise scale: from the meter's norms (the allreduce hook's with several workers, so
