@@ -109,15 +109,15 @@ def slurm_section(key: str, given: dict | None) -> dict:
     keys."""
     given = given or {}
     cells = st.columns(3)
-    nodes = cells[0].number_input(
-        "Nodes",
-        min_value=1,
-        value=given.get("nodes"),
-        key=f"{key}:slurm.nodes",
-        help="empty: Slurm's placement of the ranks",
-    )
+
+    def count(cell, label: str, field: str, hint: str) -> int | None:  # empty: Slurm's
+        value = cell.number_input(
+            label, min_value=1, value=given.get(field), key=f"{key}:slurm.{field}", help=hint
+        )
+        return None if value is None else int(value)
+
     section = {
-        "nodes": None if nodes is None else int(nodes),
+        "nodes": count(cells[0], "Nodes", "nodes", "empty: Slurm's placement of the ranks"),
         "partition": cells[1].text_input(
             "Partition",
             given.get("partition") or "",
@@ -133,15 +133,8 @@ def slurm_section(key: str, given: dict | None) -> dict:
         "account": cells[0].text_input(
             "Account", given.get("account") or "", key=f"{key}:slurm.account"
         ),
+        "gpus_per_task": count(cells[1], "GPUs per rank", "gpus_per_task", "empty: none"),
     }
-    gpus = cells[1].number_input(
-        "GPUs per rank",
-        min_value=1,
-        value=given.get("gpus_per_task"),
-        key=f"{key}:slurm.gpus_per_task",
-        help="empty: none",
-    )
-    section["gpus_per_task"] = None if gpus is None else int(gpus)
     extra = cells[2].text_area(
         "More sbatch options",
         "\n".join(given.get("sbatch_args") or []),

@@ -233,14 +233,7 @@ def _start(
     argv = horovodrun_argv(config, run, resume)
     # a resumed run holds no slots until its new supervisor takes them
     _queued_afresh(run, launched=None, released=None, slots=None)
-    run.update_meta(
-        run_id=run.run_id,
-        created=time.time(),
-        command=argv,
-        world_size=config.workers,
-        seed=config.seed,
-        **(meta or {}),
-    )
+    _record_launch(run, config, argv, meta)
     slots.enqueue(run, slots.slots_of(config))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     env["PYTHONPATH"] = os.pathsep.join(
@@ -297,13 +290,22 @@ def _submitted(
     run: RunDir, config: config_lib.ExperimentConfig, job_id: str, meta: dict | None
 ) -> None:
     run.set_status("queued", slurm_job_id=job_id, reason=f"submitted to Slurm as job {job_id}")
+    command = ["sbatch", str((run.path / slurm.JOB_SCRIPT).resolve())]
+    job_ids = [*run.meta().get("slurm_job_ids", []), job_id]
+    _record_launch(run, config, command, {**(meta or {}), "slurm_job_ids": job_ids})
+
+
+def _record_launch(
+    run: RunDir, config: config_lib.ExperimentConfig, command: list[str], meta: dict | None
+) -> None:
+    """What ``meta.json`` says of a launch (or a resume): when, the command that started it, its
+    world size and seed, and ``meta``."""
     run.update_meta(
         run_id=run.run_id,
         created=time.time(),
-        command=["sbatch", str((run.path / slurm.JOB_SCRIPT).resolve())],
+        command=command,
         world_size=config.workers,
         seed=config.seed,
-        slurm_job_ids=[*run.meta().get("slurm_job_ids", []), job_id],
         **(meta or {}),
     )
 

@@ -39,7 +39,7 @@ import psutil
 
 from toolkit.launching import hosts as hosts_lib
 from toolkit.launching import launch, remote, slurm
-from toolkit.runs import processes, slurm_jobs
+from toolkit.runs import checkpoints, processes, slurm_jobs
 from toolkit.runs.rundir import RunDir
 
 PLAN_ENV = "LBL_SLURM_PLAN"
@@ -75,7 +75,7 @@ def drive(run: RunDir) -> int:
         PLAN_ENV: json.dumps(plan),
         slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV: "1",
     }
-    train = launch.train_argv(run, resume=any(run.checkpoints_path.glob("epoch-*")))
+    train = launch.train_argv(run, resume=checkpoints.latest(run.checkpoints_path) is not None)
     gpus = [f"--gpus-per-task={config.slurm.gpus_per_task}"] if config.slurm.gpus_per_task else []
     ranks = [sys.executable, "-m", "toolkit.launching.slurm_job", "rank", "--", *train]
     step = subprocess.Popen(

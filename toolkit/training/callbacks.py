@@ -458,10 +458,11 @@ class Checkpointer(keras.callbacks.Callback):
         if allreduce_mean(float(_signalled.is_set())) == 0:
             return
         self._save(checkpoints.Position(step // self.steps_per_epoch, step), mid_epoch=True)
+        requeue = Requeue(step)
         if self.on_requeue is not None:  # rank 0: the job's driver reads it and requeues
-            self.on_requeue(step)
+            self.on_requeue(requeue)
         allreduce_mean(0.0)  # every worker waits for rank 0's checkpoint and record
-        raise Requeue(step)
+        raise requeue
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1

@@ -260,11 +260,7 @@ class Trainer:
                 ),
                 starts_update=accumulation.starts_update,
                 on_requeue=(
-                    (
-                        lambda step: run.set_status(
-                            "queued", requeue_step=step, reason=str(callbacks.Requeue(step))
-                        )
-                    )
+                    (lambda it: run.set_status("queued", requeue_step=it.step, reason=str(it)))
                     if run
                     else None
                 ),
