@@ -17,7 +17,7 @@ import streamlit as st
 
 from toolkit import config as config_lib
 from toolkit import files
-from toolkit.runs import rundir, table
+from toolkit.runs import checkpoints, rundir, table
 from toolkit.runs.events import EventTail, read_events
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.theme import COLORS
@@ -123,10 +123,23 @@ def _summary(path: str, stamps: tuple, state: str) -> dict:
 
 
 def summary(run: RunDir) -> dict:
-    """``toolkit.runs.table.summary(run)``, re-computed when any of the run's files or its
-    liveness (a dead process reads as failed) changes."""
-    paths = (run.status_path, run.config_path, run.meta_path, run.events_path)  # events last
+    """``toolkit.runs.table.summary(run)``, re-computed when any of the run's files, its
+    checkpoints directory or its liveness (a dead process reads as failed) changes."""
+    paths = (run.status_path, run.config_path, run.meta_path, run.checkpoints_path)
+    paths += (run.events_path,)  # last: _summary reads its stamp
     return _summary(str(run.path), tuple(map(stamp, paths)), run.status().get("state"))
+
+
+@st.cache_data(max_entries=500, show_spinner=False)
+def _damaged_checkpoint(path: str, stamps: tuple) -> str | None:
+    return checkpoints.damaged_latest(Path(path))
+
+
+def damaged_checkpoint(run: RunDir) -> str | None:
+    """:func:`toolkit.runs.checkpoints.damaged_latest` for ``run``, checksums included,
+    re-checked when a checkpoint file changes (its size or mtime)."""
+    found = sorted(run.checkpoints_path.glob("epoch-*/*"))
+    return _damaged_checkpoint(str(run.checkpoints_path), tuple((str(p), stamp(p)) for p in found))
 
 
 @st.cache_data(max_entries=1000, show_spinner=False)

@@ -23,7 +23,7 @@ per workload, the median over the repeats (min-max):
 Workloads: the quickstart (MNIST-1D, the 1-D CNN, LARS) and ResNet-20 with LARS on synthetic
 32x32x3 images, 40 steps each.
 
-``--lost-after S`` sets ``elastic.lost_after_s`` (Gloo's collective timeout, 30 s by default):
+``--lost-after S`` sets ``lost_worker_after_s`` (Gloo's collective timeout, 30 s by default):
 a survivor that waits on the dead worker through Horovod's coordinator learns of the loss only
 then. ``--vanish`` loses the host instead: the link of lbl-h3 is cut at step 25, so its worker
 lives on, unreachable, and no connection is reset; the reset is timed from the cut. The
@@ -79,7 +79,7 @@ def workload_config(name: str, hosts: Path, lost_after_s: int):
 
     path, overrides = WORKLOADS[name]
     changes = {**COMMON, **overrides, "elastic.discovery": str(hosts)}
-    changes["elastic.lost_after_s"] = lost_after_s
+    changes["lost_worker_after_s"] = lost_after_s
     sets = [f"{key}={json.dumps(value)}" for key, value in changes.items()]
     return config.load(ROOT / path, sets)
 

@@ -209,6 +209,18 @@ def test_the_top_level_compression_of_earlier_configs_reads_as_allreduce_compres
     assert same.allreduce.compression == "topk"
 
 
+def test_the_elastic_lost_after_s_of_earlier_configs_reads_as_lost_worker_after_s():
+    """It moved to the top level when every launch, elastic or not, came to use it."""
+    elastic = {"discovery": "hosts", "max_workers": 2}
+    raw = {"workers": 2, "batch": {"global_size": 64}, "elastic": {**elastic, "lost_after_s": 12}}
+    earlier = from_mapping(raw)
+    assert earlier.lost_worker_after_s == 12 and "lost_after_s" not in earlier.elastic.model_dump()
+    assert raw["elastic"]["lost_after_s"] == 12  # the caller's mapping is left as it was
+    assert from_mapping({}).lost_worker_after_s == 30  # Horovod's own default
+    with pytest.raises(ConfigError, match="`elastic.lost_after_s` moved to lost_worker_after_s"):
+        from_mapping({**raw, "lost_worker_after_s": 20})
+
+
 def test_json_schema_describes_every_section():
     schema = config_lib.json_schema()
     assert {

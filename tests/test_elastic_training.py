@@ -48,10 +48,10 @@ ELASTIC = {
 }
 # a survivor waiting on the dead worker through Horovod's coordinator learns of the loss only
 # at Gloo's timeout (see docs/gpus-and-clusters.md): 10 s, not 30, keeps the tests short
-LOST_AFTER = "elastic.lost_after_s=10"
+LOST_AFTER = "lost_worker_after_s=10"
 # ... but the run that regains its host also waits that long for the returning worker to join
 # the new world's rendezvous: under load a restarted worker took longer than 10 s (a failed CI)
-REGAINED_AFTER = "elastic.lost_after_s=20"
+REGAINED_AFTER = "lost_worker_after_s=20"
 LOSE_AT = 70  # the step after which the worker on lbl-h3 is killed: in epoch 2 of 41 steps
 LOST_HOST = "lbl-h3"
 

@@ -316,9 +316,10 @@ def runs_table(
 ) -> str:
     """The runs as a terminal table: progress as ``epoch x of N``, start time in UTC to the
     minute, durations in whole seconds, measurements to four significant digits, ``-`` where a
-    run has no value yet (the failure reason is left to the dashboard). Probe runs are left out
-    unless ``probes``, as on the Runs page, and a last line says how many were; ``tags`` keeps
-    the runs that carry all of them, ``search`` those whose id, tags or notes contain it."""
+    run has no value yet (the failure reason is left to the dashboard). A run whose newest
+    checkpoint is damaged gets a line under the table. Probe runs are left out unless
+    ``probes``, as on the Runs page, and a last line says how many were; ``tags`` keeps the
+    runs that carry all of them, ``search`` those whose id, tags or notes contain it."""
     every = [summary(r) for r in list_runs(root)]
     rows = [row for row in every if probes or not row["probe"]]
     hidden = len(every) - len(rows)
@@ -332,7 +333,12 @@ def runs_table(
     started = pd.to_datetime(pd.to_numeric(table["started"]), unit="s")
     table["started (UTC)"] = started.dt.strftime("%Y-%m-%d %H:%M")
     table["duration_s"] = pd.to_numeric(table["duration_s"]).round()
-    return table[TABLE_COLUMNS].map(_cell).to_string(index=False) + note
+    damaged = "".join(
+        f"\n{row['run_id']}: {row['damaged_checkpoint']}"
+        for row in rows
+        if row["damaged_checkpoint"]
+    )
+    return table[TABLE_COLUMNS].map(_cell).to_string(index=False) + damaged + note
 
 
 def _cell(value) -> str:

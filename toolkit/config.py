@@ -13,6 +13,8 @@ schema runs on every config it validates.
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import re
 from pathlib import Path
@@ -37,6 +39,11 @@ from toolkit.errors import ConfigError
 from toolkit.registry import Registry
 
 MAX_WORKERS = 65_536  # far beyond any cluster this lab will see; more is a typo
+LOST_WORKER_AFTER_S = 30  # Horovod's own default for Gloo's timeout; see ExperimentConfig
+MOVED = {  # old dotted path -> new, for configs written before the move
+    "compression": "allreduce.compression",
+    "elastic.lost_after_s": "lost_worker_after_s",
+}
 RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -343,8 +350,7 @@ class ElasticConfig(_Section):
     and can be resumed from its last checkpoint. A host whose worker failed may come back
     after ``cooldown_s`` seconds (Horovod doubles it, with jitter, at each failure; 0: never).
     A host that vanishes (a cut link, no power) resets no connection: the others learn of it
-    when a collective has waited ``lost_after_s`` seconds (horovodrun's
-    ``--gloo-timeout-seconds``), which must stay above the slowest step."""
+    when a collective has waited the config's ``lost_worker_after_s``."""
 
     min_workers: int = Field(1, ge=1, le=MAX_WORKERS, description="fewest workers to train with")
     max_workers: int = Field(2, ge=1, le=MAX_WORKERS, description="most workers to train with")
@@ -356,9 +362,6 @@ class ElasticConfig(_Section):
     )
     commit_every_steps: int = Field(50, ge=1, description="steps between in-memory commits")
     timeout_s: int = Field(600, ge=1, description="wait this long for min_workers, then fail")
-    lost_after_s: int = Field(
-        30, ge=1, le=86_400, description="a collective waiting this long: a host is lost"
-    )
     cooldown_s: int = Field(
         10, ge=0, le=3600, description="a failed host may rejoin after this (0: never)"
     )
@@ -412,7 +415,15 @@ class ExperimentConfig(_Section):
     """One experiment. ``workers``, ``hosts`` and the ssh fields are used by the launcher:
     ``ssh_port``, ``ssh_identity_file`` and ``network_interface`` are horovodrun's ``-p``,
     ``-i`` and ``--network-interfaces``, and pre-flight, ``stop`` and ``status`` reach the
-    hosts with the same ssh options (:mod:`toolkit.launching.remote`)."""
+    hosts with the same ssh options (:mod:`toolkit.launching.remote`).
+
+    ``lost_worker_after_s`` is how long the workers wait for a silent one (Gloo's timeout,
+    ``HOROVOD_GLOO_TIMEOUT_SECONDS``) before the run fails, or, elastic, goes on without it. A
+    slow step never trips it: Horovod's background thread answers while the step computes. It
+    bounds how long a stopped or cut-off worker holds the others, and how much later than the
+    first a worker may reach the rendezvous at the start. The default is Horovod's 30 s, three
+    times a cold worker's start (its TensorFlow import, about 8 s here). Below 10 s the lab may
+    not tell which worker went silent: it knows by their heartbeats, every 5 s."""
 
     name: str = "run"
     seed: int = 0
@@ -443,6 +454,12 @@ class ExperimentConfig(_Section):
         pattern=r"^[A-Za-z0-9_.:-]{1,15}(,[A-Za-z0-9_.:-]{1,15})*$",
         description="interfaces the workers talk over (default: those all hosts share)",
     )
+    lost_worker_after_s: int = Field(
+        LOST_WORKER_AFTER_S,
+        ge=1,
+        le=86_400,
+        description="a worker silent this long in a collective is lost (Gloo's timeout)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -469,21 +486,28 @@ class ExperimentConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _compression_moved(cls, data: Any) -> Any:
-        """The top-level ``compression`` of earlier configs (and stored runs) is
-        ``allreduce.compression`` now; both given and different is an error."""
-        if not isinstance(data, dict) or "compression" not in data:
+    def _moved_fields(cls, data: Any) -> Any:
+        """Fields of earlier configs (and stored runs) that live elsewhere now (:data:`MOVED`)
+        are read from their old place; both places given and different is an error."""
+        if not isinstance(data, dict):
             return data
-        data = dict(data)
-        old = data.pop("compression")
-        section = data.get("allreduce")
-        section = dict(section) if isinstance(section, dict) else {}
-        if section.get("compression", old) != old:
-            raise ValueError(
-                f"compression={old!r} and allreduce.compression={section['compression']!r}: "
-                "`compression` moved to allreduce.compression; give it there only"
-            )
-        data["allreduce"] = {**section, "compression": old}
+        for old, new in MOVED.items():
+            *section, leaf = old.split(".")
+            parent = functools.reduce(lambda node, key: _get(node, key), section, data)
+            if not isinstance(parent, dict) or leaf not in parent:
+                continue
+            data = copy.deepcopy(data)  # the caller's mapping stays as it was
+            parent = functools.reduce(lambda node, key: node[key], section, data)
+            value = parent.pop(leaf)
+            given = functools.reduce(lambda node, key: _get(node, key), new.split("."), data)
+            if given is None:
+                set_path(data, new, value)
+                continue
+            if given != value:
+                raise ValueError(
+                    f"{old}={value!r} and {new}={given!r}: `{old}` moved to {new}; give it "
+                    "there only"
+                )
         return data
 
     @field_validator("name")
@@ -535,6 +559,11 @@ def communication(*, sync: str = "full", period: int = 1, **allreduce) -> Commun
         return Communication(AllreduceConfig(**allreduce), SyncConfig(mode=sync, period=period))
     except ValidationError as error:
         raise ConfigError(format_errors(error, "options")) from None
+
+
+def _get(node: Any, key: str) -> Any:
+    """``node[key]`` where ``node`` is a mapping that has it, else ``None``."""
+    return node.get(key) if isinstance(node, dict) else None
 
 
 def set_dotted(raw: dict[str, Any], assignment: str) -> None:

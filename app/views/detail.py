@@ -266,6 +266,8 @@ def panel() -> None:
         if status.get(key) is not None
     ]
     st.text("    ".join(details))
+    if state not in LIVE and (damaged := data.damaged_checkpoint(run)):
+        st.warning(md_escape(damaged))
     st.markdown(f"**{md_escape(setup_line())}**  \n{md_escape(outcome_line(data.summary(run)))}")
     if reading := noise_reading(data.phase(frame, "gns")):
         st.caption(md_escape(reading))

@@ -150,8 +150,8 @@ elif where == "Slurm":
     )
     raw["slurm"] = form.slurm_section(preset, form.get(given, "slurm"))
     slots.add("slurm")
-with st.expander("Hosts over ssh: port, key and network interface (multi-host runs)"):
-    cells = st.columns(3)
+with st.expander("Workers' network: ssh port and key, interface, a silent worker's timeout"):
+    cells = st.columns(4)
     with cells[0]:
         raw["ssh_port"] = number("SSH port", "ssh_port", help="empty: ssh's default (22)")
     with cells[1]:
@@ -162,6 +162,12 @@ with st.expander("Hosts over ssh: port, key and network interface (multi-host ru
         raw["network_interface"] = (
             text("Network interface", "network_interface", help="empty: all hosts' common").strip()
             or None
+        )
+    with cells[3]:
+        raw["lost_worker_after_s"] = number(
+            "A silent worker is lost after (s)",
+            "lost_worker_after_s",
+            help="Gloo's timeout: a stopped or cut-off worker fails the run after this",
         )
 with st.expander("Elastic: train on while workers leave and join (hosts from discovery)"):
     elastic_on = st.checkbox(
@@ -180,9 +186,6 @@ with st.expander("Elastic: train on while workers leave and join (hosts from dis
     with cells[1]:
         elastic["max_workers"] = number("Most workers", "elastic.max_workers", "ElasticConfig")
         elastic["timeout_s"] = number("Wait for fewest (s)", "elastic.timeout_s", "ElasticConfig")
-        elastic["lost_after_s"] = number(
-            "A silent host is lost after (s)", "elastic.lost_after_s", "ElasticConfig"
-        )
     with cells[2]:
         elastic["discovery"] = text(
             "Hosts file or discovery script",

@@ -163,6 +163,8 @@ if run is None:  # deleted since the listing
 status = run.status()
 state = status.get("state")
 st.text(f"state: {state}" + (f"  ({status['reason']})" if status.get("reason") else ""))
+if state not in LIVE and (damaged := data.damaged_checkpoint(run)):
+    st.warning(md_escape(damaged))
 labels(run)
 
 stop, rerun, resume, delete = st.columns(4)

@@ -29,7 +29,6 @@ import argparse
 import getpass
 import importlib.util
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -45,7 +44,7 @@ from pathlib import Path
 from toolkit import backends, files, plan
 from toolkit import config as config_lib
 from toolkit.files import writing
-from toolkit.launching import horovodrun, preflight, remote, slots, slurm
+from toolkit.launching import failures, horovodrun, preflight, remote, slots, slurm
 from toolkit.launching import hosts as hosts_lib
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints, processes, rundir
@@ -182,6 +181,8 @@ def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bo
     return [
         *horovodrun.COMMAND,
         "--gloo",
+        "--gloo-timeout-seconds",
+        str(config.lost_worker_after_s),
         "-np",
         str(config.workers),
         *where,
@@ -218,8 +219,6 @@ def _elastic_options(config: config_lib.ExperimentConfig, run: RunDir) -> list[s
         str(script),
         "--elastic-timeout",
         str(elastic.timeout_s),
-        "--gloo-timeout-seconds",
-        str(elastic.lost_after_s),
         *(cooldown if elastic.cooldown_s else []),
     ]
 
@@ -405,63 +404,13 @@ def record_exit(run: RunDir, me: dict, code: int) -> None:
         if status.get("stop_requested"):
             run.finish("stopped", exit_code=code, finished=finished, released=finished)
             return
-        rank, reason = _failure(run, status, code)
-        if rank and status.get("state") == "failed":  # rank 0's error followed another's death
-            run.set_status("failed", exit_code=code, finished=finished, reason=reason)
+        failure = failures.explain(run, status, code)
+        if status.get("state") == "failed" and failures.overrides(failure, status):
+            run.set_status("failed", exit_code=code, finished=finished, reason=failure.reason)
         # otherwise training's own reason, if it wrote one, wins (the first final state)
-        run.finish("failed", exit_code=code, finished=finished, reason=reason, released=finished)
-
-
-def _failure(run: RunDir, status: dict, code: int) -> tuple[int | None, str]:
-    """Why horovodrun (or a Slurm job's ``srun``) exited with ``code``, and the rank that
-    failed first where its last words in ``stdout.log`` name it: that worker's rank, host and
-    exit."""
-    launcher = "srun" if status.get("slurm_job_id") else "horovodrun"
-    said = f"{launcher} exited with code {code}; see stdout.log"
-    if code == 0:
-        return None, "training exited without finishing"
-    tail = files.tail(run.stdout_path, 65536)
-    cancelled = re.search(
-        r"\*\*\* JOB (\S+) ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z][A-Z ]*[A-Z]))?", tail
-    )
-    if cancelled:  # in Slurm: a node failure, the time limit, a preemption, or scancel
-        node = re.search(r"srun: error: Node failure on (\S+)", tail)
-        why = (cancelled.group(2) or "by scancel").lower() + (f" on {node[1]}" if node else "")
-        return None, (
-            f"Slurm cancelled job {cancelled.group(1)}: {why}; resume the run to go on from "
-            f"its last checkpoint. {said}"
+        run.finish(
+            "failed", exit_code=code, finished=finished, reason=failure.reason, released=finished
         )
-    if re.search(r"Timed out waiting for .* Horovod processes", tail):  # elastic, too few left
-        elastic = run.config().elastic
-        if elastic is not None:
-            return None, (
-                f"fewer than elastic.min_workers={elastic.min_workers} workers for "
-                f"elastic.timeout_s={elastic.timeout_s} s: horovodrun gave up waiting for "
-                f"hosts; resume the run once they are back. {said}"
-            )
-    first = re.findall(r"Process name: (\d+)\s+Exit code: (-?\d+)", tail)
-    srun = re.search(r"srun: error: (\S+): task (\d+): (.+)", tail)
-    if srun and not first:
-        host, rank, what = srun.group(1), int(srun.group(2)), srun.group(3).strip()
-        return rank, f"worker rank {rank} on {host}: {what.lower()} (srun); {said}"
-    if not first:
-        return None, said
-    rank, exit_code = int(first[-1][0]), int(first[-1][1])
-    workers = [e for e in status.get("processes", []) if e.get("rank") == rank]
-    where = f" on {workers[0]['host']}" if workers else ""
-    return rank, f"worker rank {rank}{where} exited with code {exit_code}{_how(exit_code)}; {said}"
-
-
-def _how(exit_code: int) -> str:
-    """What a worker's exit code says: a signal (negative: horovodrun's own child; above 128: a
-    shell's), or ssh's 255 for a remote process killed by a signal or a lost connection."""
-    if exit_code == 255:
-        return " (ssh's code: killed by a signal on that host, or the connection was lost)"
-    signum = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else None
-    try:
-        return f" (killed by {signal.Signals(signum).name})" if signum else ""
-    except ValueError:
-        return ""
 
 
 def stop(

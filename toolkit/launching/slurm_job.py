@@ -72,6 +72,7 @@ def drive(run: RunDir) -> int:
     env = {
         **os.environ,
         **{name: str(value) for name, value in gloo.items()},
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(config.lost_worker_after_s),  # horovodrun's option
         PLAN_ENV: json.dumps(plan),
         slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV: "1",
     }

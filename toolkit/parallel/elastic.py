@@ -37,6 +37,7 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
+from toolkit.launching.failures import collective_failed
 from toolkit.parallel import distributed
 from toolkit.parallel.compression import Residuals, reshard_residuals
 from toolkit.scaling.noise_scale import Smoother
@@ -80,13 +81,6 @@ def run(fit: Callable[..., T]) -> Callable[..., T]:
             raise
 
     return run_fn(horovod_errors_as_lost_workers, distributed.restart)
-
-
-def collective_failed(message: str) -> bool:
-    """Whether a TensorFlow error's ``message`` is a Horovod collective's failure: it names
-    Horovod (its ops, its shut-down) or Gloo, whose transport reports a peer gone
-    (``gloo/transport/tcp/pair.cc: Read error ... Connection reset by peer``)."""
-    return "Horovod" in message or "gloo" in message.lower()
 
 
 class TrainingState(ObjectState):

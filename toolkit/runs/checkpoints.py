@@ -101,10 +101,11 @@ def latest(directory: Path) -> Path | None:
 MANIFEST = "manifest.json"
 
 
-def damage(checkpoint: Path) -> str | None:
+def damage(checkpoint: Path, checksums: bool = True) -> str | None:
     """What is wrong with ``checkpoint`` by its manifest (``model.weights.h5: 34,488 bytes of
     68,976``, ``optimizer.npz: missing``, ``state.npz: changed (SHA-256 differs)``), or ``None``
-    if it is whole. One without a manifest (written before them) is whole."""
+    if it is whole. One without a manifest (written before them) is whole. Without
+    ``checksums`` only the files' presence and sizes are checked: a stat each, for listings."""
     try:
         manifest = json.loads((checkpoint / MANIFEST).read_text())
     except FileNotFoundError:
@@ -121,17 +122,19 @@ def damage(checkpoint: Path) -> str | None:
             continue
         if size != expected["bytes"]:
             problems.append(f"{name}: {size:,} bytes of {expected['bytes']:,}")
-        elif _sha256(path) != expected["sha256"]:
+        elif checksums and _sha256(path) != expected["sha256"]:
             problems.append(f"{name}: changed (SHA-256 differs)")
     return "; ".join(problems) or None
 
 
-def latest_intact(directory: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+def latest_intact(
+    directory: Path, checksums: bool = True
+) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest checkpoint in ``directory`` that :func:`damage` finds whole (``None``: none
     is), and the newer, damaged ones passed over, newest first, each with what is wrong."""
     passed_over = []
     for checkpoint in reversed(_checkpoints(directory)):
-        problem = damage(checkpoint)
+        problem = damage(checkpoint, checksums)
         if problem is None:
             return checkpoint, passed_over
         passed_over.append((checkpoint, problem))
@@ -144,6 +147,18 @@ def none_intact(directory: Path, damaged: list[tuple[Path, str]]) -> str:
         return f"no checkpoint in {directory}"
     listed = "; ".join(f"{checkpoint.name} ({problem})" for checkpoint, problem in damaged)
     return f"no intact checkpoint in {directory}: {listed}"
+
+
+def damaged_latest(directory: Path, checksums: bool = True) -> str | None:
+    """A line for a run whose newest checkpoint in ``directory`` is damaged, saying where a
+    resume would start (``latest checkpoint epoch-0004 damaged (model.weights.h5: ...); a
+    resume starts from epoch-0003``); ``None`` when the newest is whole or there is none."""
+    intact, damaged = latest_intact(directory, checksums)
+    if not damaged:
+        return None
+    latest, problem = damaged[0]
+    start = f"a resume starts from {intact.name}" if intact else "no intact one to resume from"
+    return f"latest checkpoint {latest.name} damaged ({problem}); {start}"
 
 
 def _write_manifest(checkpoint: Path) -> None:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from toolkit.config import ConfigError
 from toolkit.plan import Scale
+from toolkit.runs import checkpoints
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import LIVE, RunDir, short_error
 
@@ -40,7 +41,9 @@ def progress_text(row: dict[str, Any]) -> str | None:
 def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
     """One row of the runs table: identity, state, set-up, and the headline numbers
     (``events``: the run's events if the caller has already read them). Never raises: what
-    cannot be read is left empty and named in ``reason`` as ``unreadable: ...``."""
+    cannot be read is left empty and named in ``reason`` as ``unreadable: ...``. An ended
+    run's newest checkpoint, truncated or missing a file, is ``damaged_checkpoint`` and told in
+    ``reason`` too (:func:`~toolkit.runs.checkpoints.damaged_latest`, by the files' sizes)."""
     status, meta = run.status(), run.meta()
     problems = []
     row = {
@@ -95,6 +98,9 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
     reasons = [status.get("reason")] if status.get("reason") else []
     if problems and status.get("state") != "queued":
         reasons.append("unreadable: " + "; ".join(problems))
+    # an ended run's, by the files' sizes (a stat each): what a resume would meet
+    damaged = None if not ended else checkpoints.damaged_latest(run.checkpoints_path, False)
+    reasons += [damaged] if damaged else []
     return {
         **row,
         "epoch": epoch if row["epochs"] else None,
@@ -108,6 +114,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         "best_eval_accuracy": column(evals, "accuracy", "max"),
         "samples_per_sec": column(train, "samples_per_sec", "median"),
         "reason": "; ".join(reasons) or None,
+        "damaged_checkpoint": damaged,
         "probe": bool(meta.get("probe", False)),
         "tags": meta.get("tags", []),
         "notes": meta.get("notes", ""),
