@@ -95,12 +95,15 @@ def test_with_every_heartbeat_fresh_it_says_it_cannot_tell_which(tmp_path):
     )
 
 
-def test_a_host_that_no_longer_answers_ssh_has_vanished(tmp_path):
-    """A real ssh to a host name that no longer resolves: the host, not a rank, is named."""
-    run = a_run(tmp_path, TIMED_OUT, hosts="localhost:1,lbl-gone.invalid:1", ages={1: 2.0})
-    assert explained(run).reason.startswith(
-        "host lbl-gone.invalid (worker ranks 1) vanished: the others waited "
-        "lost_worker_after_s=10 s for it in a collective, and it does not answer ssh now"
+@pytest.mark.parametrize("log", [TIMED_OUT, "Process name: 1\nExit code: 255\n"])
+def test_a_host_that_no_longer_answers_ssh_has_vanished(tmp_path, log):
+    """Its workers waited for (Gloo's timeout) or their ssh session gone (ssh's 255), and a real
+    ssh to it failing now (its name no longer resolves): the host, not a rank, is named."""
+    run = a_run(tmp_path, log, hosts="localhost:1,lbl-gone.invalid:1", ages={1: 2.0})
+    assert explained(run).reason == (
+        "host lbl-gone.invalid (worker ranks 1) vanished: it does not answer ssh now (powered "
+        "off, or its link is down); resume the run once it is back, or without it in hosts. "
+        "horovodrun exited with code 1; see stdout.log"
     )
 
 

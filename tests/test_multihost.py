@@ -20,6 +20,8 @@ import psutil
 import pytest
 import yaml
 from conftest import ROOT, run_cli
+from test_checkpoint_damage import flip_a_bit
+from test_failures import failed_after, stop_a_worker
 from test_train import SMALL as TRAIN_SMALL
 from test_train import wait
 
@@ -169,6 +171,29 @@ def test_a_worker_killed_on_host_2_leaves_the_run_failed_with_the_reason(cluster
     assert status["state"] == "failed" and status["exit_code"] != 0
     assert "worker rank 1 on lbl-h2 exited" in status["reason"], status["reason"]
     assert len(read_events(run.events_path)) >= 3 and run.stdout_path.stat().st_size > 0
+
+
+def test_a_worker_stopped_on_host_2_is_named_and_the_run_resumes_past_a_damaged_checkpoint(
+    cluster_hosts, runs
+):
+    """Rank 1 on lbl-h2 stopped (SIGSTOP) after the second checkpoint: the run fails after
+    ``lost_worker_after_s`` naming it; its latest checkpoint then bit-flipped, resuming from
+    Python passes over it to the one before and completes on both hosts."""
+    config = from_mapping({**SMALL, "epochs": 6, "lost_worker_after_s": 10})
+    run = launcher.launch(config, hosts="lbl-h1:1,lbl-h2:1", run_id="stopped-on-h2")
+    status, took = failed_after(run, stop_a_worker(run, 1, epoch=2))
+    assert status["state"] == "failed" and took >= 10
+    assert status["reason"].startswith(
+        "worker rank 1 on lbl-h2 stopped answering: the others waited lost_worker_after_s=10 s"
+    ), status["reason"]
+    *_, before, latest = sorted(p.name for p in run.checkpoints_path.glob("epoch-*"))
+    said = flip_a_bit(run.checkpoints_path / latest)
+    launcher.resume(run)
+    assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+    assert hosts_of(run) == {0: "lbl-h1", 1: "lbl-h2"}
+    events = read_events(run.events_path)
+    (event,) = events[events.phase == "checkpoint"].to_dict("records")
+    assert (event["checkpoint"], event["reason"], event["resumed_from"]) == (latest, said, before)
 
 
 def test_two_runs_on_one_slot_hosts_run_one_after_the_other(cluster_hosts, runs):

@@ -7,11 +7,12 @@ in the log. In the order they are tried:
 
 - Slurm cancelled the job (the time limit, a node failure, a preemption, ``scancel``);
 - elastic: fewer than ``elastic.min_workers`` for ``elastic.timeout_s``;
+- a host vanished: it does not answer ssh now, and the others lost its workers (a
+  collective waited for them, or their ssh session ended);
 - a worker stopped answering: a collective waited ``lost_worker_after_s`` (Gloo's
   ``Timed out waiting ...ms``) for one that was stopped, hung or cut off. Which one is told by
-  ssh (a host that no longer answers has vanished) or by the heartbeats: the silent worker's
-  last beat is about ``lost_worker_after_s`` older than the failure, every other's a few
-  seconds;
+  the heartbeats: the silent worker's last beat is about ``lost_worker_after_s`` older than
+  the failure, every other's a few seconds;
 - a worker that did not join at the start within ``lost_worker_after_s`` (Gloo's rendezvous
   ``Wait timeout ... for key(s): R``, naming the missing ranks);
 - a worker that could not connect to a peer (``Connection refused``, ``Connect timeout``) or
@@ -74,7 +75,14 @@ def explain(run: RunDir, status: dict, code: int) -> Failure:
     if code == 0:
         return Failure("training exited without finishing")
     tail = files.tail(run.stdout_path, TAIL_BYTES)
-    for reading in (_slurm_cancelled, _too_few_elastic, _silent, _not_joined, _not_connected):
+    for reading in (
+        _slurm_cancelled,
+        _too_few_elastic,
+        _vanished,
+        _silent,
+        _not_joined,
+        _not_connected,
+    ):
         if found := reading(run, status, tail):
             return Failure(f"{found.reason} {said}", found.blames_another)
     return _first_exit(status, tail, said)
@@ -102,25 +110,34 @@ def _too_few_elastic(run: RunDir, status: dict, tail: str) -> Failure | None:
     )
 
 
+def _vanished(run: RunDir, status: dict, tail: str) -> Failure | None:
+    """A host of a multi-host run that does not answer ssh now, where the others lost its
+    workers: a collective waited for them, or their ssh session ended (ssh's code 255)."""
+    config = run.config()
+    lost = GLOO_WAITED.search(tail) or re.search(r"Process name: \d+\s+Exit code: 255", tail)
+    if not config.hosts or not lost:
+        return None
+    workers = [e for e in status.get("processes", []) if "rank" in e]
+    ssh = remote.Ssh.of(config)
+    for host in sorted({e["host"] for e in workers if not remote.is_local(e["host"])}):
+        if not _answers(ssh, host):
+            ranks = ", ".join(str(e["rank"]) for e in workers if e["host"] == host)
+            return Failure(
+                f"host {host} (worker ranks {ranks}) vanished: it does not answer ssh now "
+                "(powered off, or its link is down); resume the run once it is back, or "
+                "without it in hosts.",
+                blames_another=True,
+            )
+    return None
+
+
 def _silent(run: RunDir, status: dict, tail: str) -> Failure | None:
     waited = GLOO_WAITED.search(tail)
     if not waited:
         return None
-    config = run.config()
     timeout_s = int(waited.group(1)) // 1000
     how_long = f"the others waited lost_worker_after_s={timeout_s} s for it in a collective"
     workers = [e for e in status.get("processes", []) if "rank" in e]
-    ssh = remote.Ssh.of(config)
-    hosts = sorted({e["host"] for e in workers if config.hosts and not remote.is_local(e["host"])})
-    for host in hosts:
-        if not _answers(ssh, host):
-            ranks = ", ".join(str(e["rank"]) for e in workers if e["host"] == host)
-            return Failure(
-                f"host {host} (worker ranks {ranks}) vanished: {how_long}, and it does not "
-                "answer ssh now (powered off, or its link is down); resume the run once it is "
-                "back, or without it in hosts.",
-                blames_another=True,
-            )
     failed_at = status.get("finished") or time.time()
     silent = [e for e in workers if _quiet_since(run, e) < failed_at - max(timeout_s - 1, 7)]
     if not silent:
