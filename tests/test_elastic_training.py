@@ -21,6 +21,7 @@ import psutil
 import pytest
 import yaml
 from conftest import run_cli
+from test_checkpoint_damage import remove_a_file
 from test_train import SMALL
 
 from toolkit.config import from_mapping
@@ -250,9 +251,9 @@ def test_the_elastic_run_ends_where_one_process_ends(lost_and_regained):
 
 def test_a_run_below_min_workers_fails_with_that_reason_and_resumes(cluster_hosts, runs, tmp_path):
     """Launched from Python: two hosts, ``min_workers`` 2; one is lost for good (its worker
-    killed, its line dropped) after the first checkpoint. The run waits ``timeout_s`` for a
-    second worker, fails saying so with its events and checkpoint kept, and resumes once the
-    host is back."""
+    killed, its line dropped) after the second checkpoint. The run waits ``timeout_s`` for a
+    second worker, fails saying so with its events and checkpoints kept, and resumes once the
+    host is back, past its latest checkpoint, which has lost a file meanwhile."""
     hosts = tmp_path / "hosts"
     write_hosts(hosts, cluster_hosts[:2])
     config = from_mapping({**ELASTIC, "workers": 2, "epochs": 6})
@@ -261,8 +262,8 @@ def test_a_run_below_min_workers_fails_with_that_reason_and_resumes(cluster_host
     run = launcher.launch(
         config, min_np=2, max_np=2, discovery=hosts, overrides=overrides, run_id="below-min"
     )
-    first = run.checkpoints_path / "epoch-0001"
-    wait_for("the first checkpoint", first.exists, run)
+    first, second = (run.checkpoints_path / f"epoch-000{e}" for e in (1, 2))
+    wait_for("the second checkpoint", second.exists, run)
     lose_at = train_steps(run)
     write_hosts(hosts, cluster_hosts[:1])
     (worker,) = [
@@ -277,12 +278,16 @@ def test_a_run_below_min_workers_fails_with_that_reason_and_resumes(cluster_host
     assert first.exists()
 
     write_hosts(hosts, cluster_hosts[:2])
+    *_, before, latest = sorted(p.name for p in run.checkpoints_path.glob("epoch-*"))
+    said = remove_a_file(run.checkpoints_path / latest)
     launcher.resume(run)
     status = launcher_wait(run)
     assert status["state"] == "completed", run.stdout_path.read_text()[-3000:]
     frame = events(run)
     train_events = frame[frame.phase == "train"]
     assert train_events.step.tolist() == list(range(5, 6 * read_meta_spe(run) + 1, 5))
+    (event,) = frame[frame.phase == "checkpoint"].to_dict("records")
+    assert (event["checkpoint"], event["reason"], event["resumed_from"]) == (latest, said, before)
 
 
 def test_stop_after_a_reset_ends_the_new_worlds_processes_and_not_the_departed(

@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 import pytest
 from conftest import ROOT, run_cli
+from test_checkpoint_damage import truncate
 from test_multihost import SMALL, hosts_of, in_host
 from test_train import wait
 
@@ -344,12 +345,17 @@ def test_a_lost_nodes_slurmd_fails_the_run_with_slurms_words_and_resume_complete
     assert status["state"] == "failed", status
     assert f"Slurm cancelled job {job_of(run)}: node failure on {lost}" in status["reason"]
     cluster_slurm.start(cluster.hosts())  # the node's slurmd back: it returns to service
+    *_, before, latest = sorted(p.name for p in run.checkpoints_path.glob("epoch-*"))
+    said = truncate(run.checkpoints_path / latest)  # and the latest checkpoint is damaged
     launcher.resume(run)
     status = wait(run, TERMINAL, timeout=240)
     assert status["state"] == "completed", run.stdout_path.read_text()[-3000:]
     assert len(run.meta()["slurm_job_ids"]) == 2
     steps = train_steps(run)
     assert len(steps) == len(set(steps)) and steps[-1] == 60 * 62
+    events = read_events(run.events_path)
+    (event,) = events[events.phase == "checkpoint"].to_dict("records")
+    assert (event["checkpoint"], event["reason"], event["resumed_from"]) == (latest, said, before)
 
 
 @pytest.fixture
