@@ -172,3 +172,30 @@ def test_with_every_checkpoint_damaged_resume_refuses_and_changes_nothing(traine
         f"{LATEST} ({latest}); epoch-0003 ({earlier})"
     )
     assert {p: p.read_bytes() for p in run.path.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("name", ["residuals.npz", "state.npz"])
+def test_the_residuals_and_adascale_state_are_covered_too(name, tmp_path):
+    """A checkpoint with every worker's residuals and AdaScale's state: a changed byte in
+    either file is found and named, as in the model's own files."""
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(momentum=0.9), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    saved = checkpoints.save(
+        tmp_path,
+        model,
+        checkpoints.Position(epoch=1, step=10),
+        residuals=[[np.ones(4, np.float32)], [np.zeros(4, np.float32)]],
+        state=[keras.Variable(2.0)],
+    )
+    assert checkpoints.damage(saved) is None
+    data = bytearray((saved / name).read_bytes())
+    data[-30] ^= 0x01
+    (saved / name).write_bytes(bytes(data))
+    assert checkpoints.damage(saved) == f"{name}: changed (SHA-256 differs)"
+    assert checkpoints.latest_intact(tmp_path) == (
+        None,
+        [(saved, f"{name}: changed (SHA-256 differs)")],
+    )
