@@ -199,3 +199,30 @@ def test_the_residuals_and_adascale_state_are_covered_too(name, tmp_path):
         None,
         [(saved, f"{name}: changed (SHA-256 differs)")],
     )
+
+
+def test_with_every_checkpoint_damaged_the_runs_page_refuses_and_changes_nothing(
+    trained, tmp_path, monkeypatch
+):
+    """The app's door: the Runs page warns before anyone resumes, and its Resume button shows
+    the same refusal as the CLI, starting nothing."""
+    from test_app import by_label, page
+
+    from app.data import md_escape
+
+    monkeypatch.setenv("LBL_RUNS", str(tmp_path / "runs"))
+    run = copy_of(trained, tmp_path / "runs", "hopeless")
+    latest = truncate(run.checkpoints_path / LATEST)
+    earlier = flip_a_bit(run.checkpoints_path / "epoch-0003")
+    before = {p: p.read_bytes() for p in run.path.rglob("*") if p.is_file()}
+    at = page("runs")
+    at.selectbox(key="runs_run").set_value("hopeless").run()
+    warned = f"latest checkpoint {LATEST} damaged ({latest}); no intact one to resume from"
+    assert [w.value for w in at.warning] == [md_escape(warned)]
+    by_label(at.button, "Resume").click().run()
+    (error,) = [e.value for e in at.error]
+    assert error == md_escape(
+        f"run hopeless cannot resume: no intact checkpoint in {run.checkpoints_path}: "
+        f"{LATEST} ({latest}); epoch-0003 ({earlier})"
+    )
+    assert {p: p.read_bytes() for p in run.path.rglob("*") if p.is_file()} == before
