@@ -175,9 +175,9 @@ def _sha256(path: Path) -> str:
 def restore(checkpoint: Path, model: keras.Model, state: list = ()) -> Position:
     """Load weights and optimizer state into a compiled ``model`` (and the variables of
     ``state``, as :func:`save` was given them); return the position."""
-    model.load_weights(checkpoint / "model.weights.h5")
     optimizer = model.optimizer
-    optimizer.build(model.trainable_variables)
+    optimizer.build(model.trainable_variables)  # first: its state loads, no Keras warning
+    model.load_weights(checkpoint / "model.weights.h5")
     _assign(optimizer.variables, checkpoint / "optimizer.npz", "optimizer variables")
     if state:
         _assign(state, checkpoint / "state.npz", "state variables (AdaScale's)")
