@@ -18,7 +18,7 @@ from toolkit import config as config_lib
 from toolkit import safe_yaml
 from toolkit.catalog import SCHEDULES
 from toolkit.optimizers import OPTIMIZERS
-from toolkit.plan import RunPlan, Scale
+from toolkit.plan import RunPlan
 from toolkit.training import data as datasets
 from toolkit.training.experiment import schedule_preview
 
@@ -171,20 +171,6 @@ def schedule_help(name: str) -> str:
         for p, d in SCHEDULES.parameters(name).items()
     )
     return f"{inspect.getdoc(builder)} Parameters: {taken or 'none'}."
-
-
-def warmup_shortfall(config, plan: Scale, preview: pd.DataFrame) -> str | None:
-    """A warning when the warmup overlaps the decay so much that the learning rate never comes
-    near the scaled rate the form shows (5% short or more), else ``None``."""
-    warmup, scaled = config.schedule.warmup.epochs, plan.learning_rate
-    peak = float(preview["lr"].max()) if len(preview) else scaled
-    if not warmup or peak >= 0.95 * scaled:
-        return None
-    return (
-        f"The learning rate peaks at {peak:.4g}, {peak / scaled:.0%} of the scaled rate "
-        f"{scaled:.4g}: the {warmup:g}-epoch warmup overlaps the {config.schedule.name} decay "
-        f"of a {config.epochs}-epoch run. Shorten the warmup or train for longer."
-    )
 
 
 def value_input(

@@ -30,12 +30,13 @@ import argparse
 import math
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from toolkit import safe_yaml
+from toolkit import advice, safe_yaml
 from toolkit.config import MAX_WORKERS
 from toolkit.launching import cluster, cluster_slurm, jupyter, slots
 from toolkit.launching import launch as launcher
@@ -147,7 +148,20 @@ def build_parser() -> Parser:
     return parser
 
 
+def _show_warning(message, category, *args, **kwargs) -> None:
+    """A :class:`~toolkit.advice.ConfigWarning` as one ``warning: ...`` line on stderr; any
+    other warning as Python shows it."""
+    if issubclass(category, advice.ConfigWarning):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        SHOW_WARNING(message, category, *args, **kwargs)
+
+
+SHOW_WARNING = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     parser = build_parser()
     args, passed_on = parser.parse_known_args(argv)
     if passed_on and args.command != "notebook":

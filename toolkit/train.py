@@ -20,13 +20,14 @@ from pathlib import Path
 
 import keras
 
-from toolkit import backends, plan
+from toolkit import advice, backends, plan
 from toolkit import config as config_lib
 from toolkit.files import WriteError
 from toolkit.parallel import distributed
 from toolkit.runs import checkpoints, monitor, processes, slurm_jobs
 from toolkit.runs.rundir import RunDir, RunError
 from toolkit.training import callbacks
+from toolkit.training.experiment import schedule_preview
 from toolkit.training.trainer import Trainer
 
 
@@ -94,7 +95,10 @@ def train(
         previous_policy = keras.config.dtype_policy()
         keras.config.set_dtype_policy(config.precision)
         try:
-            _fit(config, run, Path(run_dir) if run_dir else None, resume, world, verbose, view)
+            # in a notebook's kernel the advice shows here; a launched run's launch gave it
+            advise = run is not None and role == processes.IN_PROCESS and not resume
+            directory = Path(run_dir) if run_dir else None
+            _fit(config, run, directory, resume, world, verbose, view, advise)
         finally:
             keras.config.set_dtype_policy(previous_policy)
     except callbacks.Requeue:  # not an end: the job's driver requeues it
@@ -137,9 +141,12 @@ def _recorder(run: RunDir | None, run_dir) -> RunDir | None:
         return None
 
 
-def _fit(config, run, run_dir, resume, world, verbose, view):
-    """Build the worker's trainer, resume it if asked, and train to the end."""
+def _fit(config, run, run_dir, resume, world, verbose, view, advise):
+    """Build the worker's trainer, resume it if asked, and train to the end; ``advise``: first
+    issue :func:`toolkit.advice.warn`'s warnings for the config."""
     trainer = Trainer.build(config, world)
+    if advise:
+        advice.warn(config, float(schedule_preview(config, trainer.plan.num_train)["lr"].max()))
     if run:  # what a progress bar outside the run counts to, and the NaN guard's granularity
         run.update_meta(
             **trainer.plan.meta(), steps_per_execution=trainer.model.steps_per_execution

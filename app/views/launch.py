@@ -7,8 +7,8 @@ import yaml
 
 from app import charts, data, form
 from app.data import md_escape
+from toolkit import advice, safe_yaml
 from toolkit import config as config_lib
-from toolkit import safe_yaml
 from toolkit.catalog import SCHEDULES
 from toolkit.config import ConfigError, field_errors
 from toolkit.launching import launch as launcher
@@ -504,8 +504,9 @@ elif config is not None:
     figures, scale = st.columns(4), Scale.of(config)
     figures[0].metric("Global batch", f"{scale.global_batch:,}")
     figures[1].metric("Scaled learning rate", f"{scale.learning_rate:.4g}")
-    if preview is not None and (shortfall := form.warmup_shortfall(config, scale, preview)):
-        st.warning(md_escape(shortfall))
+    peak = float(preview["lr"].max()) if preview is not None and len(preview) else None
+    for finding in advice.warnings(config, peak):
+        st.warning(md_escape(finding))
     if preview is not None:
         figures[2].metric("Steps per epoch", f"{plan.steps_per_epoch:,}")
         figures[3].metric("Total steps", f"{plan.total_steps:,}")

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from toolkit import backends, files, plan
+from toolkit import advice, backends, files, plan
 from toolkit import config as config_lib
 from toolkit.files import writing
 from toolkit.launching import failures, horovodrun, preflight, remote, slots, slurm
@@ -104,7 +104,7 @@ def launch(
             update={"elastic": config.elastic.model_copy(update={"discovery": discovery})}
         )
     plan.check_backend(config, backends.requested())
-    check_fits_dataset(config)
+    findings = check_fits_dataset(config)
     _check_place(config, runs_root(runs_root_dir))
     run = (
         RunDir.create(runs_root_dir, run_id, config)
@@ -118,6 +118,8 @@ def launch(
         slots.leave_line(run)
         shutil.rmtree(run.path, ignore_errors=True)
         raise RunError(f"cannot start run {run.run_id}: {error}") from None
+    for finding in findings:  # on the record too, where the run's output is read later
+        _say_in_log(run, f"warning: {finding}")
     return run
 
 
@@ -152,17 +154,20 @@ def _check_place(config: config_lib.ExperimentConfig, root: Path) -> None:
     preflight.check(config, root)
 
 
-def check_fits_dataset(config: config_lib.ExperimentConfig) -> None:
+def check_fits_dataset(config: config_lib.ExperimentConfig) -> list[str]:
     """Raise :class:`~toolkit.config.ConfigError` if the run's plan cannot be made on its
     dataset: a worker's shard smaller than one batch, or AdaScale's base batch or an adaptive
-    batch larger than the training set (checked here so it fails before any process starts)."""
-    from toolkit.training.experiment import load_dataset
+    batch larger than the training set (checked here so it fails before any process starts).
+    Returns :func:`toolkit.advice.warn`'s findings, the schedule's peak rate included."""
+    from toolkit.training.experiment import load_dataset, schedule_preview
 
     try:
         dataset = load_dataset(config)
     except (RuntimeError, TypeError, ValueError) as error:  # offline, or a bad parameter
         raise config_lib.ConfigError(f"dataset: {error}") from None
     RunPlan.of(config, len(dataset.x_train))
+    peak = float(schedule_preview(config, len(dataset.x_train))["lr"].max())
+    return advice.warn(config, peak)
 
 
 def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bool) -> list[str]:

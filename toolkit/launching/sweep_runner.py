@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from toolkit import files
+from toolkit import advice, files
 from toolkit.config import ConfigError, ExperimentConfig, from_mapping
 from toolkit.launching import launch, remote
 from toolkit.launching.slots import capacity, check_fits, positions, slots_of
@@ -52,7 +52,8 @@ POLL_S = 1.0
 def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     """One row per cell: coordinates, run id, workers, global batch, scaled rate, total steps
     (per worker) and updates (with AdaScale, the most it can take: as many updates as its
-    base run, at a gain of 1). Raises :class:`SweepError` naming every cell that could not
+    base run, at a gain of 1); :func:`toolkit.advice.warn` warns of what the cells' configs
+    do that their author cannot want. Raises :class:`SweepError` naming every cell that could not
     launch: a batch larger than its workers' shards of the dataset, or more workers than the
     launch queue's slots (of the runs root ``root``)."""
     from toolkit.training.experiment import load_dataset  # Keras: for the data's size
@@ -66,6 +67,7 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
             if dataset not in sizes:
                 sizes[dataset] = len(load_dataset(c).x_train)
             plan = RunPlan.of(c, sizes[dataset])
+            advice.warn(c)  # each finding once (Python shows a warning once per text)
             if c.slurm is None:  # Slurm's cells wait in Slurm's queue, not this machine's
                 check_fits(slots_of(c), root)
         except (ValueError, RuntimeError) as error:  # ConfigError, RunError; offline data
