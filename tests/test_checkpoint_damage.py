@@ -25,6 +25,7 @@ from toolkit.config import from_mapping
 from toolkit.runs import checkpoints
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import TERMINAL, RunDir
+from toolkit.runs.table import summary
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -154,9 +155,13 @@ def test_a_notebook_resume_passes_over_a_damaged_checkpoint(case, trained, oracl
 
     run = copy_of(trained, tmp_path, case)
     DAMAGE[case](run.checkpoints_path / LATEST)
+    status = run.recorded_status()  # as if it had failed an hour ago: not the run's time
+    run.set_status("failed", finished=status["finished"] - 3600, started=status["started"] - 3600)
     train(run.config(), run.path, resume=True, verbose=0)
     assert run.status()["state"] == "completed"
     assert_same_end(run, oracle)
+    trained_s = status["finished"] - status["started"]
+    assert trained_s < summary(run)["duration_s"] < trained_s + 300
 
 
 def test_with_every_checkpoint_damaged_resume_refuses_and_changes_nothing(trained, tmp_path):

@@ -27,6 +27,7 @@ from toolkit.launching import launch as launcher
 from toolkit.runs import processes
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import TERMINAL, RunDir
+from toolkit.runs.table import summary
 
 GLOO = "[/tmp/pip-wheel/horovod/third_party/compatible17_gloo/gloo/transport/tcp"
 SHUT_DOWN = (
@@ -221,6 +222,8 @@ def test_after_a_stopped_worker_the_runs_page_resumes_past_a_damaged_checkpoint(
     *_, before, latest = sorted(p.name for p in run.checkpoints_path.glob("epoch-*"))
     said = truncate(run.checkpoints_path / latest)
 
+    ran_s = status["finished"] - status["started"]  # and, as if it had failed an hour ago:
+    run.set_status("failed", finished=status["finished"] - 3600, started=status["started"] - 3600)
     at = page("runs")
     at.selectbox(key="runs_run").set_value(run.run_id).run()
     assert [w.value for w in at.warning] == [
@@ -232,3 +235,4 @@ def test_after_a_stopped_worker_the_runs_page_resumes_past_a_damaged_checkpoint(
     events = read_events(run.events_path)
     (event,) = events[events.phase == "checkpoint"].to_dict("records")
     assert (event["checkpoint"], event["reason"], event["resumed_from"]) == (latest, said, before)
+    assert ran_s < summary(run)["duration_s"] < ran_s + 300  # the hour stopped is not counted

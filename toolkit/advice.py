@@ -37,7 +37,7 @@ def warn(config: ExperimentConfig, peak_lr: float | None = None) -> list[str]:
     """:func:`warnings`, each also issued as a :class:`ConfigWarning`; returns them."""
     found = warnings(config, peak_lr)
     for sentence in found:
-        python_warnings.warn(sentence, ConfigWarning, stacklevel=3)
+        python_warnings.warn(sentence, ConfigWarning, stacklevel=4)  # the caller of launch or train
     return found
 
 

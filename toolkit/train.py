@@ -24,7 +24,7 @@ from toolkit import advice, backends, plan
 from toolkit import config as config_lib
 from toolkit.files import WriteError
 from toolkit.parallel import distributed
-from toolkit.runs import checkpoints, monitor, processes, slurm_jobs
+from toolkit.runs import checkpoints, monitor, processes, rundir, slurm_jobs
 from toolkit.runs.rundir import RunDir, RunError
 from toolkit.training import callbacks
 from toolkit.training.experiment import schedule_preview
@@ -89,6 +89,8 @@ def train(
             # a run trained here again (a notebook resuming a stopped run) starts afresh;
             # a launched run was reset by its launch, and a stop asked meanwhile must hold
             again = dict(stop_requested=False, exit_code=None, reason=None, finished=None)
+            # the time it lay stopped is not the run's; trained afresh, it has none
+            again["paused_s"] = rundir.paused_s(run.recorded_status()) if resume else 0.0
             again = again if role == processes.IN_PROCESS else {}
             run.set_status("running", world_size=world, started=started or time.time(), **again)
             run.update_meta(run_id=run.run_id, **_meta(config, world), **(meta or {}))

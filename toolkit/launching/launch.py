@@ -137,6 +137,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
         config = config_lib.from_mapping(run.config().model_dump(mode="json"))  # checked again
         plan.check_backend(config, backends.requested())
         _check_place(config, run.path.parent)
+        run.set_status(state, paused_s=rundir.paused_s(run.recorded_status()))
         try:
             _start(run, config, resume=True)
         except OSError as error:

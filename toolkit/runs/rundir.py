@@ -112,6 +112,7 @@ STATUS_FIELDS = _fields(
     slots=dict[str, int],
     slurm_job_id=str,
     requeue_step=int,
+    paused_s=float,
 )
 META_FIELDS = _fields(
     run_id=str,
@@ -473,6 +474,13 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def paused_s(status: dict[str, Any]) -> float:
+    """The ``paused_s`` of a run resumed now: the seconds it lay stopped or failed before
+    earlier resumes, and since it ended (``finished``). A run's duration leaves them out."""
+    ended = status.get("finished")
+    return status.get("paused_s", 0.0) + (max(0.0, time.time() - ended) if ended else 0.0)
 
 
 def short_error(error: BaseException) -> str:

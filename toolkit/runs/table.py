@@ -106,7 +106,10 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         "epoch": epoch if row["epochs"] else None,
         "progress": progress,
         "started": started,
-        "duration_s": finished - started if started and finished else None,
+        # the time it trained: less the time it lay stopped before a resume
+        "duration_s": finished - started - status.get("paused_s", 0.0)
+        if started and finished
+        else None,
         "last_step": column(train, "step", "last"),
         "last_loss": column(train, "loss", "last"),
         "best_eval_loss": column(evals, "loss", "min"),
