@@ -649,6 +649,21 @@ def test_detail_shows_the_traffic_of_a_run_that_logs_it(root):
     np.testing.assert_allclose(decode(ratio["data"][0]["y"]), 50.0)
 
 
+def header(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if "global batch" in m.value)
+
+
+def test_detail_header_says_how_high_the_rate_got_where_it_fell_short(root):
+    """The events' highest rate against the scaled one: a fake run logs at most 0.1; with a
+    scaled rate of 0.4 the header says so, with 0.1 it says nothing more."""
+    run = fake_run(root, "short", events=200)
+    assert "highest reached" not in header(page("detail"))
+    config = run.config()
+    faster = config.optimizer.model_copy(update={"learning_rate": 0.4})
+    run.write_config(config.model_copy(update={"optimizer": faster}))
+    assert md_escape("lr 0.4 (highest reached 0.1)") in header(page("detail"))
+
+
 def test_detail_header_says_what_the_run_is_how_it_went_and_how_sure_b_simple_is(root):
     run = fake_run(root, "lars-run", events=600, epochs=4, gns_every=20)
     at = page("detail")

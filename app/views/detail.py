@@ -9,6 +9,7 @@ from app import charts, data
 from app.axes import X_AXES, x_values
 from app.charts import Series
 from app.data import md_escape
+from toolkit import advice
 from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
 from toolkit.plan import Scale
@@ -58,16 +59,21 @@ if controls[2].button("Stop", disabled=not live, width="stretch", help="stop thi
         st.rerun()
 
 
-def setup_line() -> str:
-    """What the run is: optimizer, batch, workers, schedule (with its warmup) and epochs."""
+def setup_line(frame) -> str:
+    """What the run is: optimizer, batch, workers, schedule (with its warmup) and epochs; the
+    highest rate its events reached too, where that falls short of the scaled rate (a warm-up
+    cut short by the decay, or a run still warming up)."""
     if config is None:
         return "config.yaml is missing or not valid"
     warmup = config.schedule.warmup.epochs
     schedule = config.schedule.name + (f" after {warmup:g} warmup epochs" if warmup else "")
     rate, epochs = f"lr {scale.learning_rate:.4g}", f"{config.epochs} epochs"
+    rates = data.phase(frame, "train").get("lr", frame.index[:0]).dropna()
     if adascale_run():
         rate += f" × AdaScale's gain (base batch {config.lr_scaling.base_batch:,})"
         epochs = f"the base run's {config.epochs} epochs on AdaScale's clock"
+    elif len(rates) and rates.max() < advice.PEAK_SHORT * scale.learning_rate:
+        rate += f" (highest reached {rates.max():.4g})"
     batch = f"global batch {scale.global_batch:,}"
     if adaptive := config.batch.adaptive:
         every = "every epoch" if adaptive.every_epochs == 1 else f"every {adaptive.every_epochs}"
@@ -268,7 +274,8 @@ def panel() -> None:
     st.text("    ".join(details))
     if state not in LIVE and (damaged := data.damaged_checkpoint(run)):
         st.warning(md_escape(damaged))
-    st.markdown(f"**{md_escape(setup_line())}**  \n{md_escape(outcome_line(data.summary(run)))}")
+    outcome = outcome_line(data.summary(run))
+    st.markdown(f"**{md_escape(setup_line(frame))}**  \n{md_escape(outcome)}")
     if reading := noise_reading(data.phase(frame, "gns")):
         st.caption(md_escape(reading))
     if adascale_run() and (total := run.meta().get("total_steps")):
