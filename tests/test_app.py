@@ -1013,6 +1013,14 @@ def test_compare_values_at_step_and_min_max_last(compare_runs):
     assert evals["at step 150"] == pytest.approx(ev["accuracy"].iloc[-1])
     assert set(table["run"]) == {"run-0", "run-2"}
 
+    ended = read_events(compare_runs / "run-0" / "events.jsonl")["step"].max()
+    beyond = int(train["step"].max())  # run-2 trained on past where run-0 ended
+    assert beyond > ended
+    by_label(at.number_input, "Values at step").set_value(beyond).run()
+    table = at.dataframe[0].value.set_index(["run", "metric"])[f"at step {beyond}"]
+    assert table[("run-2", "train/loss")] == pytest.approx(train["loss"].iloc[-1])
+    assert pd.isna(table[("run-0", "train/loss")]) and pd.isna(table[("run-0", "eval/accuracy")])
+
 
 def test_compare_csv_export_holds_the_selected_runs_events(compare_runs, monkeypatch):
     import streamlit.testing.v1.app_test as app_test_module

@@ -99,8 +99,9 @@ at_step = st.number_input("Values at step", min_value=0, value=int(last_step), s
 
 @st.cache_data(max_entries=24, show_spinner=False)
 def values_at(shown: tuple[str, ...], at_step: int, runs: tuple) -> pd.DataFrame:
-    """Each shown metric of each run at ``at_step`` (its last value at or before), with its
-    min, max and last value, at full resolution."""
+    """Each shown metric of each run at ``at_step`` (its last value at or before; none where
+    the run's training had not reached ``at_step``), with its min, max and last value, at full
+    resolution."""
     table = []
     for metric in shown:
         name, column = metric.split("/", 1)
@@ -109,7 +110,9 @@ def values_at(shown: tuple[str, ...], at_step: int, runs: tuple) -> pd.DataFrame
             if column not in rows or "step" not in rows:
                 continue
             values = rows[["step", column]].dropna()
-            before = values[column][values["step"] <= at_step]
+            trained = rows_of(run_id, "train").get("step", values["step"]).max()
+            reached = values["step"] <= at_step if at_step <= trained else values["step"] < 0
+            before = values[column][reached]
             table.append(
                 {
                     "run": run_id,
