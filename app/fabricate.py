@@ -119,6 +119,11 @@ def fake_run(
                     {"step": step, "epoch": epoch, "wall": wall, "phase": "system"}
                     | {f"cpu_percent/rank{r}": 90 + 20 * rng.random() for r in (0, 1)}
                     | {f"memory_gb/rank{r}": 0.6 + 0.01 * step / steps for r in (0, 1)}
+                    | (
+                        {f"bytes_sent_per_update/rank{r}": bytes_per_update for r in (0, 1)}
+                        if bytes_per_update
+                        else {}
+                    )
                 )
             if step % trust_every == trust_every - 1:
                 writer.write(

@@ -640,10 +640,13 @@ def test_detail_shows_status_progress_curves_and_trust_ratios(root):
 
 
 def test_detail_shows_the_traffic_of_a_run_that_logs_it(root):
-    fake_run(root, "sparse", events=300, bytes_per_update=800.0)
+    """Each of its two bytes-per-update charts says over which window it averages (every train
+    event's 10 steps; every 5th event's 50 for the workers' samples), so they may differ."""
+    fake_run(root, "sparse", events=300, bytes_per_update=800.0, system_every=50)
     at = page("detail")
     titles = [f["layout"]["title"]["text"] for f in figures(at)]
-    assert "bytes rank 0 sent per update" in titles
+    assert "bytes rank 0 sent per update (mean over the 10 steps to each event)" in titles
+    assert "bytes each worker sent per update (mean over the 50 steps to each sample)" in titles
     assert "compression (dense bytes / sent)" in titles
     ratio = figures(at)[titles.index("compression (dense bytes / sent)")]
     np.testing.assert_allclose(decode(ratio["data"][0]["y"]), 50.0)
@@ -778,7 +781,7 @@ def test_a_run_that_sends_dense_gradients_gets_a_line_not_flat_charts(root):
     fake_run(root, "dense", events=300, bytes_per_update=40_000.0)
     at = page("detail")
     titles = [f["layout"]["title"]["text"] for f in figures(at)]
-    assert "bytes rank 0 sent per update" not in titles
+    assert not [t for t in titles if t.startswith("bytes rank 0 sent per update")]
     assert any("each worker sends 40,000 bytes per update (dense)" in t.value for t in at.text)
 
 

@@ -211,7 +211,9 @@ def traffic(frame) -> None:
         return
     left, right = st.columns(2)
     with left:
-        curves(frame, "comm/bytes_sent", "bytes rank 0 sent per update", ("train",))
+        every = config.logging.every_steps if config is not None else None
+        window = f" (mean over the {every} steps to each event)" if every else ""
+        curves(frame, "comm/bytes_sent", f"bytes rank 0 sent per update{window}", ("train",))
     with right:
         curves(frame, "comm/compression_ratio", "compression (dense bytes / sent)", ("train",))
 
@@ -255,6 +257,9 @@ def system_metrics(frame) -> None:
         for column, (title, drawn) in zip(st.columns(2), found[start : start + 2], strict=False):
             series = [Series(c.name.replace("rank", "rank "), x, rows[c.column]) for c in drawn]
             name = curves_lib.TITLES.get(title, title)
+            if title == "bytes_sent_per_update" and config is not None:  # its window, said
+                every = config.logging.every_steps * config.logging.system_every_events
+                name += f" (mean over the {every} steps to each sample)"
             with column:
                 st.plotly_chart(charts.lines(series, name, X_AXES[x_axis], height=260), theme=None)
 
