@@ -8,7 +8,8 @@ in the log. In the order they are tried:
 - Slurm cancelled the job (the time limit, a node failure, a preemption, ``scancel``);
 - elastic: fewer than ``elastic.min_workers`` for ``elastic.timeout_s``;
 - a host vanished: it does not answer ssh now, and the others lost its workers (a
-  collective waited for them, or their ssh session ended);
+  collective waited for them, or their ssh session ended); not in an elastic run, which goes
+  on without such a worker, and fails only for another reason;
 - a worker stopped answering: a collective waited ``lost_worker_after_s`` (Gloo's
   ``Timed out waiting ...ms``) for one that was stopped, hung or cut off. Which one is told by
   the heartbeats: the silent worker's last beat is about ``lost_worker_after_s`` older than
@@ -115,7 +116,7 @@ def _vanished(run: RunDir, status: dict, tail: str) -> Failure | None:
     workers: a collective waited for them, or their ssh session ended (ssh's code 255)."""
     config = run.config()
     lost = GLOO_WAITED.search(tail) or re.search(r"Process name: \d+\s+Exit code: 255", tail)
-    if not config.hosts or not lost:
+    if not config.hosts or not lost or config.elastic is not None:  # elastic: a reset, not this
         return None
     workers = [e for e in status.get("processes", []) if "rank" in e]
     ssh = remote.Ssh.of(config)
@@ -133,7 +134,7 @@ def _vanished(run: RunDir, status: dict, tail: str) -> Failure | None:
 
 def _silent(run: RunDir, status: dict, tail: str) -> Failure | None:
     waited = GLOO_WAITED.search(tail)
-    if not waited:
+    if not waited or run.config().elastic is not None:  # an elastic run reset on it and went on
         return None
     timeout_s = int(waited.group(1)) // 1000
     how_long = f"the others waited lost_worker_after_s={timeout_s} s for it in a collective"
