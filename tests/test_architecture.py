@@ -23,6 +23,7 @@ LAYERS = {  # bottom to top, as docs/architecture.md's table gives them (top fir
         "registry",
         "safe_yaml",
         "files",
+        "advice",
     },
     "run directory": {"runs"},
     "arithmetic": {"optimizers", "scaling", "parallel"},

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_workers, weights
 
-from toolkit.launching import cluster, failures
+from toolkit.launching import cluster
 from toolkit.optimizers import SGD
 from toolkit.parallel import distributed, elastic
+from toolkit.parallel.collective_errors import collective_failed
 from toolkit.parallel.compression import reshard_residuals as reshard
 from toolkit.scaling.noise_scale import Smoother
 
@@ -156,7 +157,7 @@ def test_a_state_is_built_without_collectives_and_builds_the_optimizer():
 def test_a_failed_collective_is_a_lost_worker_whatever_its_name(message, lost):
     """What a survivor sees when a peer dies mid-collective: every Horovod op's failure counts
     as a lost worker (the run resets and goes on), any other error is training's own."""
-    assert failures.collective_failed(message) is lost
+    assert collective_failed(message) is lost
 
 
 def test_the_committer_counts_on_from_a_resumed_batch_and_commits_every_n_and_at_epoch_end():

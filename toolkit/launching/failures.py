@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from toolkit import files
 from toolkit.launching import remote
+from toolkit.parallel.collective_errors import collective_failed
 from toolkit.runs import processes
 from toolkit.runs.rundir import RunDir
 
@@ -52,13 +53,6 @@ class Failure:
 
     reason: str
     blames_another: bool = False
-
-
-def collective_failed(message: str) -> bool:
-    """Whether an error's ``message`` is a Horovod collective's failure: it names Horovod (its
-    ops, its shut-down) or Gloo, whose transport reports a peer gone (``gloo/transport/tcp/
-    pair.cc: Read error ... Connection reset by peer``). It says another worker failed."""
-    return "Horovod" in message or "gloo" in message.lower()
 
 
 def overrides(failure: Failure, recorded: dict) -> bool:

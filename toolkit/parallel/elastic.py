@@ -37,8 +37,8 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from toolkit.launching.failures import collective_failed
 from toolkit.parallel import distributed
+from toolkit.parallel.collective_errors import collective_failed
 from toolkit.parallel.compression import Residuals, reshard_residuals
 from toolkit.scaling.noise_scale import Smoother
 
