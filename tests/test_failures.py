@@ -2,9 +2,10 @@
 
 The first tests read logs as Horovod, Gloo and horovodrun write them (their lines taken from
 real failures on this machine) in a run directory whose workers' heartbeats are aged by hand.
-The last ones stop a worker for real (SIGSTOP) under horovodrun: the run fails after
-``lost_worker_after_s`` naming that worker, whatever its rank, and resumes from the Runs page
-past a damaged latest checkpoint. The same on two hosts is in ``test_multihost``.
+The last one stops a worker for real (SIGSTOP) under horovodrun: the run fails after
+``lost_worker_after_s`` naming that worker, and resumes from the Runs page past a damaged
+latest checkpoint. The same on two hosts is in ``test_multihost``; rank 0 itself stopped
+(23 s by hand: named as here) is read from its lines above.
 """
 
 from __future__ import annotations
@@ -84,6 +85,24 @@ def test_a_silent_worker_is_named_by_its_stale_heartbeat(tmp_path):
         "hang, or a cut link); resume the run to go on from its last checkpoint, or raise "
         "lost_worker_after_s if it pauses on purpose. horovodrun exited with code 1; see "
         "stdout.log"
+    )
+    assert failure.blames_another
+
+
+def test_a_silent_rank_0_is_named_though_rank_1_exits_first(tmp_path):
+    """Rank 0 stopped: rank 1 times out and exits first, and training (rank 0's) recorded
+    nothing, so the failure's time is now; rank 0's heartbeat is the stale one."""
+    log = (
+        f"[1]<stderr>:[...] [1]: Horovod background loop uncaught exception: {GLOO}/"
+        "unbound_buffer.cc:81] Timed out waiting 10000ms for recv operation to complete\n"
+        "Process 1 exit with status code 1.\nTerminating remaining workers after failure of "
+        "Process 1.\nProcess 0 exit with status code 137.\nProcess name: 1\nExit code: 1\n"
+    )
+    run = a_run(tmp_path, log, ages={0: 13.0, 1: 2.0})
+    run.set_status("running", finished=None, reason=None)
+    failure = explained(run)
+    assert failure.reason.startswith(
+        "worker rank 0 on vm stopped answering: the others waited lost_worker_after_s=10 s"
     )
     assert failure.blames_another
 
@@ -200,15 +219,6 @@ def stopped_answering(rank: int) -> str:
         f"worker rank {rank} on {host} stopped answering: the others waited "
         "lost_worker_after_s=10 s for it in a collective"
     )
-
-
-def test_a_stopped_rank_0_fails_the_run_after_the_timeout_naming_it(runs):
-    """Rank 0 itself stopped: rank 1 is the one that fails first, and is not blamed."""
-    run = launcher.launch(from_mapping({**SMALL, "epochs": 40, "lost_worker_after_s": 10}))
-    status, took = failed_after(run, stop_a_worker(run, 0))
-    assert status["state"] == "failed" and took >= 10
-    assert status["reason"].startswith(stopped_answering(0)), status["reason"]
-    assert "Timed out waiting 10000ms" in run.stdout_path.read_text()  # the raw text is kept
 
 
 def test_after_a_stopped_worker_the_runs_page_resumes_past_a_damaged_checkpoint(runs):
