@@ -77,7 +77,8 @@ def launch(
     ``meta``: extra fields for ``meta.json`` (e.g. ``{"probe": True}``); ``tags`` and ``notes``: the
     run's (see :meth:`~toolkit.runs.rundir.RunDir.set_tags`), checked before anything is created.
     ``slurm``: submit the run to Slurm (:mod:`toolkit.launching.slurm`): ``True``, or the fields
-    of the config's ``slurm`` section to set (``{"nodes": 2, "time": "1:00:00"}``)."""
+    of the config's ``slurm`` section to set (``{"nodes": 2, "time": "1:00:00"}``).
+    :mod:`toolkit.advice`'s findings are issued as warnings and written to the run's log."""
     labels = {"tags": sorted({rundir.check_tag(t) for t in tags})} if tags else {}
     if notes:
         labels["notes"] = rundir.check_notes(notes)
