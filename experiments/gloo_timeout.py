@@ -38,12 +38,12 @@ def worker(case: str, timeout_s: float) -> None:
     rank = int(os.environ["HOROVOD_RANK"])
     if case == "late" and rank == 1:
         time.sleep(STRETCH * timeout_s)
-    started = time.monotonic()
-    if rank == 0 and case == "late":  # the init itself waits for rank 1; it aborts on failure
-        print(f"INIT {time.time():.3f}", flush=True)
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
+    started = time.monotonic()
+    if rank == 0 and case == "late":  # the init itself waits for rank 1; it aborts on failure
+        print(f"INIT {time.time():.3f}", flush=True)
     hvd.init()
     hvd.allreduce(tf.constant([1.0]), name="before")
     if case == "late":

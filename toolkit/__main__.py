@@ -27,6 +27,7 @@ state, run files that cannot be written) exits with status 2 and one line on std
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -148,20 +149,23 @@ def build_parser() -> Parser:
     return parser
 
 
-def _show_warning(message, category, *args, **kwargs) -> None:
+def _show_warning(otherwise, message, category, *args, **kwargs) -> None:
     """A :class:`~toolkit.advice.ConfigWarning` as one ``warning: ...`` line on stderr; any
-    other warning as Python shows it."""
+    other warning as ``otherwise`` shows it."""
     if issubclass(category, advice.ConfigWarning):
         print(f"warning: {message}", file=sys.stderr)
     else:
-        SHOW_WARNING(message, category, *args, **kwargs)
-
-
-SHOW_WARNING = warnings.showwarning
+        otherwise(message, category, *args, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:
-    warnings.showwarning = _show_warning
+    """The CLI; :class:`~toolkit.advice.ConfigWarning` shows as ``warning: ...`` meanwhile."""
+    with warnings.catch_warnings():
+        warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+        return _command(argv)
+
+
+def _command(argv: list[str] | None) -> int:
     parser = build_parser()
     args, passed_on = parser.parse_known_args(argv)
     if passed_on and args.command != "notebook":
