@@ -209,6 +209,17 @@ def test_the_top_level_compression_of_earlier_configs_reads_as_allreduce_compres
     assert same.allreduce.compression == "topk"
 
 
+def test_every_unknown_field_is_named_with_the_nearest_known_one():
+    with pytest.raises(ConfigError) as error:
+        from_mapping({"epochz": 3, "optimzer": {"name": "sgd"}, "batch": {"per_workr": 8, "zz": 1}})
+    assert str(error.value).splitlines()[1:] == [
+        "  batch.per_workr: Extra inputs are not permitted (got 8); did you mean per_worker?",
+        "  batch.zz: Extra inputs are not permitted (got 1)",  # nothing near: no guess
+        "  epochz: Extra inputs are not permitted (got 3); did you mean epochs?",
+        "  optimzer: Extra inputs are not permitted; did you mean optimizer?",
+    ]
+
+
 def test_the_elastic_lost_after_s_of_earlier_configs_reads_as_lost_worker_after_s():
     """It moved to the top level when every launch, elastic or not, came to use it."""
     elastic = {"discovery": "hosts", "max_workers": 2}

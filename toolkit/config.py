@@ -14,9 +14,11 @@ schema runs on every config it validates.
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import math
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -613,7 +615,7 @@ def from_mapping(
         for context in passes:
             config = ExperimentConfig.model_validate(raw, context=context)
     except ValidationError as error:
-        raise ConfigError(format_errors(error)) from None
+        raise ConfigError(format_errors(error, root=ExperimentConfig)) from None
     return config
 
 
@@ -660,16 +662,37 @@ def from_raw(
     return from_mapping(raw or {}, overrides, stored=stored)
 
 
-def format_errors(error: ValidationError, what: str = "experiment config") -> str:
-    """One line per bad field of ``what``: ``field.path: message (got value)``."""
+def format_errors(
+    error: ValidationError, what: str = "experiment config", root: type[BaseModel] | None = None
+) -> str:
+    """One line per bad field of ``what``: ``field.path: message (got value)``; given the
+    ``root`` model, an unknown field adds the nearest known name of its section
+    (``epochz: Extra inputs are not permitted (got 3); did you mean epochs?``)."""
     lines = []
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "config"
         message = safe_yaml.clip(item["msg"].removeprefix("Value error, ")).replace("\n", " ")
         got = item.get("input")
         shown = "" if isinstance(got, dict) else f" (got {safe_yaml.short(got)})"
+        if item["type"] == "extra_forbidden" and root is not None:
+            shown += _nearest(root, item["loc"])
         lines.append(f"{field}: {message}{shown}")
     return f"invalid {what}:\n  " + "\n  ".join(lines)
+
+
+def _nearest(root: type[BaseModel], loc: tuple) -> str:
+    """``; did you mean NAME?`` for the unknown field at ``loc``, NAME the closest field of
+    its section (a model under ``root``), or nothing where none is close."""
+    model = root
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        kinds = (typing.get_args(field.annotation) or (field.annotation,)) if field else ()
+        models = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        if not models:
+            return ""
+        model = models[0]
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def field_errors(error: ConfigError) -> dict[str, str]:
