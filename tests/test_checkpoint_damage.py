@@ -126,6 +126,18 @@ def test_each_damage_is_found_and_named(case, trained, tmp_path):
     assert intact.name == "epoch-0003" and [(p.name, s) for p, s in passed_over] == [(LATEST, said)]
 
 
+def test_the_runs_table_tells_an_ended_run_whose_latest_checkpoint_is_damaged(trained, tmp_path):
+    from toolkit.__main__ import runs_table
+
+    run = copy_of(trained, tmp_path, "damaged")
+    said = truncate(run.checkpoints_path / LATEST)
+    told = f"latest checkpoint {LATEST} damaged ({said}); a resume starts from epoch-0003"
+    assert summary(run)["damaged_checkpoint"] == told and told in summary(run)["reason"]
+    assert runs_table(tmp_path).splitlines()[-1] == f"damaged: {told}"
+    flip_a_bit(run.checkpoints_path / "epoch-0003")  # sizes only, in a listing: not seen
+    assert summary(run)["damaged_checkpoint"] == told
+
+
 def test_a_checkpoint_from_before_manifests_still_loads(trained, tmp_path):
     run = copy_of(trained, tmp_path, "old")
     (run.checkpoints_path / LATEST / checkpoints.MANIFEST).unlink()

@@ -73,6 +73,19 @@ def test_runs_filters_by_tag_and_searches_ids_tags_and_notes(tmp_path):
     assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == ["alpha"]
 
 
+def test_runs_whose_reader_leaves_ends_quietly(tmp_path, subprocess_env):
+    """``runs | head``: the reader has gone before the table is written; no BrokenPipeError
+    traceback, exit 0."""
+    RunDir.create(tmp_path, "alpha")
+    command = [sys.executable, "-m", "toolkit", "--runs", str(tmp_path), "runs"]
+    reading = subprocess.Popen(
+        command, cwd=ROOT, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    reading.stdout.close()
+    said = reading.stderr.read().decode()
+    assert reading.wait(timeout=60) == 0 and said == "", said
+
+
 def test_default_run_ids_are_short_descriptive_and_unique(tmp_path, monkeypatch):
     config = from_mapping(
         {"name": "quickstart", "optimizer": {"name": "lars"}, "batch": {"per_worker": 64}}

@@ -159,10 +159,17 @@ def _show_warning(otherwise, message, category, *args, **kwargs) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The CLI; :class:`~toolkit.advice.ConfigWarning` shows as ``warning: ...`` meanwhile."""
+    """The CLI; :class:`~toolkit.advice.ConfigWarning` shows as ``warning: ...`` meanwhile, and
+    a reader that stops reading (``runs | head``) ends it quietly."""
     with warnings.catch_warnings():
         warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
-        return _command(argv)
+        try:
+            code = _command(argv)
+            sys.stdout.flush()  # a reader gone (`runs | head`) shows here, not at exit
+        except BrokenPipeError:  # it has what it wanted: end quietly, as `cat` would
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        return code
 
 
 def _command(argv: list[str] | None) -> int:
@@ -234,6 +241,8 @@ def _command(argv: list[str] | None) -> int:
             print(f"probing {config.name}: {args.steps} updates on {args.np} worker(s)...")
             result = probe_lib.probe(config, steps=args.steps, np=args.np, runs_root=args.runs)
             print(f"{result.reading()}\n(probe run: {result.run_id})")
+    except BrokenPipeError:  # not the command's error: the reader of its output left
+        raise
     except (ValueError, OSError, ClusterError) as error:  # ConfigError, RunError: ValueErrors
         print(f"error: {safe_yaml.clip(error)}", file=sys.stderr)
         return 2
