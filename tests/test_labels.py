@@ -86,6 +86,14 @@ def test_runs_whose_reader_leaves_ends_quietly(tmp_path, subprocess_env):
     assert reading.wait(timeout=60) == 0 and said == "", said
 
 
+def test_stop_on_a_run_that_has_ended_says_there_is_nothing_to_stop(tmp_path):
+    RunDir.create(tmp_path, "done").set_status("completed")
+    result = run_cli(["stop", "done"], tmp_path)
+    assert result.returncode == 0
+    assert result.stdout.strip() == "done had already ended (completed): nothing to stop"
+    assert RunDir(tmp_path / "done").status()["state"] == "completed"
+
+
 def test_default_run_ids_are_short_descriptive_and_unique(tmp_path, monkeypatch):
     config = from_mapping(
         {"name": "quickstart", "optimizer": {"name": "lars"}, "batch": {"per_worker": 64}}

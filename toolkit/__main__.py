@@ -44,7 +44,7 @@ from toolkit.launching import launch as launcher
 from toolkit.launching import probe as probe_lib
 from toolkit.launching.cluster import ClusterError
 from toolkit.runs.monitor import follow
-from toolkit.runs.rundir import list_runs, resolve, runs_root
+from toolkit.runs.rundir import LIVE, list_runs, resolve, runs_root
 from toolkit.runs.table import matches, progress_text, summary
 
 
@@ -212,8 +212,10 @@ def _command(argv: list[str] | None) -> int:
                 run.set_notes(sys.stdin.read().rstrip("\n") if args.text == "-" else args.text)
             print(run.notes())
         elif args.command == "stop":
+            was = resolve(args.run, args.runs).status()["state"]
             run = launcher.stop(args.run, args.runs, by="the CLI")
-            print(f"{run.run_id}: {run.status()['state']}")
+            ended = f"{run.run_id} had already ended ({was}): nothing to stop"
+            print(f"{run.run_id}: {run.status()['state']}" if was in LIVE else ended)
         elif args.command == "resume":
             run = launcher.resume(args.run, args.runs)
             print(f"resumed {run.run_id}")
