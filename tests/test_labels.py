@@ -1,5 +1,6 @@
-"""Run names, tags and notes through the CLI and Python (the app's door is in test_app), and a
-bad config refused at once, without TensorFlow."""
+"""Run names, tags and notes through the CLI and Python (the app's door is in test_app), a bad
+config refused at once, without TensorFlow, and the CLI's manners: help on every argument,
+quiet when its reader leaves, a stop of an ended run told so."""
 
 from __future__ import annotations
 
@@ -126,3 +127,22 @@ def test_a_bad_config_is_refused_at_once_without_tensorflow(tmp_path, subprocess
     assert "batch.per_worker: Input should be greater than or equal to 1" in result.stderr
     assert "model: unknown model 'vgg'; choose one of" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_every_argument_of_every_command_has_help():
+    import argparse
+
+    from toolkit.__main__ import build_parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, command: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{command} {name}".strip())
+            elif not action.help:
+                missing.append(f"{command}: {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "")
+    assert missing == []

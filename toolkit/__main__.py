@@ -47,6 +47,9 @@ from toolkit.runs.monitor import follow
 from toolkit.runs.rundir import LIVE, list_runs, resolve, runs_root
 from toolkit.runs.table import matches, progress_text, summary
 
+RUN_HELP = "the run's id (toolkit runs lists them)"
+SET_HELP = "override one config field, as YAML: --set optimizer.params.momentum=0.95 (repeatable)"
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, its messages cut short where they quote an argument (its subcommands too)."""
@@ -80,7 +83,7 @@ def build_parser() -> Parser:
     parser.add_argument("--runs", help="runs root (default $LBL_RUNS or ./runs)")
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("launch", help="validate a config and start it under horovodrun")
-    start.add_argument("config")
+    start.add_argument("config", help="the experiment's YAML file (experiments/*.yaml)")
     start.add_argument(
         "--np", type=integer(1, MAX_WORKERS), help="number of workers (default: the config's)"
     )
@@ -96,7 +99,7 @@ def build_parser() -> Parser:
         "--discovery", help="elastic: hosts file (host:slots lines) or discovery script"
     )
     _slurm_arguments(start)
-    start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     start.add_argument("--name", help="run id (default <name>-b<batch>-<optimizer>-<hex>)")
     start.add_argument("--tag", action="append", default=[], help="tag the run (repeatable)")
     start.add_argument("--note", help="the run's notes")
@@ -106,28 +109,31 @@ def build_parser() -> Parser:
     listing.add_argument("--tag", action="append", default=[], help="only runs with this tag")
     listing.add_argument("--search", help="only runs whose id, tags or notes contain this")
     tag = sub.add_parser("tag", help="add tags to a run (or --remove them); list them")
-    tag.add_argument("run")
-    tag.add_argument("tags", nargs="*", metavar="TAG")
-    tag.add_argument("--remove", action="append", default=[], metavar="TAG")
+    tag.add_argument("run", help=RUN_HELP)
+    tag.add_argument("tags", nargs="*", metavar="TAG", help="tags to add (none: list them)")
+    tag.add_argument(
+        "--remove", action="append", default=[], metavar="TAG", help="a tag to take off"
+    )
     note = sub.add_parser("note", help="show a run's notes, or replace them with TEXT")
-    note.add_argument("run")
+    note.add_argument("run", help=RUN_HELP)
     note.add_argument("text", nargs="?", help="the new notes ('-': read them from stdin)")
-    sub.add_parser("stop", help="stop a run").add_argument("run")
+    sub.add_parser("stop", help="stop a run").add_argument("run", help=RUN_HELP)
     cont = sub.add_parser("resume", help="continue a run from its last checkpoint")
-    cont.add_argument("run")
+    cont.add_argument("run", help=RUN_HELP)
     cont.add_argument("--wait", action="store_true", help="wait until the run ends")
-    sub.add_parser("delete", help="delete an ended run's directory").add_argument("run")
+    delete = sub.add_parser("delete", help="delete an ended run's directory")
+    delete.add_argument("run", help=RUN_HELP)
     probe = sub.add_parser("probe", help="what batch should I use? (the gradient noise scale)")
-    probe.add_argument("config")
+    probe.add_argument("config", help="the experiment's YAML file to probe")
     probe.add_argument(
         "--np", type=integer(1, MAX_WORKERS), default=1, help="workers (default 1, here)"
     )
     probe.add_argument(
         "--steps", type=integer(1, probe_lib.MAX_PROBE_STEPS), default=200, help="updates"
     )
-    probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     grid = sub.add_parser("sweep", help="run a grid of experiments (toolkit.launching.sweep)")
-    grid.add_argument("sweep")
+    grid.add_argument("sweep", help="the sweep's YAML file (sweeps.md)")
     shown = grid.add_mutually_exclusive_group()
     shown.add_argument("--dry-run", action="store_true", help="print the cells, start nothing")
     shown.add_argument("--status", action="store_true", help="print each cell's state and results")
@@ -437,8 +443,10 @@ def _cluster_parser(parser: argparse.ArgumentParser) -> None:
     actions.add_parser("status", help="each host: namespace, sshd, ssh, shaping, Slurm state")
     actions.add_parser("down", help="remove every namespace, process and file the cluster made")
     inside = actions.add_parser("exec", help="run a command inside a host")
-    inside.add_argument("host")
-    inside.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND")
+    inside.add_argument("host", help="a cluster host's name (lbl-h1, ...)")
+    inside.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="what to run there"
+    )
 
 
 def _cluster(args) -> int:
