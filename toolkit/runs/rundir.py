@@ -170,9 +170,13 @@ def check_run_id(run_id: Any) -> str:
 
 def resolve(run_id: str, root: str | Path | None = None) -> RunDir:
     """The run ``run_id`` under the runs root, checked before anything reads, writes or deletes
-    it: a valid id, and a real directory (not a symlink) directly inside the root."""
+    it: a valid id, and a real directory (not a symlink) directly inside the root. An id no run
+    has is taken as the start of one (``quickstart-b64`` for ``quickstart-b64-lars-186e``)
+    where exactly one run's id starts so; several are named."""
     base = runs_root(root)
     path = base / check_run_id(run_id)
+    if not path.exists() and not path.is_symlink():
+        path = base / _unique_prefix(run_id, base)
     if path.is_symlink():
         raise RunError(f"{path} is a symlink, not a run directory")
     if not path.is_dir():
@@ -180,6 +184,21 @@ def resolve(run_id: str, root: str | Path | None = None) -> RunDir:
     if path.resolve().parent != base.resolve():
         raise RunError(f"{path} is not inside the runs root {base}")
     return RunDir(path)
+
+
+def _unique_prefix(prefix: str, base: Path) -> str:
+    """The one run id in ``base`` that starts with ``prefix`` (``prefix`` itself if none does:
+    the caller says there is no such run)."""
+    try:
+        found = sorted(
+            e.name for e in os.scandir(base) if e.name.startswith(prefix) and _is_real_dir(e)
+        )
+    except OSError:
+        return prefix
+    if len(found) > 1:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise RunError(f"{prefix!r} starts {len(found)} run ids ({shown}): give more of it")
+    return found[0] if found else prefix
 
 
 _thread_locks: dict[str, threading.RLock] = {}
