@@ -90,8 +90,8 @@ def test_runs_whose_reader_leaves_ends_quietly(tmp_path, subprocess_env):
 def test_a_run_id_may_be_given_by_its_unique_start(tmp_path):
     for run_id in ("quick-b64-lars-1a2b", "quick-b64-lars-9f8e", "baseline-b64-sgd-0c0d"):
         RunDir.create(tmp_path, run_id)
-    assert rundir.resolve("baseline", tmp_path).run_id == "baseline-b64-sgd-0c0d"
-    assert rundir.resolve("quick-b64-lars-9", tmp_path).run_id == "quick-b64-lars-9f8e"
+    assert rundir.complete_id("baseline", tmp_path) == "baseline-b64-sgd-0c0d"
+    assert rundir.complete_id("quick-b64-lars-9", tmp_path) == "quick-b64-lars-9f8e"
     result = run_cli(["tag", "baseline", "sgd"], tmp_path)
     assert result.returncode == 0 and RunDir(tmp_path / "baseline-b64-sgd-0c0d").tags() == ["sgd"]
     result = run_cli(["stop", "quick"], tmp_path)
@@ -100,8 +100,9 @@ def test_a_run_id_may_be_given_by_its_unique_start(tmp_path):
         "error: 'quick' starts 2 run ids (quick-b64-lars-1a2b, quick-b64-lars-9f8e): give more "
         "of it"
     )
-    with pytest.raises(rundir.RunError, match="no run 'zeta'"):
-        rundir.resolve("zeta", tmp_path)
+    assert rundir.complete_id("zeta", tmp_path) == "zeta"  # resolve says there is none
+    with pytest.raises(rundir.RunError, match="no run 'baseline'"):  # held ids: whole only
+        rundir.resolve("baseline", tmp_path)
 
 
 def test_stop_on_a_run_that_has_ended_says_there_is_nothing_to_stop(tmp_path):

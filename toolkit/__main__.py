@@ -44,7 +44,7 @@ from toolkit.launching import launch as launcher
 from toolkit.launching import probe as probe_lib
 from toolkit.launching.cluster import ClusterError
 from toolkit.runs.monitor import follow
-from toolkit.runs.rundir import LIVE, list_runs, resolve, runs_root
+from toolkit.runs.rundir import LIVE, complete_id, list_runs, resolve, runs_root
 from toolkit.runs.table import matches, progress_text, summary
 
 RUN_HELP = "the run's id (toolkit runs lists them)"
@@ -185,6 +185,8 @@ def _command(argv: list[str] | None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
 
     try:
+        if getattr(args, "run", None):  # typed: its unique start will do
+            args.run = complete_id(args.run, args.runs)
         if args.command == "launch":
             run = launcher.launch(
                 args.config,
@@ -306,7 +308,7 @@ def _tensorboard(args) -> int:
     under the logdir, then serve them with TensorBoard on 127.0.0.1 until interrupted."""
     from toolkit.runs import tensorboard_export
 
-    named = [resolve(run_id, args.runs) for run_id in args.run_ids]
+    named = [resolve(complete_id(run_id, args.runs), args.runs) for run_id in args.run_ids]
 
     def runs() -> list:
         return named or [run for run in list_runs(args.runs) if not run.meta().get("probe")]

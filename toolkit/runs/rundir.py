@@ -170,13 +170,9 @@ def check_run_id(run_id: Any) -> str:
 
 def resolve(run_id: str, root: str | Path | None = None) -> RunDir:
     """The run ``run_id`` under the runs root, checked before anything reads, writes or deletes
-    it: a valid id, and a real directory (not a symlink) directly inside the root. An id no run
-    has is taken as the start of one (``quickstart-b64`` for ``quickstart-b64-lars-186e``)
-    where exactly one run's id starts so; several are named."""
+    it: a valid id, and a real directory (not a symlink) directly inside the root."""
     base = runs_root(root)
     path = base / check_run_id(run_id)
-    if not path.exists() and not path.is_symlink():
-        path = base / _unique_prefix(run_id, base)
     if path.is_symlink():
         raise RunError(f"{path} is a symlink, not a run directory")
     if not path.is_dir():
@@ -186,9 +182,15 @@ def resolve(run_id: str, root: str | Path | None = None) -> RunDir:
     return RunDir(path)
 
 
-def _unique_prefix(prefix: str, base: Path) -> str:
-    """The one run id in ``base`` that starts with ``prefix`` (``prefix`` itself if none does:
-    the caller says there is no such run)."""
+def complete_id(prefix: str, root: str | Path | None = None) -> str:
+    """What a person typed as a run id, completed: ``prefix`` itself if a run has that id, else
+    the one run id under the runs root that starts with it (``quickstart-b64`` for
+    ``quickstart-b64-lars-186e``); ``prefix`` if none does (:func:`resolve` then says there is
+    no such run). Several are named in a :class:`RunError`. For the CLI, where ids are typed:
+    code that holds an id uses it whole."""
+    base = runs_root(root)
+    if (base / check_run_id(prefix)).exists() or (base / prefix).is_symlink():
+        return prefix
     try:
         found = sorted(
             e.name for e in os.scandir(base) if e.name.startswith(prefix) and _is_real_dir(e)
