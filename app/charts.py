@@ -43,6 +43,11 @@ def label(text: str) -> str:
     return html.escape(str(text), quote=False)
 
 
+SMOOTHING = 0.6
+"""The EMA smoothing every page's curves start at: TensorBoard's default, so a curve reads the
+same on Run detail and Compare (the raw one is drawn faintly behind it)."""
+
+
 def ema(y: np.ndarray, smoothing: float) -> np.ndarray:
     """TensorBoard-style debiased exponential moving average (``smoothing`` = weight of the
     past, 0 = raw); NaNs are skipped, not propagated."""

@@ -618,6 +618,7 @@ def test_detail_shows_status_progress_curves_and_trust_ratios(root):
     at = page("detail")
     assert "state: completed" in at.text[0].value
     assert at.get("progress")[0].proto.value == 100
+    by_label(at.slider, "EMA smoothing").set_value(0.0).run()  # the raw curves alone
     specs = figures(at)
     assert [f["layout"]["title"]["text"] for f in specs] == [
         "loss",
@@ -728,6 +729,16 @@ def test_one_colour_per_run_on_run_detail_and_compare(compare_runs):
     for figure in figures(at):
         for trace in figure["data"]:
             assert trace["line"]["color"] == colours[trace["legendgroup"]]
+
+
+def test_run_detail_and_compare_start_at_one_smoothing(compare_runs):
+    """TensorBoard's 0.6 on both pages: a curve reads the same on either."""
+    detail = page("detail")
+    at = page()
+    at.session_state["compare_runs"] = ["run-0", "run-2"]
+    at.switch_page("views/compare.py").run()
+    smoothings = [by_label(p.slider, "EMA smoothing").value for p in (detail, at)]
+    assert smoothings == [charts.SMOOTHING, charts.SMOOTHING] and charts.SMOOTHING == 0.6
 
 
 def test_detail_draws_against_samples_seen_smoothed(root):

@@ -67,7 +67,7 @@ shown = controls[0].multiselect(
     "Metrics", metrics, default=[m for m in DEFAULT_METRICS if m in metrics]
 )
 x_axis = controls[1].radio("x-axis", list(X_AXES), horizontal=True)
-smoothing = controls[2].slider("EMA smoothing", 0.0, 0.99, 0.6, 0.01)
+smoothing = controls[2].slider("EMA smoothing", 0.0, 0.99, charts.SMOOTHING, 0.01)
 log_y = controls[3].checkbox("log y")
 
 

@@ -48,7 +48,7 @@ with st.expander("Open this run in a notebook"):
     )
 controls = st.columns([3, 2, 1])
 x_axis = controls[0].radio("x-axis", list(X_AXES), horizontal=True)
-smoothing = controls[1].slider("EMA smoothing", 0.0, 0.99, 0.0, 0.01)
+smoothing = controls[1].slider("EMA smoothing", 0.0, 0.99, charts.SMOOTHING, 0.01)
 if controls[2].button("Stop", disabled=not live, width="stretch", help="stop this run"):
     try:
         with st.spinner("Stopping…"):
