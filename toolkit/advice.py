@@ -33,11 +33,13 @@ def warnings(config: ExperimentConfig, peak_lr: float | None = None) -> list[str
     return [sentence for sentence in found if sentence]
 
 
-def warn(config: ExperimentConfig, peak_lr: float | None = None) -> list[str]:
-    """:func:`warnings`, each also issued as a :class:`ConfigWarning`; returns them."""
+def warn(config: ExperimentConfig, peak_lr: float | None = None, stacklevel: int = 1) -> list[str]:
+    """:func:`warnings`, each also issued as a :class:`ConfigWarning` attributed ``stacklevel``
+    frames above the caller (``launch`` and ``train`` give their own caller's line); returns
+    them."""
     found = warnings(config, peak_lr)
     for sentence in found:
-        python_warnings.warn(sentence, ConfigWarning, stacklevel=4)  # the caller of launch or train
+        python_warnings.warn(sentence, ConfigWarning, stacklevel=stacklevel + 1)
     return found
 
 

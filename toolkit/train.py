@@ -27,7 +27,7 @@ from toolkit.parallel import distributed
 from toolkit.runs import checkpoints, monitor, processes, rundir, slurm_jobs
 from toolkit.runs.rundir import RunDir, RunError
 from toolkit.training import callbacks
-from toolkit.training.experiment import schedule_preview
+from toolkit.training.experiment import schedule_peak
 from toolkit.training.trainer import Trainer
 
 
@@ -148,7 +148,7 @@ def _fit(config, run, run_dir, resume, world, verbose, view, advise):
     issue :func:`toolkit.advice.warn`'s warnings for the config."""
     trainer = Trainer.build(config, world)
     if advise:
-        advice.warn(config, float(schedule_preview(config, trainer.plan.num_train)["lr"].max()))
+        advice.warn(config, schedule_peak(config, trainer.plan.num_train), stacklevel=3)
     if run:  # what a progress bar outside the run counts to, and the NaN guard's granularity
         run.update_meta(
             **trainer.plan.meta(), steps_per_execution=trainer.model.steps_per_execution

@@ -112,7 +112,7 @@ def _vanished(run: RunDir, status: dict, tail: str) -> Failure | None:
     lost = GLOO_WAITED.search(tail) or re.search(r"Process name: \d+\s+Exit code: 255", tail)
     if not config.hosts or not lost or config.elastic is not None:  # elastic: a reset, not this
         return None
-    workers = [e for e in status.get("processes", []) if "rank" in e]
+    workers = _workers(status)
     ssh = remote.Ssh.of(config)
     for host in sorted({e["host"] for e in workers if not remote.is_local(e["host"])}):
         if not _answers(ssh, host):
@@ -127,25 +127,26 @@ def _vanished(run: RunDir, status: dict, tail: str) -> Failure | None:
 
 
 def _silent(run: RunDir, status: dict, tail: str) -> Failure | None:
-    waited = GLOO_WAITED.search(tail)
-    if not waited or run.config().elastic is not None:  # an elastic run reset on it and went on
+    match = GLOO_WAITED.search(tail)
+    if not match or run.config().elastic is not None:  # an elastic run reset on it and went on
         return None
-    timeout_s = int(waited.group(1)) // 1000
-    how_long = f"the others waited lost_worker_after_s={timeout_s} s for it in a collective"
-    workers = [e for e in status.get("processes", []) if "rank" in e]
+    timeout_s = int(match.group(1)) // 1000
+    waited = f"the others waited lost_worker_after_s={timeout_s} s"
     failed_at = status.get("finished") or time.time()
-    silent = [e for e in workers if _quiet_since(run, e) < failed_at - max(timeout_s - 1, 7)]
+    silent = [
+        e for e in _workers(status) if _quiet_since(run, e) < failed_at - max(timeout_s - 1, 7)
+    ]
     if not silent:
         return Failure(
-            f"a worker stopped answering: {how_long.replace('for it ', '')}, then gave up; "
-            f"every heartbeat was fresh, so the lab cannot tell which; {RESUME}.",
+            f"a worker stopped answering: {waited} in a collective, then gave up; every "
+            f"heartbeat was fresh, so the lab cannot tell which; {RESUME}.",
             blames_another=True,
         )
     who = " and ".join(f"worker rank {e['rank']} on {e['host']}" for e in silent)
     return Failure(
-        f"{who} stopped answering: {how_long}, then gave up (a stopped process, by SIGSTOP "
-        f"or a debugger, a hang, or a cut link); {RESUME}, or raise lost_worker_after_s if "
-        "it pauses on purpose.",
+        f"{who} stopped answering: {waited} for it in a collective, then gave up (a stopped "
+        f"process, by SIGSTOP or a debugger, a hang, or a cut link); {RESUME}, or raise "
+        "lost_worker_after_s if it pauses on purpose.",
         blames_another=True,
     )
 
@@ -207,7 +208,8 @@ def _first_exit(status: dict, tail: str, said: str) -> Failure:
     srun = re.search(r"srun: error: (\S+): task (\d+): (.+)", tail)
     if srun and not first:
         host, rank, what = srun.group(1), int(srun.group(2)), srun.group(3).strip()
-        return Failure(f"worker rank {rank} on {host}: {what.lower()} (srun); {said}", True)
+        reason = f"worker rank {rank} on {host}: {what.lower()} (srun); {said}"
+        return Failure(reason, blames_another=rank != 0)  # rank 0's own error is training's
     if not first:
         return Failure(said)
     rank, exit_code = int(first[-1][0]), int(first[-1][1])
@@ -219,9 +221,14 @@ def _first_exit(status: dict, tail: str, said: str) -> Failure:
     )
 
 
+def _workers(status: dict) -> list[dict]:
+    """The worker processes the status records (those with a rank)."""
+    return [e for e in status.get("processes", []) if "rank" in e]
+
+
 def _on(status: dict, rank: int) -> str:
     """`` on HOST`` for worker ``rank`` where the status records it."""
-    hosts = [e["host"] for e in status.get("processes", []) if e.get("rank") == rank]
+    hosts = [e["host"] for e in _workers(status) if e["rank"] == rank]
     return f" on {hosts[0]}" if hosts else ""
 
 

@@ -105,7 +105,10 @@ def launch(
             update={"elastic": config.elastic.model_copy(update={"discovery": discovery})}
         )
     plan.check_backend(config, backends.requested())
-    findings = check_fits_dataset(config)
+    num_train = check_fits_dataset(config)
+    from toolkit.training.experiment import schedule_peak  # loaded by the check already
+
+    findings = advice.warn(config, schedule_peak(config, num_train), stacklevel=2)
     _check_place(config, runs_root(runs_root_dir))
     run = (
         RunDir.create(runs_root_dir, run_id, config)
@@ -156,20 +159,19 @@ def _check_place(config: config_lib.ExperimentConfig, root: Path) -> None:
     preflight.check(config, root)
 
 
-def check_fits_dataset(config: config_lib.ExperimentConfig) -> list[str]:
+def check_fits_dataset(config: config_lib.ExperimentConfig) -> int:
     """Raise :class:`~toolkit.config.ConfigError` if the run's plan cannot be made on its
     dataset: a worker's shard smaller than one batch, or AdaScale's base batch or an adaptive
     batch larger than the training set (checked here so it fails before any process starts).
-    Returns :func:`toolkit.advice.warn`'s findings, the schedule's peak rate included."""
-    from toolkit.training.experiment import load_dataset, schedule_preview
+    Returns the number of training examples."""
+    from toolkit.training.experiment import load_dataset
 
     try:
         dataset = load_dataset(config)
     except (RuntimeError, TypeError, ValueError) as error:  # offline, or a bad parameter
         raise config_lib.ConfigError(f"dataset: {error}") from None
     RunPlan.of(config, len(dataset.x_train))
-    peak = float(schedule_preview(config, len(dataset.x_train))["lr"].max())
-    return advice.warn(config, peak)
+    return len(dataset.x_train)
 
 
 def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bool) -> list[str]:

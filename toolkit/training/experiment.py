@@ -171,3 +171,9 @@ def schedule_preview(
     rates = rates_at(optimizer)
     lr, momentum = zip(*(rates(int(s)) for s in steps), strict=True)
     return pd.DataFrame({"step": steps, "epoch": steps / spe, "lr": lr, "momentum": momentum})
+
+
+def schedule_peak(config: ExperimentConfig, num_train: int) -> float:
+    """The highest learning rate of :func:`schedule_preview`: where a warm-up cut short by the
+    decay leaves it below the scaled rate (:mod:`toolkit.advice`)."""
+    return float(schedule_preview(config, num_train)["lr"].max())
