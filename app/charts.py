@@ -29,13 +29,15 @@ HOVER = "epoch %{{x:.2f}} (step %{{customdata[0]}})<br>{name} %{{y:.4g}}<extra><
 @dataclass
 class Series:
     """One curve: a name, aligned x/y arrays, and optionally its colour (a run's, from
-    :func:`app.data.colors`; default: the next of :data:`COLORS`) and dash."""
+    :func:`app.data.colors`; default: the next of :data:`COLORS`) and dash. An ``exact`` curve
+    (a value the run set, :data:`~toolkit.runs.curves.EXACT`) is never smoothed."""
 
     name: str
     x: np.ndarray | pd.Series
     y: np.ndarray | pd.Series
     color: str | None = None
     dash: str = "solid"
+    exact: bool = False
 
 
 def label(text: str) -> str:
@@ -70,17 +72,19 @@ def lines(
     height: int = 320,
 ) -> go.Figure:
     """Curves overlaid, one colour per series; with ``smoothing`` the EMA (of the full-resolution
-    curve) is drawn solid and the raw curve faint behind it. Each trace is downsampled to its
-    share of :data:`CHART_POINTS`. The traces are plain dicts of known-good properties, so
-    Plotly skips validating them (a third of the time for a chart of 100 runs)."""
+    curve) of each series that is not ``exact`` is drawn solid and the raw curve faint behind
+    it. Each trace is downsampled to its share of :data:`CHART_POINTS`. The traces are plain
+    dicts of known-good properties, so Plotly skips validating them (a third of the time for a
+    chart of 100 runs)."""
     traces, drawn_x, drawn_y = [], [], []
-    per_trace = CHART_POINTS // max(1, len(series) * (2 if smoothing > 0 else 1))
+    smoothed = [smoothing > 0 and not s.exact for s in series]
+    per_trace = CHART_POINTS // max(1, len(series) + sum(smoothed))
     points = min(MAX_POINTS, max(FEWEST_POINTS, per_trace))
-    for i, s in enumerate(series):
+    for i, (s, smooth) in enumerate(zip(series, smoothed, strict=True)):
         x = np.asarray(s.x)
         y = pd.to_numeric(pd.Series(s.y), errors="coerce").to_numpy(dtype=float)
         color, name = s.color or COLORS[i % len(COLORS)], label(s.name)
-        if smoothing > 0:
+        if smooth:
             keep = downsample(y, points)
             faint = {"hoverinfo": "skip", "opacity": 0.25, "showlegend": False}
             traces.append(_trace(x[keep], y[keep], name, color, width=1, **faint))

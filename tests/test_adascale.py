@@ -204,13 +204,16 @@ def test_the_noise_scale_interval_is_auto_by_default():
 def test_run_detail_draws_the_real_runs_gain_against_s_and_its_clock(one_worker, monkeypatch):
     from test_app import decode, figures, page
 
+    from app import charts
+
     run, events = one_worker
     monkeypatch.setenv("LBL_RUNS", str(run.path.parent))
     at = page("detail")
     drawn = {f["layout"]["title"]["text"]: f for f in figures(at)}
-    gain, scale = drawn["AdaScale's gain against S"]["data"]
+    raw, gain, scale = drawn["AdaScale's gain against S"]["data"]  # the gain smoothed, S not
     train = events[events.phase == "train"]
-    np.testing.assert_array_equal(decode(gain["y"]), train.gain)
+    np.testing.assert_array_equal(decode(raw["y"]), train.gain)
+    np.testing.assert_allclose(decode(gain["y"]), charts.ema(train.gain, charts.SMOOTHING))
     assert scale["name"] == "S = 8" and set(decode(scale["y"])) == {8.0}
     clock = drawn["AdaScale's clock τ (base-run updates)"]["data"][0]
     np.testing.assert_array_equal(decode(clock["y"]), train.tau)

@@ -757,6 +757,26 @@ def test_detail_draws_against_samples_seen_smoothed(root):
     np.testing.assert_allclose(decode(solid["y"]), charts.ema(train["loss"].to_numpy(), 0.9))
 
 
+def test_what_the_run_set_is_drawn_as_set_and_what_it_measured_smoothed(root):
+    """The learning rate is the schedule's own, never smoothed (a smoothed one lags its warm-up),
+    on Run detail and Compare alike; the loss beside it is."""
+    run = fake_run(root, "exact", events=300, epochs=3)
+    train = read_events(run.events_path).query("phase == 'train'")
+    detail = page("detail")
+    compare = page()
+    compare.session_state["compare_runs"] = ["exact"]
+    compare.switch_page("views/compare.py").run()
+    by_label(compare.multiselect, "Metrics").set_value(["train/lr", "train/loss"]).run()
+    for at in (detail, compare):
+        drawn = {f["layout"]["title"]["text"]: f["data"] for f in figures(at)}
+        lr = drawn.get("learning rate", drawn.get("train/lr"))
+        (line,) = lr
+        np.testing.assert_array_equal(decode(line["y"]), train["lr"])
+        loss = drawn.get("loss", drawn.get("train/loss"))
+        solid = [t for t in loss if "opacity" not in t and t["name"] in ("train", "exact")]
+        np.testing.assert_allclose(decode(solid[0]["y"]), charts.ema(train["loss"], 0.6))
+
+
 def test_detail_draws_each_workers_system_metrics(root):
     run = fake_run(root, "system", events=300, system_every=50)
     at = page("detail")

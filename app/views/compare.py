@@ -14,6 +14,7 @@ import streamlit as st
 from app import charts, data
 from app.axes import X_AXES, x_values
 from app.charts import Series
+from toolkit.runs.curves import EXACT
 
 NOT_METRICS = {"step", "epoch", "wall", "phase"}
 MAX_STEP = 2**53 - 1  # the largest whole number a browser's number input holds
@@ -82,7 +83,8 @@ def figure(metric: str, x_axis: str, smoothing: float, log_y: bool, runs: tuple)
         run = by_id[run_id]
         x = x_values(data.events(run), rows, x_axis, data.config(run)) if column in rows else None
         if x is not None:
-            series.append(Series(run_id, x, rows[column], color=colors[run_id]))
+            exact = column in EXACT
+            series.append(Series(run_id, x, rows[column], color=colors[run_id], exact=exact))
     return charts.lines(
         series, metric, X_AXES[x_axis], smoothing=smoothing, log_y=log_y, height=380
     )

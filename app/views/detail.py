@@ -131,7 +131,8 @@ def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
         rows = data.phase(frame, name)
         x = x_values(frame, rows, x_axis, config) if metric in rows else None
         if x is not None:
-            series.append(Series(name, x, rows[metric], color=color, dash=dash))
+            exact = metric in curves_lib.EXACT
+            series.append(Series(name, x, rows[metric], color=color, dash=dash, exact=exact))
     if series:
         figure = charts.lines(series, title, X_AXES[x_axis], smoothing=smoothing, height=300)
         mark_resets(figure, frame)
@@ -185,10 +186,12 @@ def adascale(frame) -> None:
             base = config.lr_scaling.base_batch
             scales = rows.get("global_batch", frame.index[:0]).dropna() / base
             if scales.nunique() > 1:  # an adaptive batch's
-                series.append(Series("S", x.loc[scales.index], scales, dash="dot"))
+                series.append(Series("S", x.loc[scales.index], scales, dash="dot", exact=True))
             else:
                 ratio = scale.global_batch / base
-                series.append(Series(f"S = {ratio:g}", x.iloc[[0, -1]], [ratio] * 2, dash="dot"))
+                series.append(
+                    Series(f"S = {ratio:g}", x.iloc[[0, -1]], [ratio] * 2, dash="dot", exact=True)
+                )
         title = "AdaScale's gain against S"
         figure = charts.lines(series, title, X_AXES[x_axis], smoothing=smoothing, height=300)
         st.plotly_chart(figure, theme=None)

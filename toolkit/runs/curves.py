@@ -45,6 +45,11 @@ TITLES = {
 AXES = ("step", "epoch", "wall", "phase")
 """Columns that place a row rather than measure something."""
 
+EXACT = frozenset({"lr", "world_size", "global_batch", "tau"})
+"""Columns the run sets rather than measures (its schedule, its workers, its batch, AdaScale's
+clock): drawn as they are, never smoothed, since a smoothed learning rate lags its own schedule
+and a smoothed worker count shows workers that never were."""
+
 PHASE_COLUMNS = {"train": None, "eval": None, "gns": ("b_simple",)}
 """The phases whose plain columns are drawn (``None``: all of them), and which."""
 
