@@ -144,19 +144,33 @@ def test_queue_command_sets_and_shows_the_capacity(tmp_path):
     assert bad.returncode == 2 and "name:slots" in bad.stderr
 
 
+def states_until(run: RunDir, last: str, timeout: float = 120.0) -> list[str]:
+    """The states ``run`` passes through, each once in the order seen, until ``last``."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not seen or seen[-1] != last:
+        assert time.monotonic() < deadline, seen
+        state = run.status()["state"]
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        time.sleep(0.05)
+    return seen
+
+
 def test_a_run_stopped_while_queued_never_starts(tmp_path):
     """One slot: the second launch waits; stopped there, its supervisor leaves without starting
     horovodrun, and it does not start when the slot frees up."""
     slots.set_capacity("localhost:1", tmp_path)
     config = from_mapping({**SMALL, "workers": 1, "epochs": 200})
     first = launcher.launch(config, runs_root_dir=tmp_path, run_id="first")
+    seen = states_until(first, "running")
+    assert seen[-2:] == ["starting", "running"], seen  # starting: slots held, workers importing
     path = tmp_path.parent / f"{tmp_path.name}-long.yaml"
     path.write_text(config.to_yaml())
     told = run_cli(["launch", str(path), "--name", "second"], tmp_path)
     assert "queued: number 1 in line for slots" in told.stdout, told.stdout + told.stderr
     second = RunDir(tmp_path / "second")
-    wait(first, states=("running",))
-    assert second.status()["state"] == "queued"
+    assert second.status()["state"] == "queued"  # queued: waiting for a slot
     assert slots.positions(tmp_path) == {"second": 1}
     supervisor = psutil.Process(second.status()["pid"])
     launcher.stop("second", tmp_path)

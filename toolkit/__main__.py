@@ -425,7 +425,7 @@ def _queue(root: str | None, capacity: str | None) -> str:
     lines = [f"capacity: {have}"]
     for entry in slots.entries(root):
         where = ",".join(f"{h}:{n}" for h, n in entry["slots"].items())
-        place = "running" if entry["position"] is None else f"waiting #{entry['position']}"
+        place = "holding" if entry["position"] is None else f"waiting #{entry['position']}"
         lines.append(f"  {entry['run_id']}  {where}  {place}")
     return "\n".join(lines if len(lines) > 1 else [*lines, "  (empty)"])
 

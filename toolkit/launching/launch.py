@@ -396,6 +396,7 @@ def _start_when_free(run: RunDir, argv: list[str]) -> subprocess.Popen | None:
             child = subprocess.Popen(argv)
             record = processes.record("horovodrun", child.pid)
             run.record_processes(record, launched=launched, slots=need)
+            run.set_status("starting")  # until train.py says its workers are training
         return child
     finally:
         slots.leave_line(run)

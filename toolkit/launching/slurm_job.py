@@ -60,6 +60,7 @@ def drive(run: RunDir) -> int:
     heartbeat = processes.Heartbeat(run.path, me)
     heartbeat.start()
     run.record_processes(me, replacing="supervisor", reason=None, requeue_step=None)
+    run.set_status("starting")  # until train.py says its workers are training
     config = run.config()
     allocation = hosts_lib.from_slurm()
     slots = get_host_assignments(parse_hosts(allocation), config.workers)

@@ -5,7 +5,9 @@
     runs/<run_id>/
       config.yaml    the resolved config, exactly what ran
       meta.json      run id, created time, argv, world size, versions, git commit, seed
-      status.json    state (queued | running | completed | failed | stopped), the run's
+      status.json    state (queued | starting | running | completed | failed | stopped): queued
+                     while it waits for slots (or for Slurm), starting once it has them
+                     until its workers begin training; the run's
                      processes (toolkit.runs.processes), exit code, reason; launched,
                      released, slots: when it took and gave back its slots, and how
                      many on each host (toolkit.launching.slots)
@@ -25,8 +27,8 @@ The rules that keep it safe and truthful:
 - **One owner.** :meth:`RunDir.lock` is an exclusive ``flock`` on the run's directory, released
   when its holder exits or dies. Launch, resume, stop and delete hold it for their whole
   check-then-act, and every status write holds it for its read-modify-write.
-- **Truthful state.** A ``queued``/``running`` run none of whose recorded processes is alive is
-  reported ``failed``. The supervisor and ``stop`` write the final state only if none is
+- **Truthful state.** A live (queued, starting, running) run none of whose recorded processes
+  is alive is reported ``failed``. The supervisor and ``stop`` write the final state only if none is
   written yet (:meth:`RunDir.finish`), and a run asked to stop never ends ``completed``.
 - **Any content.** :meth:`RunDir.status`, :meth:`RunDir.meta` and the runs table's rows
   (:func:`toolkit.runs.table.summary`) never raise
@@ -57,9 +59,9 @@ from toolkit.config import ExperimentConfig, from_yaml, run_name_problem
 from toolkit.plan import Scale
 from toolkit.runs import processes, slurm_jobs
 
-STATES = ("queued", "running", "completed", "failed", "stopped")
+STATES = ("queued", "starting", "running", "completed", "failed", "stopped")
 TERMINAL = ("completed", "failed", "stopped")
-LIVE = ("queued", "running")
+LIVE = ("queued", "starting", "running")
 UNREADABLE = "unreadable"
 RUNS_ENV = "LBL_RUNS"
 STARTUP_GRACE_S = 30.0
@@ -375,11 +377,12 @@ class RunDir:
         return status
 
     def status(self) -> dict[str, Any]:
-        """The run's state, checked against its processes: a ``queued``/``running`` run none of
+        """The run's state, checked against its processes: a live run none of
         whose recorded processes is alive (on this host, or by its heartbeat on another:
         :func:`toolkit.runs.processes.running`) is ``failed`` (a run that has recorded none is given
         :data:`STARTUP_GRACE_S` to start one). A Slurm run's is Slurm's where Slurm still
-        knows its job (:mod:`toolkit.runs.slurm_jobs`): queued while pending, and ended with
+        knows its job (:mod:`toolkit.runs.slurm_jobs`): queued while pending, starting once the
+        job runs until its workers train, and ended with
         Slurm's words if the job ended without the run recording it. Never raises."""
         status = self.recorded_status()
         if not status:  # no status.json: a directory being created, or abandoned
@@ -391,7 +394,8 @@ class RunDir:
             if job is not None:
                 state, said = slurm_jobs.lab_state(job)
                 if state == "running":  # the run says whether it is training yet
-                    return status
+                    started = status["state"] != "queued"
+                    return status if started else {**status, "state": "starting"}
                 if state != "queued":
                     said = f"{said}; the run did not record its end: see stdout.log"
                 return {**status, "state": state, "reason": said}
