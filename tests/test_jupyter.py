@@ -26,8 +26,11 @@ import psutil
 import pytest
 from conftest import free_port, headless_chromium, run_cli, serving
 from playwright.sync_api import sync_playwright
+from test_notebooks import PLOTLY, values
 
 from toolkit.launching import jupyter
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import RunDir
 
 QUICKSTART = "01_quickstart.ipynb"
 
@@ -162,13 +165,16 @@ def test_the_quickstart_runs_in_jupyterlab_in_chromium(lab, tmp_path):
             polling=1000,
         )
         wait_until_idle(lab, timeout_s=60)
-        live_view = page.locator(".jp-OutputArea-output .widget-vbox .js-plotly-plot")
-        live_view.first.scroll_into_view_if_needed()
-        live_view.first.locator(".main-svg").first.wait_for(timeout=30_000)
+        live_view = page.locator(".jp-Cell:has(progress) .js-plotly-plot")  # under its line
+        live_view.scroll_into_view_if_needed()
+        live_view.locator(".main-svg").first.wait_for(timeout=30_000)
         page.wait_for_timeout(1000)  # let the scrolled-to cells paint
         page.screenshot(path=tmp_path / "jupyterlab-quickstart.png")
-        live_figures = live_view.count()
-        figures = page.locator(".js-plotly-plot .main-svg").count()
+        live_panels = live_view.locator(".infolayer .annotation").count()  # a title each
+        drawn_to = live_view.evaluate(
+            "plot => Math.max(...plot.data[0].x._inputArray ?? plot.data[0].x)"
+        )
+        figures = page.locator(".js-plotly-plot").count()
         page.keyboard.press("Control+s")
         notebook = wait_for_saved_outputs(lab.notebooks / QUICKSTART, timeout_s=30)
         browser.close()
@@ -180,9 +186,23 @@ def test_the_quickstart_runs_in_jupyterlab_in_chromium(lab, tmp_path):
         if output.output_type == "error"
     ]
     assert not errors, errors[0]["ename"] + ": " + errors[0]["evalue"]
-    assert live_figures >= 4  # loss, accuracy, lr, samples/sec at least
+    assert live_panels >= 4  # loss, accuracy, lr, samples/sec at least
     shown = sum(c.source.count("fig.show()") for c in notebook.cells if c.cell_type == "code")
-    assert figures >= shown + 4, (figures, shown)
+    assert figures == shown + 1, (figures, shown)
+    # the run's last train event, drawn on screen and saved as a plain figure (no widget)
+    (final,) = [
+        o.data[PLOTLY]
+        for c in notebook.cells
+        for o in c.get("outputs", [])
+        if "live_view" in str(o)
+    ]
+    run = RunDir(lab.notebooks.parent / "runs" / final["layout"]["meta"]["live_view"])
+    events = read_events(run.events_path)
+    last = events[events.phase == "train"].dropna(subset=["loss"]).step.max()
+    assert drawn_to == max(values(final["data"][0]["x"])) == last, (drawn_to, last)
+    assert "widgets" not in notebook.metadata
+    saved = (lab.notebooks / QUICKSTART).stat().st_size
+    assert saved < 2_000_000, f"saved with its outputs: {saved:,} bytes"
     assert not outside, outside
 
 

@@ -1,7 +1,7 @@
 """``toolkit.runs.monitor``: a run followed from outside through its run directory, fed by the
 events a (here simulated) training process appends: the terminal's progress bar (``follow``) and the
-notebook's live figures (``LiveView``, the widgets built and updated here without a browser;
-tests/test_jupyter.py draws them in one)."""
+notebook's live figure (``LiveView``, built and updated here without a kernel;
+tests/test_notebooks.py shows it in one and tests/test_jupyter.py draws it in a browser)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,9 @@ def test_latest_values_take_each_from_its_phase():
 
 def drawn(view: LiveView, panel: str) -> dict[str, tuple[list, list]]:
     """``curve name -> (x, y)`` of one panel of the view."""
-    return {t.name: (list(t.x), list(t.y)) for t in view.figures[panel].data}
+    at = view.panels.index(panel)
+    axis = "x" if at == 0 else f"x{at + 1}"  # Plotly's name of the panel's axis
+    return {t.name: (list(t.x), list(t.y)) for t in view.figure.data if t.xaxis == axis}
 
 
 def test_live_view_grows_with_the_file_and_stops_when_the_run_ends(tmp_path):
@@ -114,7 +116,7 @@ def test_live_view_grows_with_the_file_and_stops_when_the_run_ends(tmp_path):
 
     def counting(status=None, **kwargs):
         refresh(status, **kwargs)
-        seen.append(len(view.figures["loss"].data[0].x) if "loss" in view.figures else 0)
+        seen.append(len(view.curve("loss", "train")[0]) if "loss" in view.panels else 0)
 
     view.refresh = counting
     writer = in_background(run, TOTAL, "completed", every=0.05)
@@ -126,8 +128,8 @@ def test_live_view_grows_with_the_file_and_stops_when_the_run_ends(tmp_path):
     assert drawn(view, "loss") == {"train": (steps, [1 / s for s in steps])}
     evals = steps[1::2]
     assert drawn(view, "accuracy") == {"eval": (evals, [s / 100 for s in evals])}
-    assert "completed" in view.line.value and f"step {TOTAL} / {TOTAL}" in view.line.value
-    assert view.bar.value == 1.0 and view.bar.bar_style == "success"
+    assert "completed" in view.line and f"step {TOTAL} / {TOTAL}" in view.line
+    assert view.done == 1.0 and view.outcome == "success"
 
 
 def test_live_view_redraws_a_rewound_file_and_names_a_failure(tmp_path):
@@ -141,8 +143,8 @@ def test_live_view_redraws_a_rewound_file_and_names_a_failure(tmp_path):
     run.set_status("failed", reason="NonFiniteLoss: loss is nan at step 21")
     view.refresh()
     assert drawn(view, "loss")["train"][0] == [10, 20, 10, 20]
-    assert "failed" in view.line.value and "loss is nan at step 21" in view.line.value
-    assert view.bar.bar_style == "danger"
+    assert "failed" in view.line and "loss is nan at step 21" in view.line
+    assert view.outcome == "danger"
 
 
 def test_live_outside_a_notebook_is_the_terminal_progress_bar(tmp_path, capsys):

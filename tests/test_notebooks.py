@@ -22,12 +22,16 @@ from nbclient import NotebookClient
 
 from toolkit.launching import jupyter
 from toolkit.runs import theme
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import RunDir
 
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 WIDGET = "application/vnd.jupyter.widget-view+json"
 PLOTLY = "application/vnd.plotly.v1+json"
 LIVE_VIEWS = {"01_quickstart.ipynb": 1, "04_launch_and_monitor.ipynb": 3}  # monitor.live calls
+SAVED_AT_MOST = 2_000_000
+"""Bytes an executed notebook may weigh: its figures, not a plotly.js bundle per widget."""
 EXPECTED = [
     "01_quickstart.ipynb",
     "02_optimizers_and_schedules.ipynb",
@@ -90,21 +94,23 @@ def test_notebook_runs(path: Path, tmp_path, monkeypatch, subprocess_env, kernel
     assert client.kernel_name == jupyter.KERNEL_NAME
     started = json.loads(nb.cells[0].outputs[0]["text"])
     assert started["prefix"] == sys.prefix, f"the kernel ran in {started}, not in {sys.prefix}"
-    views = [
-        output
-        for cell in nb.cells
-        for output in cell.get("outputs", [])
-        if WIDGET in output.get("data", {})
-    ]
-    # each live view is one widget: the progress line over the grid of figures
-    assert len(views) == LIVE_VIEWS.get(path.name, 0), path.name
-    shown = [
-        output["data"][PLOTLY]
-        for cell in nb.cells
-        for output in cell.get("outputs", [])
-        if PLOTLY in output.get("data", {})
-    ]
+    outputs = [output for cell in nb.cells for output in cell.get("outputs", [])]
+    assert not [o for o in outputs if WIDGET in o.get("data", {})], "widgets: saved, they weigh"
+    assert len(nbformat.writes(nb)) < SAVED_AT_MOST, f"{path.name} executed is too large"
+    shown = [o["data"][PLOTLY] for o in outputs if PLOTLY in o.get("data", {})]
     assert shown, f"{path.name} shows no figure"
+    # each live view leaves its final figure; a run's last one reaches its last event
+    views = [f for f in shown if "live_view" in f["layout"].get("meta", {})]
+    assert len(views) == LIVE_VIEWS.get(path.name, 0), path.name
+    last_views = {f["layout"]["meta"]["live_view"]: f for f in views}
+    kept = {RunDir(tmp_path / "runs" / run_id): f for run_id, f in last_views.items()}
+    kept = {run: f for run, f in kept.items() if run.path.exists()}
+    assert len(kept) >= min(1, len(views))  # notebook 04 deletes one of its runs
+    for run, figure in kept.items():
+        events = read_events(run.events_path)
+        last = events[events.phase == "train"].dropna(subset=["loss"]).step.max()
+        (loss,) = [t for t in figure["data"] if t["name"] == "train" and t["xaxis"] == "x"]
+        assert values(loss["x"])[-1] == last, (path.name, values(loss["x"])[-1], last)
     for figure in shown:
         title = figure["layout"].get("title", {}).get("text")
         assert figure["layout"]["template"]["layout"]["colorway"] == list(theme.COLORS), title

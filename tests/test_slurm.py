@@ -28,7 +28,7 @@ from toolkit.launching import cluster, cluster_slurm, slurm, sweep, sweep_runner
 from toolkit.launching import launch as launcher
 from toolkit.runs import slurm_jobs
 from toolkit.runs.events import read_events
-from toolkit.runs.rundir import TERMINAL, RunDir, list_runs
+from toolkit.runs.rundir import LIVE, TERMINAL, RunDir, list_runs
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -187,7 +187,7 @@ def train_steps(run: RunDir) -> list[int]:
 def wait_for_step(run: RunDir, step: int, timeout: float = 180) -> None:
     deadline = time.time() + timeout
     while not (run.events_path.exists() and max(train_steps(run), default=0) >= step):
-        assert run.status()["state"] in ("queued", "running"), run.stdout_path.read_text()[-3000:]
+        assert run.status()["state"] in LIVE, run.stdout_path.read_text()[-3000:]
         assert time.time() < deadline, run.status()
         time.sleep(0.2)
 

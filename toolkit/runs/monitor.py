@@ -5,8 +5,8 @@ training process, so a run started by the app, the terminal or this kernel is wa
 Two views share one loop (:func:`watch`):
 
 - :func:`follow`: a ``keras.utils.Progbar`` over the run's steps, for terminals and scripts.
-- :func:`live`: in a notebook, the run's curves drawn as Plotly ``FigureWidget``s that grow in
-  place under a progress line (:class:`LiveView`). Anywhere else it falls back to
+- :func:`live`: in a notebook, the run's curves drawn in one Plotly figure that grows in place
+  under a progress line (:class:`LiveView`). Anywhere else it falls back to
   :func:`follow`. ``train(config, live=True)`` shows the same view for a run trained in the
   notebook's own kernel.
 """
@@ -151,39 +151,57 @@ class ProgressBar:
 
 
 class LiveView:
-    """The notebook view: a progress line over Plotly ``FigureWidget``s, one per panel of
-    :func:`toolkit.runs.curves.panels`, extended in place from the run's events file. The figures
-    have a fixed size and wrap to the notebook's width (a figure sized to its container is drawn
-    before the container has a width, and overflows it).
+    """The notebook view: a progress line over one Plotly figure of the run's panels
+    (:func:`toolkit.runs.curves.panels`, two to a row, each with its own legend).
+
+    While the run goes on, the figure is drawn anew in an ``ipywidgets.Output`` at each change
+    (JupyterLab's Plotly renderer never redraws an output updated in place). When the run ends,
+    the final figure replaces that widget as a plain output and the widget is closed: the saved
+    notebook shows the figure when reopened without a kernel, and weighs what the figure weighs
+    (a Plotly ``FigureWidget`` per panel carried the 5 MB plotly.js bundle each in the saved
+    widget state: 56 MB for the quickstart's eleven panels).
 
     A panel appears when its first number does; a curve is redrawn only when it has new rows,
     thinned to :data:`toolkit.runs.curves.MAX_POINTS` points. ``refresh`` may be called as often as
     wanted: ``at_most_every_s`` skips calls that come sooner (a training callback's pace).
     """
 
-    def __init__(self, run: RunDir, *, width: int = 460, height: int = 280):
-        import ipywidgets as widgets
-        from plotly.graph_objects import FigureWidget  # a second's imports: paid here, not mid-run
+    PANEL_HEIGHT = 280
+    COLUMNS = 2
+    LEGEND_AT_MOST = 8
+    """Curves a panel names in its legend; a panel of more (a trust ratio per layer) names them
+    on hover only."""
+
+    def __init__(self, run: RunDir):
+        from plotly.graph_objects import Figure  # its imports paid here, not mid-run
+        from plotly.subplots import make_subplots
 
         from toolkit.runs import theme  # the dashboard's look
 
-        self._figure_widget, self._template = FigureWidget, theme.NAME
-        self.run, self.size = run, {"width": width, "height": height}
+        self._template, self._colors, self._subplots = theme.NAME, theme.COLORS, make_subplots
+        self.run = run
         self.tail = EventTail(run.events_path)
         self.events = pd.DataFrame()
-        self.figures: dict[str, object] = {}  # panel title -> FigureWidget
-        self._drawn: dict[curves_lib.Curve, tuple[object, int]] = {}  # -> (trace, rows drawn)
+        self.figure = Figure(layout={"template": self._template})
+        self.panels: list[str] = []  # the figure's panel titles, in order
+        self._drawn: dict[curves_lib.Curve, tuple[int, int]] = {}  # -> (trace index, rows drawn)
         self._last_refresh = -math.inf
         self.total: int | None = None  # steps, from meta.json once training has written it
-        self.bar = widgets.FloatProgress(min=0.0, max=1.0, layout={"width": "30%"})
-        self.line = widgets.HTML()
-        self.grid = widgets.Box(layout={"display": "flex", "flex_flow": "row wrap"})
-        self.widget = widgets.VBox([widgets.HBox([self.bar, self.line]), self.grid])
+        self.line = ""  # the progress line's text (HTML)
+        self.done = 0.0  # the progress bar's fraction
+        self.outcome = ""  # "success" once completed, "danger" once failed
+        self._handles: tuple | None = None
 
     def show(self) -> None:
-        from IPython.display import display
+        """Put the progress line and the figure under the running cell."""
+        import ipywidgets
+        from IPython.display import HTML, display
 
-        display(self.widget)
+        self._html, self._live = HTML, ipywidgets.Output()
+        self._handles = (
+            display(HTML(self._header()), display_id=True),
+            display(self._live, display_id=True),  # the figure while the run goes on
+        )
 
     def refresh(self, status: dict | None = None, *, at_most_every_s: float = 0.0) -> None:
         """Read the events appended since the last call, extend the curves, rewrite the line."""
@@ -194,52 +212,120 @@ class LiveView:
         status = status if status is not None else self.run.status()
         new = self.tail.read_new()
         if self.tail.restarted:  # rewound (a resume): draw again from the file
-            self.events, self._drawn = new, {}
-            for figure in self.figures.values():
-                figure.data = ()
+            self.events, self.panels = new, []
         elif not new.empty:
             self.events = pd.concat([self.events, new], ignore_index=True)
-        self._draw()
+        figure_changed = self._draw()
         self._progress(status)
+        if self._handles is not None:
+            self._handles[0].update(self._html(self._header()))
+            if figure_changed and self.panels:
+                # drawn anew: a plot's output, updated in place, keeps its first curves drawn
+                from IPython.display import clear_output, display
+
+                with self._live:
+                    clear_output(wait=True)
+                    display(self._bundle(), raw=True)
 
     def close(self, status: dict) -> None:
-        """The last refresh: the run ended (or the watch was asked to stop)."""
+        """The last refresh: the run ended (or the watch was asked to stop). In a notebook the
+        final figure then replaces the live one as a plain output, which the saved notebook
+        keeps and shows when reopened without a kernel."""
         self.refresh(status)
+        if self._handles is not None:
+            if self.panels:
+                self._handles[1].update(self._bundle(), raw=True)
+            self._live.close()
 
-    def _draw(self) -> None:
-        for title, curves in curves_lib.panels(self.events).items():
-            if title not in self.figures:
-                self.figures[title] = self._figure_widget(layout=self._layout(title))
-                self.grid.children = tuple(self.figures.values())
-            figure = self.figures[title]
-            with figure.batch_update():
-                for curve in curves:
-                    self._draw_curve(figure, curve)
+    def _bundle(self) -> dict:
+        """The figure as the notebook's Plotly renderer gives it (a Figure displayed itself
+        would ignore a display's id)."""
+        return self.figure._repr_mimebundle_()
 
-    def _draw_curve(self, figure, curve: curves_lib.Curve) -> None:
+    def curve(self, panel: str, name: str) -> tuple[list, list]:
+        """``(x, y)`` drawn for curve ``name`` of ``panel`` (its title as the run's columns
+        name it: ``loss``, ``trust_ratio``)."""
+        at = self.panels.index(panel)
+        for trace in self.figure.data:
+            if trace.xaxis == _axis("x", at) and trace.name == html.escape(name):
+                return list(trace.x), list(trace.y)
+        raise KeyError(f"{panel}: no curve {name!r}")
+
+    def _draw(self) -> bool:
+        """Bring the figure up to the events; whether anything in it changed."""
+        found = curves_lib.panels(self.events)
+        changed = list(found) != self.panels
+        if changed:
+            self._lay_out(list(found))
+        for at, curves in enumerate(found.values()):
+            named = len(curves) <= self.LEGEND_AT_MOST
+            for color, curve in enumerate(curves):
+                changed |= self._draw_curve(
+                    curve, at, self._colors[color % len(self._colors)], named
+                )
+        return changed
+
+    def _lay_out(self, panels: list[str]) -> None:
+        """A new figure with a grid cell and a legend (inside its top right) per panel; every
+        curve is drawn again."""
+        self.panels, self._drawn = panels, {}
+        rows = max(1, -(-len(panels) // self.COLUMNS))
+        titles = [html.escape(curves_lib.TITLES.get(t, t)) for t in panels]
+        figure = self._subplots(
+            rows=rows, cols=self.COLUMNS, subplot_titles=titles or None, vertical_spacing=0.4 / rows
+        )
+        figure.update_layout(
+            template=self._template,
+            height=self.PANEL_HEIGHT * rows,
+            margin={"l": 50, "r": 10, "t": 40, "b": 40},
+            meta={"live_view": self.run.run_id},  # which run a saved figure draws
+        )
+        figure.update_xaxes(title_text="step", title_standoff=4)
+        for unused in range(len(panels), rows * self.COLUMNS):  # an odd panel's neighbour
+            figure.layout[_axis("xaxis", unused)].visible = False
+            figure.layout[_axis("yaxis", unused)].visible = False
+        for at in range(len(panels)):
+            x = figure.layout[_axis("xaxis", at)].domain
+            y = figure.layout[_axis("yaxis", at)].domain
+            figure.layout[_axis("legend", at)] = {
+                "x": x[1],
+                "y": y[1],
+                "xanchor": "right",
+                "yanchor": "top",
+                "bgcolor": "rgba(255,255,255,0.6)",
+                "font": {"size": 10},
+            }
+        self.figure = figure
+
+    def _draw_curve(self, curve: curves_lib.Curve, at: int, color: str, named: bool) -> bool:
+        """Draw ``curve`` in panel ``at`` if it has rows not drawn yet; whether it had."""
         rows = self.events.loc[self.events["phase"] == curve.phase, ["step", curve.column]]
         rows = rows.dropna()
-        trace, drawn = self._drawn.get(curve, (None, -1))
+        index, drawn = self._drawn.get(curve, (None, -1))
         if len(rows) == drawn:
-            return
-        if trace is None:
-            figure.add_scatter(name=html.escape(curve.name), mode="lines+markers")
-            trace = figure.data[-1]
+            return False
+        if index is None:
+            self.figure.add_scatter(
+                name=html.escape(curve.name),
+                xaxis=_axis("x", at),
+                yaxis=_axis("y", at),
+                legend=_axis("legend", at),
+                showlegend=named,
+                line={"color": color},
+            )
+            index = len(self.figure.data) - 1
         x, y = rows["step"].to_numpy(), rows[curve.column].to_numpy(dtype=float)
         keep = curves_lib.downsample(y)
+        trace = self.figure.data[index]
         trace.x, trace.y = x[keep], y[keep]
         trace.mode = "lines+markers" if len(keep) < 30 else "lines"
-        self._drawn[curve] = (trace, len(rows))
+        self._drawn[curve] = (index, len(rows))
+        return True
 
-    def _layout(self, title: str) -> dict:
-        return {
-            "title": {"text": html.escape(curves_lib.TITLES.get(title, title)), "x": 0.02},
-            "template": self._template,
-            **self.size,
-            "margin": {"l": 50, "r": 10, "t": 40, "b": 40},
-            "xaxis": {"title": {"text": "step"}},
-            "legend": {"orientation": "h", "y": -0.25},
-        }
+    def _header(self) -> str:
+        color = {"success": "#2ca02c", "danger": "#d62728"}.get(self.outcome, "#1f77b4")
+        bar = f'<progress value="{self.done:.4f}" max="1" style="width:30%;accent-color:{color}">'
+        return f"<div>{bar}</progress> {self.line}</div>"
 
     def _progress(self, status: dict) -> None:
         state = status.get("state") or "unknown"
@@ -252,7 +338,13 @@ class LiveView:
         parts += [f"{label} {value:.4g}" for label, value in latest_values(self.events)]
         if state not in LIVE and status.get("reason"):
             parts.append(html.escape(str(status["reason"])))
-        self.line.value = " · ".join(parts)
+        self.line = " · ".join(parts)
         if total:
-            self.bar.value = 1.0 if state == "completed" else min(1.0, (step or 0) / total)
-        self.bar.bar_style = {"completed": "success", "failed": "danger"}.get(state, "")
+            self.done = 1.0 if state == "completed" else min(1.0, (step or 0) / total)
+        self.outcome = {"completed": "success", "failed": "danger"}.get(state, "")
+
+
+def _axis(kind: str, at: int) -> str:
+    """The name of panel ``at``'s axis (``x``, ``y``, ``xaxis``, ``yaxis``) or legend: Plotly
+    numbers the second and later ones (``x2``, ``legend3``)."""
+    return kind if at == 0 else f"{kind}{at + 1}"
