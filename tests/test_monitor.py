@@ -6,6 +6,7 @@ tests/test_notebooks.py shows it in one and tests/test_jupyter.py draws it in a 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -49,7 +50,8 @@ def in_background(*args, **kwargs) -> threading.Thread:
     return thread
 
 
-def test_follow_counts_to_the_total_and_returns_the_final_status(tmp_path, capsys):
+def test_follow_counts_to_the_total_and_returns_the_final_status(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # a terminal: Keras's bar
     run = live_run(tmp_path)
     writer = in_background(run, TOTAL, "completed")
     status = follow(run, poll_s=0.02, timeout_s=30)
@@ -59,6 +61,20 @@ def test_follow_counts_to_the_total_and_returns_the_final_status(tmp_path, capsy
     assert f"{TOTAL}/{TOTAL}" in bar
     assert "epoch: 3.0000" in bar and "test_acc: 0.6000" in bar
     assert bar.endswith("\n")
+
+
+def test_follow_off_a_terminal_prints_a_plain_line_per_epoch(tmp_path, capsys):
+    """A pipe or a log file gets no ANSI codes and no \\r frames: a line at each eval event,
+    with the values as they were then, and one more where the run ended between epochs."""
+    run = live_run(tmp_path, total_steps=70)
+    writer = in_background(run, 70, "completed", every=0.002)
+    follow(run, poll_s=0.05, timeout_s=30)
+    writer.join()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"step {s}/70 - epoch: {s / 20:g} - loss: {1 / s:.4g} - test_acc: {s / 100:.4g}"
+        for s in (20, 40, 60)
+    ] + ["step 70/70 - epoch: 3.5 - loss: 0.01429 - test_acc: 0.6"]
 
 
 def test_follow_stops_when_asked_and_ends_the_bar_where_the_run_is(tmp_path, capsys):
@@ -79,7 +95,8 @@ def test_a_failed_run_ends_the_wait_and_a_stuck_one_times_out(tmp_path):
         follow(stuck, poll_s=0.02, timeout_s=0.2)
 
 
-def test_no_bar_until_training_says_how_many_steps(tmp_path, capsys):
+def test_no_bar_until_training_says_how_many_steps(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     run = live_run(tmp_path, total_steps=None)
     in_background(run, 20, "completed")
     assert follow(run, poll_s=0.02, timeout_s=30)["state"] == "completed"

@@ -23,6 +23,7 @@ from toolkit.launching import launch as launcher
 from toolkit.plan import Scale
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import TERMINAL, RunDir
+from toolkit.runs.table import summary
 
 SMALL = {
     "name": "small",
@@ -261,7 +262,6 @@ def test_bad_input_is_refused_before_anything_starts(args, message, runs, subpro
 
 def test_runs_table_shows_times_and_numbers_a_person_can_read(completed, tmp_path):
     from toolkit.__main__ import runs_table
-    from toolkit.runs.table import summary
 
     row = summary(completed)
     table = runs_table(completed.path.parent)
@@ -304,7 +304,12 @@ def test_cli_launch_wait_shows_progress_and_the_final_state(runs, subprocess_env
     (run,) = [RunDir(p) for p in runs.iterdir()]
     total = run.meta()["total_steps"]
     assert f"{total}/{total}" in result.stdout and "test_acc:" in result.stdout
-    assert result.stdout.rstrip().endswith(f"{run.run_id}: completed")
+    assert "\x1b" not in result.stdout and "\r" not in result.stdout  # a pipe: plain lines
+    *_, outcome, files, _ = result.stdout.splitlines()  # how it went, and where to look
+    row = summary(run)
+    accuracy = f"final accuracy {row['last_eval_accuracy']:.4f}"
+    assert outcome.startswith(f"{run.run_id}: completed · ") and accuracy in outcome, outcome
+    assert files.startswith(f"  its files: {run.path} ")
     said = result.stdout + result.stderr + run.stdout_path.read_text()
     assert "tensorflow/" not in said and "oneDNN" not in said  # no TensorFlow start-up lines
     batch, optimizer = Scale.of(run.config()).global_batch, run.config().optimizer.name

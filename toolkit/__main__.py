@@ -45,7 +45,7 @@ from toolkit.launching import probe as probe_lib
 from toolkit.launching.cluster import ClusterError
 from toolkit.runs.monitor import follow
 from toolkit.runs.rundir import LIVE, complete_id, list_runs, resolve, runs_root
-from toolkit.runs.table import matches, progress_text, summary
+from toolkit.runs.table import matches, outcome_text, progress_text, summary
 
 RUN_HELP = "the run's id (toolkit runs lists them)"
 SET_HELP = "override one config field, as YAML: --set optimizer.params.momentum=0.95 (repeatable)"
@@ -483,9 +483,17 @@ def _cluster(args) -> int:
 
 
 def _wait(run) -> int:
-    """Follow ``run`` with a progress bar; exit code 0 if it completed."""
-    state = follow(run)["state"]
-    print(f"{run.run_id}: {state}")
+    """Follow ``run`` with a progress bar, then say how it went and where to look; exit code 0
+    if it completed."""
+    status = follow(run)
+    state, row = status["state"], summary(run)
+    said = f"{run.run_id}: {state}"
+    if state == "completed":
+        print(f"{said} · {outcome_text(row)}")
+    else:
+        print(f"{said}: {status.get('reason') or 'no reason recorded'}")
+    print(f"  its files: {run.path} (stdout.log, events.jsonl, checkpoints/)")
+    print("  to compare: python -m toolkit runs, or ./lab start (Runs, Run detail, Compare)")
     return 0 if state == "completed" else 1
 
 

@@ -14,6 +14,7 @@ from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
 from toolkit.plan import Scale
 from toolkit.runs import curves as curves_lib
+from toolkit.runs import table
 from toolkit.runs.rundir import LIVE
 
 REFRESH_S = 2.0
@@ -87,21 +88,6 @@ def setup_line(frame) -> str:
 
 def adascale_run() -> bool:
     return config is not None and config.lr_scaling.rule == "adascale"
-
-
-def outcome_line(row: dict) -> str:
-    """How it went: duration, final and best accuracy."""
-    parts = []
-    if row["duration_s"] is not None:
-        minutes, seconds = divmod(round(row["duration_s"]), 60)
-        parts.append(f"duration {minutes}m {seconds:02d}s" if minutes else f"{seconds}s")
-    if row["last_eval_accuracy"] is not None:
-        parts.append(
-            f"final accuracy {row['last_eval_accuracy']:.4f} (best {row['best_eval_accuracy']:.4f})"
-        )
-    if row["samples_per_sec"] is not None:
-        parts.append(f"{row['samples_per_sec']:,.0f} samples/s")
-    return " · ".join(parts) or "no results yet"
 
 
 def noise_reading(rows) -> str | None:
@@ -282,7 +268,7 @@ def panel() -> None:
     st.text("    ".join(details))
     if state not in LIVE and (damaged := data.damaged_checkpoint(run)):
         st.warning(md_escape(damaged))
-    outcome = outcome_line(data.summary(run))
+    outcome = table.outcome_text(data.summary(run))
     st.markdown(f"**{md_escape(setup_line(frame))}**  \n{md_escape(outcome)}")
     if reading := noise_reading(data.phase(frame, "gns")):
         st.caption(md_escape(reading))

@@ -4,7 +4,9 @@ training process, so a run started by the app, the terminal or this kernel is wa
 
 Two views share one loop (:func:`watch`):
 
-- :func:`follow`: a ``keras.utils.Progbar`` over the run's steps, for terminals and scripts.
+- :func:`follow`: a ``keras.utils.Progbar`` over the run's steps on a terminal; off one (a pipe,
+  a log file, CI) a plain line per epoch the run finishes, without the bar's ANSI codes and
+  ``\\r`` frames.
 - :func:`live`: in a notebook, the run's curves drawn in one Plotly figure that grows in place
   under a progress line (:class:`LiveView`). Anywhere else it falls back to
   :func:`follow`. ``train(config, live=True)`` shows the same view for a run trained in the
@@ -70,9 +72,12 @@ def follow(
 
     With ``progress``, a bar counts the run's steps up to the ``total_steps`` that training
     records in ``meta.json`` once it has its data, with the newest epoch, train loss and test
-    accuracy. Raises ``TimeoutError`` if the run is still going after ``timeout_s`` seconds.
+    accuracy (off a terminal: :class:`ProgressLines`). Raises ``TimeoutError`` if the run is
+    still going after ``timeout_s`` seconds.
     """
-    view = ProgressBar(run) if progress else None
+    view = None
+    if progress:
+        view = ProgressBar(run) if sys.stdout.isatty() else ProgressLines(run)
     return watch(run, view, stop_when=stop_when, poll_s=poll_s, timeout_s=timeout_s)
 
 
@@ -148,6 +153,45 @@ class ProgressBar:
         if self.bar is not None and self.step < self.bar.target:
             done = status["state"] == "completed"
             self.bar.update(self.bar.target if done else self.step, finalize=True)
+
+
+class ProgressLines:
+    """The view off a terminal: a line for each epoch the run finishes (at its ``eval``
+    event), and one where it ends between epochs, each saying where it was and its newest
+    values then."""
+
+    def __init__(self, run: RunDir):
+        self.run, self.tail, self.events = run, EventTail(run.events_path), pd.DataFrame()
+        self.told = 0  # rows of events the last line covered
+
+    def refresh(self, status: dict) -> None:
+        new = self.tail.read_new()
+        if self.tail.restarted:  # rewound (a resume): the file from its start
+            self.events, self.told = new, 0
+        elif not new.empty:
+            self.events = pd.concat([self.events, new], ignore_index=True)
+        if "phase" in self.events:
+            ends = self.events.index[self.events["phase"] == "eval"]
+            for end in ends[ends >= self.told]:
+                self._say(end + 1)
+
+    def close(self, status: dict) -> None:
+        self.refresh(status)
+        if len(self.events) > self.told and _position(self.events) != self._told_position:
+            self._say(len(self.events))
+
+    @property
+    def _told_position(self):
+        return _position(self.events.iloc[: self.told])
+
+    def _say(self, rows: int) -> None:
+        """A line for the first ``rows`` events."""
+        events, total = self.events.iloc[:rows], self.run.meta().get("total_steps")
+        label, step = _position(events) or ("step", 0)
+        where = f"{label} {step}/{total}" if total else f"{label} {step}"
+        values = [f"{name}: {value:.4g}" for name, value in latest_values(events)]
+        print(" - ".join([where, *values]), flush=True)
+        self.told = rows
 
 
 class LiveView:

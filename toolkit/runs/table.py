@@ -1,7 +1,7 @@
-"""The runs table: one row per run (:func:`summary`), how a row reads (:func:`progress_text`)
-and whether it matches a search (:func:`matches`). The CLI's ``runs``, the Runs page, sweeps'
-results and notebooks all read rows from here; like every reader, it never writes a run's
-files, and a row never raises on a broken one.
+"""The runs table: one row per run (:func:`summary`), how a row reads (:func:`progress_text`,
+:func:`outcome_text`) and whether it matches a search (:func:`matches`). The CLI's ``runs``,
+the Runs page, sweeps' results and notebooks all read rows from here; like every reader, it
+never writes a run's files, and a row never raises on a broken one.
 """
 
 from __future__ import annotations
@@ -36,6 +36,22 @@ def progress_text(row: dict[str, Any]) -> str | None:
         return f"{round(row['epoch'], 2):g} epochs, τ {row['progress'] or 0:.0%}"
     epoch = row["epochs"] if row["state"] == "completed" else row["epoch"]
     return f"{round(epoch, 2):g} of {row['epochs']}"
+
+
+def outcome_text(row: dict[str, Any]) -> str:
+    """How a :func:`summary` row's run went, in one line: how long it trained, its final and
+    best test accuracy, and its throughput (``no results yet`` before any)."""
+    parts = []
+    if row["duration_s"] is not None:
+        minutes, seconds = divmod(round(row["duration_s"]), 60)
+        parts.append(f"duration {minutes}m {seconds:02d}s" if minutes else f"{seconds}s")
+    if row["last_eval_accuracy"] is not None:
+        parts.append(
+            f"final accuracy {row['last_eval_accuracy']:.4f} (best {row['best_eval_accuracy']:.4f})"
+        )
+    if row["samples_per_sec"] is not None:
+        parts.append(f"{row['samples_per_sec']:,.0f} samples/s")
+    return " · ".join(parts) or "no results yet"
 
 
 def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
