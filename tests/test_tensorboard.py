@@ -20,6 +20,7 @@ from collections import defaultdict
 
 import psutil
 import pytest
+import yaml
 from conftest import ROOT, free_port, run_cli
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, event_accumulator
@@ -60,18 +61,28 @@ def run(trained, tmp_path) -> RunDir:
 
 
 def from_jsonl(path) -> dict[str, list[tuple[int, float]]]:
-    """Each ``<phase>/<key>``'s (step, value) points, in file order, read with ``json``: numbers,
-    and the non-finite spellings the writer uses for infinities; NaN left out."""
+    """Each tag's (step, value) points, in file order, read with ``json``: numbers, and the
+    non-finite spellings the writer uses for infinities; NaN left out. A key's tag is
+    ``<phase>/<key>``, the key alone where it already starts with its phase; ``epoch`` is one
+    tag, at the first record of each step."""
     points = defaultdict(list)
     for line in path.read_bytes().splitlines():
         record = json.loads(line)
+        phase = record.get("phase", "events")
         for key, value in record.items():
             if key in NOT_SCALARS or isinstance(value, bool):
                 continue
             if value in ("Infinity", "-Infinity"):
                 value = float(value)
-            if isinstance(value, (int, float)) and not math.isnan(value):
-                points[f"{record.get('phase', 'events')}/{key}"].append((record["step"], value))
+            if not isinstance(value, (int, float)) or math.isnan(value):
+                continue
+            if key == "epoch":
+                if points["epoch"] and points["epoch"][-1][0] == record["step"]:
+                    continue
+                name = "epoch"
+            else:
+                name = key if key.split("/")[0] == phase else f"{phase}/{key}"
+            points[name].append((record["step"], value))
     return dict(points)
 
 
@@ -103,6 +114,53 @@ def test_every_numeric_key_reads_back_equal_per_step(trained, tmp_path):
     assert written == len(trained.events_path.read_bytes().splitlines())
 
 
+def test_trust_ratios_are_tagged_once_and_epoch_is_one_tag(trained, tmp_path):
+    tensorboard_export.export(trained, tmp_path)
+    tags = from_tensorboard(tmp_path, trained.run_id)
+    ratios = [t for t in tags if "trust_ratio" in t]
+    assert ratios and all(
+        t.startswith("trust_ratio/") and t.count("trust_ratio") == 1 for t in ratios
+    )
+    assert "epoch" in tags and not [t for t in tags if t.endswith("/epoch")]
+    steps = [step for step, _ in tags["epoch"]]
+    assert steps == sorted(set(steps))  # one value a step
+
+
+def test_the_config_goes_out_as_hparams_and_as_text(trained, tmp_path):
+    """The HParams dashboard's session of the run holds every config field by its dotted path
+    (compared with config.yaml flattened here) and its tags; the text plugin, config.yaml."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    tensorboard_export.export(trained, tmp_path)
+    mux = multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(tmp_path))
+    mux.Reload()
+    content = mux.PluginRunToTagToContent("hparams")[trained.run_id]["_hparams_/session_start_info"]
+    start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    exported = {
+        name: getattr(value, value.WhichOneof("kind")) for name, value in start.hparams.items()
+    }
+    want = {}
+    stack = [("", yaml.safe_load(trained.config_path.read_text()))]
+    while stack:
+        prefix, mapping = stack.pop()
+        for key, value in mapping.items():
+            if isinstance(value, dict):
+                stack.append((f"{prefix}{key}.", value))
+            else:
+                want[f"{prefix}{key}"] = (
+                    json.dumps(value) if value is None or isinstance(value, list) else value
+                )
+    want["tags"] = ""
+    assert exported == want
+    assert exported["optimizer.name"] == "lars" and exported["epochs"] == 2
+    (text,) = mux.Tensors(trained.run_id, "config")
+    shown = text.tensor_proto.string_val[0].decode()
+    assert [
+        line.removeprefix("    ") for line in shown.splitlines()
+    ] == trained.config_path.read_text().splitlines()
+
+
 def test_a_second_export_adds_only_the_new_records(run, tmp_path):
     logdir = tmp_path / "tb"
     tensorboard_export.export(run, logdir)
@@ -112,7 +170,8 @@ def test_a_second_export_adds_only_the_new_records(run, tmp_path):
         writer.write({"step": last + 1, "phase": "eval", "loss": float("inf")})
     assert tensorboard_export.export(run, logdir) == 2
     assert tensorboard_export.export(run, logdir) == 0  # nothing new: no new file either
-    assert len(list((logdir / run.run_id).glob("events.out.tfevents.*"))) == 2
+    # the config's file, then one per export that had records
+    assert len(list((logdir / run.run_id).glob("events.out.tfevents.*"))) == 3
     tags = assert_same(logdir, run)
     assert tags["eval/loss"][-1] == (last + 1, math.inf)
 

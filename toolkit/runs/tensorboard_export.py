@@ -1,10 +1,16 @@
 """Runs' events as TensorBoard event files: ``python -m toolkit tensorboard``.
 
-Each lab run becomes one TensorBoard run, ``<logdir>/<run id>/``, tagged ``<phase>/<key>``
-(``train/loss``, ``eval/accuracy``, ``gns/b_simple``, ``system/memory_gb/rank0``): every numeric
-key of every record, at the record's ``step`` and ``wall`` time. Values go in as float64
-scalars, so TensorBoard reads back exactly what ``events.jsonl`` holds. NaN (a key the record
-lacks, or a diverged loss) is left out: TensorBoard cannot draw it.
+Each lab run becomes one TensorBoard run, ``<logdir>/<run id>/``, tagged by :func:`tag` (every
+numeric key of every record, at the record's ``step`` and ``wall`` time): ``<phase>/<key>``
+(``train/loss``, ``eval/accuracy``, ``gns/b_simple``, ``system/memory_gb/rank0``), a key that
+already starts with its phase as it is (``trust_ratio/conv1/kernel``), and ``epoch`` once, at the
+first record of each step. Values go in as float64 scalars, so TensorBoard reads back exactly
+what ``events.jsonl`` holds. NaN (a key the record lacks, or a diverged loss) is left out:
+TensorBoard cannot draw it.
+
+The run's config goes in twice: as HParams (:func:`hparams`: every field, flattened to
+``optimizer.learning_rate``, with its tags), so the HParams dashboard tables and plots runs by
+any field against their final metrics; and as text (tag ``config``: ``config.yaml`` itself).
 
 An export is incremental: ``<logdir>/<run id>/lbl-position.json`` keeps where the last one
 stopped (:meth:`toolkit.runs.events.EventTail.position`), and the next appends an event file with
@@ -18,20 +24,25 @@ comes with TensorFlow); nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.hparams import summary_v2 as hparams_summary
+from tensorboard.plugins.text import summary_v2 as text_summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 
 from toolkit import files
+from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.runs.events import EventTail
 from toolkit.runs.rundir import RunDir
 
@@ -60,9 +71,53 @@ def export(run: RunDir, logdir: str | Path) -> int:
     if tail.restarted or not resumed:  # from the log's start: what was exported goes
         for stale in out.glob(EVENT_FILES):
             stale.unlink()
+        _write_config(out, run)
     written = _write(out, frame) if len(frame) else 0
     files.write_json(out / POSITION, tail.position())
     return written
+
+
+def tag(phase: str, key: str) -> str:
+    """The TensorBoard tag of ``key`` in a record of ``phase``: ``<phase>/<key>``, or ``key``
+    where it is ``epoch`` or already starts with ``<phase>/``."""
+    return key if key == "epoch" or key.startswith(f"{phase}/") else f"{phase}/{key}"
+
+
+def hparams(run: RunDir, config: ExperimentConfig) -> dict[str, bool | float | str]:
+    """``run``'s ``config`` as HParams: each field by its dotted path, lists and ``None`` as
+    text (HParams take numbers, booleans and strings), with the run's ``tags``."""
+    flat: dict[str, bool | float | str] = {}
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(inner, f"{path}.{key}" if path else str(key))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[path] = value
+        else:  # a list, None
+            flat[path] = json.dumps(value)
+
+    walk(config.model_dump(mode="json"), "")
+    flat["tags"] = ", ".join(run.tags())
+    return flat
+
+
+def _write_config(out: Path, run: RunDir) -> None:
+    """The run's HParams and its ``config.yaml`` as text, in an event file of their own (none
+    where the config cannot be read: the scalars still go out)."""
+    try:
+        config = run.config()
+    except (OSError, ConfigError):
+        return
+    session, text = hparams(run, config), config.to_yaml()
+    started = run.meta().get("created")
+    writer = EventFileWriter(str(out), filename_suffix=".config")
+    for summary in (
+        hparams_summary.hparams_pb(session, trial_id=run.run_id, start_time_secs=started),
+        text_summary.text_pb("config", "\n".join("    " + line for line in text.splitlines())),
+    ):
+        writer.add_event(event_pb2.Event(wall_time=started or 0.0, step=0, summary=summary))
+    writer.close()
 
 
 def _write(out: Path, frame: pd.DataFrame) -> int:
@@ -81,21 +136,22 @@ def _write(out: Path, frame: pd.DataFrame) -> int:
     steps = frame["step"].to_numpy(np.float64) if "step" in frame else np.full(len(frame), np.nan)
     writer = EventFileWriter(str(out))
     introduced: set[str] = set()  # tags whose metadata this file has given
-    written = 0
+    written, epoch_at = 0, None  # the step whose epoch was written last
     for phase, step, wall, row in zip(phases, steps, walls, values, strict=True):
         if not math.isfinite(step):
             continue
         event = event_pb2.Event(wall_time=wall if math.isfinite(wall) else 0.0, step=int(step))
         for key, value in zip(keys, row, strict=True):
-            if math.isnan(value):
+            if math.isnan(value) or (key == "epoch" and epoch_at == step):
                 continue
-            tag = f"{phase}/{key}"
+            epoch_at = step if key == "epoch" else epoch_at
+            name = tag(phase, key)
             scalar = event.summary.value.add(
-                tag=tag, tensor=tensor_util.make_tensor_proto(np.float64(value))
+                tag=name, tensor=tensor_util.make_tensor_proto(np.float64(value))
             )
-            if tag not in introduced:
+            if name not in introduced:
                 scalar.metadata.CopyFrom(_SCALAR)
-                introduced.add(tag)
+                introduced.add(name)
         if event.summary.value:
             writer.add_event(event)
             written += 1
