@@ -94,16 +94,63 @@ def lines(
         drawn_y.append(y[keep])
         mode = "lines+markers" if len(keep) < 30 else "lines"
         traces.append(_trace(x[keep], y[keep], name, color, width=2, mode=mode, dash=s.dash))
-    layout = {
+    layout = _layout(title, x_title, height, _x_ticks(drawn_x), _y_axis(drawn_y, log_y))
+    return go.Figure({"data": traces, "layout": layout}, _validate=False)
+
+
+@dataclass
+class Band:
+    """A group of runs' curves as one (:func:`toolkit.runs.curves.spread`): its name, colour and
+    the frame of ``x``, ``mean``, ``low`` and ``high``."""
+
+    name: str
+    spread: pd.DataFrame
+    color: str
+
+
+def bands(
+    groups: list[Band], title: str = "", x_title: str = "step", log_y: bool = False, height=320
+) -> go.Figure:
+    """Each group's mean as a line over its min-max band (filled faintly in its colour), each
+    downsampled to its share of :data:`CHART_POINTS`."""
+    traces, drawn_x, drawn_y = [], [], []
+    points = min(MAX_POINTS, max(FEWEST_POINTS, CHART_POINTS // max(1, 3 * len(groups))))
+    for group in groups:
+        keep = downsample(group.spread["mean"].to_numpy(), points)
+        rows = group.spread.iloc[keep]
+        x, name = rows["x"].to_numpy(), label(group.name)
+        fill = _faint(group.color)
+        edge = {"hoverinfo": "skip", "showlegend": False, "line": {"width": 0}}
+        traces.append(_trace(x, rows["low"].to_numpy(), name, group.color, 0) | edge)
+        traces.append(
+            _trace(x, rows["high"].to_numpy(), name, group.color, 0)
+            | edge
+            | {"fill": "tonexty", "fillcolor": fill}
+        )
+        traces.append(_trace(x, rows["mean"].to_numpy(), name, group.color, width=2))
+        drawn_x.append(x)
+        drawn_y += [rows[c].to_numpy() for c in ("low", "high")]
+    layout = _layout(title, x_title, height, _x_ticks(drawn_x), _y_axis(drawn_y, log_y))
+    return go.Figure({"data": traces, "layout": layout}, _validate=False)
+
+
+def _layout(title: str, x_title: str, height: int, x_ticks: dict, y_axis: dict) -> dict:
+    """A curves chart's layout: title, height, a legend below, one hover for every curve."""
+    return {
         "title": {"text": label(title)},
         "height": height,
         "margin": {"l": 10, "r": 10, "t": 40, "b": 10},
         "hovermode": "x",
         "legend": {"orientation": "h", "y": -0.2},
-        "xaxis": {"title": {"text": x_title}, **_x_ticks(drawn_x)},
-        "yaxis": _y_axis(drawn_y, log_y),
+        "xaxis": {"title": {"text": x_title}, **x_ticks},
+        "yaxis": y_axis,
     }
-    return go.Figure({"data": traces, "layout": layout}, _validate=False)
+
+
+def _faint(color: str) -> str:
+    """``color`` (``#rrggbb``) at a fifth of its opacity."""
+    red, green, blue = (int(color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({red},{green},{blue},0.2)"
 
 
 def _x_ticks(xs: list[np.ndarray]) -> dict:

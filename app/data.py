@@ -53,14 +53,10 @@ def colors() -> dict[str, str]:
 
 
 def config_columns(selected: list[RunDir]) -> pd.DataFrame:
-    """Every config field of each run as a column (``optimizer.params.momentum``), indexed by
-    run id; lists are shown as text, and a run without a readable config has empty cells."""
-    rows = {}
-    for run in selected:
-        loaded = config(run)
-        if loaded is not None:
-            flat = pd.json_normalize(loaded.model_dump(mode="json"), sep=".").iloc[0]
-            rows[run.run_id] = {k: str(v) if isinstance(v, list) else v for k, v in flat.items()}
+    """Every config field of each run as a column (``optimizer.params.momentum``, by
+    :meth:`~toolkit.config.ExperimentConfig.flat`), indexed by run id; a run without a readable
+    config has empty cells."""
+    rows = {run.run_id: loaded.flat() for run in selected if (loaded := config(run)) is not None}
     return pd.DataFrame.from_dict(rows, orient="index")
 
 

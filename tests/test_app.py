@@ -436,7 +436,7 @@ def test_runs_selected_run_output_config_and_diff(three_runs):
     log, config, diff = at.main.code
     assert log.value.endswith("line 19999") and not log.value.startswith("line 0\n")
     assert len(log.value) <= 32_000
-    assert config.value == (three_runs / "beta-sgd" / "config.yaml").read_text().strip()
+    assert config.value == (three_runs / "beta-sgd" / "config.yaml").read_text().rstrip().strip()
     by_label(at.selectbox, "Compare with").set_value("alpha-lars").run()
     diff = at.main.code[2].value
     assert "--- beta-sgd/config.yaml" in diff and "+++ alpha-lars/config.yaml" in diff
@@ -544,6 +544,39 @@ def test_any_config_field_is_a_column_to_filter_sort_and_group_by(three_runs):
     by_label(at.multiselect, "optimizer.name is").set_value([]).run()
     by_label(at.multiselect, "State").set_value(["completed"]).run()
     assert at.dataframe[1].value.set_index("optimizer.name").loc["lars", "runs"] == 1
+
+
+def test_a_run_opens_from_its_row_and_shows_its_labels_and_config(three_runs):
+    """The Runs table links each run to its Run detail (``detail?run=<id>``), which opens on
+    that run with its tags, notes and config.yaml."""
+    RunDir(three_runs / "beta-sgd").set_tags(add=["baseline"])
+    RunDir(three_runs / "beta-sgd").set_notes("lr too high")
+    at = page()
+    table = at.dataframe[0].value
+    assert (table["open"] == "detail?run=" + table["run_id"]).all()
+    drawn = json.loads(at.dataframe[0].proto.columns)  # the id, drawn as its link, pinned
+    assert drawn["run_id"] == {"hidden": True} and drawn["open"]["pinned"]
+    assert drawn["open"]["label"] == "run" and drawn["open"]["type_config"]["display_text"]
+    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at.query_params["run"] = "beta-sgd"  # a new tab, opened at the link's address
+    at.switch_page("views/detail.py").run()
+    assert not at.exception and at.selectbox[0].value == "beta-sgd"
+    assert md_escape("tags: baseline  ·  notes: lr too high") in [c.value for c in at.caption]
+    (config,) = [c for c in at.code if c.language == "yaml"]
+    assert config.value == (three_runs / "beta-sgd" / "config.yaml").read_text().rstrip()
+
+
+def test_config_columns_come_beside_the_run_and_groups_are_labelled(three_runs):
+    at = page()
+    by_label(at.multiselect, "Config columns").set_value(["seed", "optimizer.name"]).run()
+    assert list(at.dataframe[0].value.columns[:3]) == ["run_id", "seed", "optimizer.name"]
+    RunDir(three_runs / "alpha-lars").set_tags(add=["baseline"])
+    by_label(at.selectbox, "Group by").set_value("tags").run()
+    groups = at.dataframe[1].value.set_index("tags")
+    assert groups.loc["(untagged)", "runs"] == 2 and groups.loc["baseline", "runs"] == 1
+    drawn = json.loads(at.dataframe[1].proto.columns)  # the column configs it was drawn with
+    formats = {name: c.get("type_config", {}).get("format") for name, c in drawn.items()}
+    assert formats["mean best eval acc"] == "%.4f" and formats["median samples/s"] == "%.0f"
 
 
 def test_run_names_and_messages_are_never_markup(root):
@@ -729,6 +762,36 @@ def test_one_colour_per_run_on_run_detail_and_compare(compare_runs):
     for figure in figures(at):
         for trace in figure["data"]:
             assert trace["line"]["color"] == colours[trace["legendgroup"]]
+
+
+def test_compare_groups_runs_by_a_config_field_into_mean_and_band(compare_runs):
+    """Grouped by optimizer: the two LARS runs' train loss is one mean over their min-max band
+    (where only the longer run goes on, its own curve), SGD's one run its own line."""
+    at = page()
+    at.session_state["compare_runs"] = ["run-0", "run-1", "run-2"]
+    at.switch_page("views/compare.py").run()
+    group = by_label(at.selectbox, "Group runs by")
+    assert "optimizer.name" in group.options
+    assert "epochs" not in group.options  # the same for every chosen run: nothing to group
+    by_label(at.slider, "EMA smoothing").set_value(0.0)
+    by_label(at.multiselect, "Metrics").set_value(["train/loss"])
+    group.set_value("optimizer.name").run()
+    (chart,) = figures(at)
+    drawn = {}
+    for trace in chart["data"]:
+        drawn.setdefault(trace["name"], []).append(decode(trace["y"]))
+    assert set(drawn) == {"optimizer.name=lars (2 runs)", "optimizer.name=sgd (1 run)"}
+    losses = []
+    for run_id in ("run-0", "run-2"):
+        events = read_events(RunDir(compare_runs / run_id).events_path)
+        losses.append(events[events.phase == "train"].set_index("step")["loss"])
+    both = pd.concat(losses, axis=1)
+    low, high, mean = drawn["optimizer.name=lars (2 runs)"]
+    np.testing.assert_allclose(mean, both.mean(axis=1))  # one run alone past run-0's end
+    np.testing.assert_allclose(low, both.min(axis=1))
+    np.testing.assert_allclose(high, both.max(axis=1))
+    sgd = read_events(RunDir(compare_runs / "run-1").events_path).query("phase == 'train'")
+    np.testing.assert_allclose(drawn["optimizer.name=sgd (1 run)"][2], sgd["loss"])
 
 
 def test_run_detail_and_compare_start_at_one_smoothing(compare_runs):

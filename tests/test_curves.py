@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from toolkit.runs.curves import Curve, bytes_axis, downsample, panels
+from toolkit.runs.curves import Curve, bytes_axis, downsample, panels, spread
 
 
 def test_panels_follow_the_rule_for_known_and_unplanned_metrics():
@@ -110,3 +111,28 @@ def test_bytes_axis_sums_bytes_per_update_over_the_updates_between_events():
     axis = bytes_axis(events, steps_per_update=2)
     assert axis.tolist() == [500.0, 1250.0, 2000.0, 2000.0]  # the eval event: interpolated
     assert bytes_axis(events.drop(columns="comm/bytes_sent")) is None
+
+
+def test_spread_is_the_mean_min_and_max_of_the_curves_each_within_its_own_range():
+    """Oracle: each curve's value at x written out piecewise-linearly, none outside its range."""
+    a = (np.array([0.0, 2.0, 4.0]), np.array([1.0, 3.0, 5.0]))
+    b = (np.array([1.0, 3.0]), np.array([10.0, 20.0]))
+    c = (np.array([4.0, 0.0, 6.0]), np.array([np.nan, 7.0, 9.0]))  # unsorted, a missing point
+
+    def at(curve, x):
+        xs, ys = curve
+        keep = ~np.isnan(ys)
+        xs, ys = xs[keep], ys[keep]
+        if x < xs.min() or x > xs.max():
+            return None
+        for (x0, y0), (x1, y1) in zip(sorted(zip(xs, ys)), sorted(zip(xs, ys))[1:]):
+            if x0 <= x <= x1:
+                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return float(ys[xs == x][0])
+
+    got = spread([a, b, c])
+    assert got["x"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 6.0]
+    for row in got.itertuples():
+        values = [v for v in (at(a, row.x), at(b, row.x), at(c, row.x)) if v is not None]
+        assert row.mean == pytest.approx(np.mean(values)), row
+        assert (row.low, row.high) == pytest.approx((min(values), max(values))), row

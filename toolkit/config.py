@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import json
 import math
 import re
 import typing
@@ -549,6 +550,22 @@ class ExperimentConfig(_Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def flat(self) -> dict[str, Any]:
+        """Every field by its dotted path (``optimizer.params.momentum``), in the config's
+        order: numbers, booleans, text and ``None`` as they are, a list as its JSON text (a
+        table's cell, a TensorBoard HParam); an empty section (``params: {}``) has none."""
+        fields: dict[str, Any] = {}
+
+        def walk(value: Any, path: str) -> None:
+            if isinstance(value, dict):
+                for key, inner in value.items():
+                    walk(inner, f"{path}.{key}" if path else key)
+            else:
+                fields[path] = json.dumps(value) if isinstance(value, list) else value
+
+        walk(self.model_dump(mode="json"), "")
+        return fields
 
 
 def communication(*, sync: str = "full", period: int = 1, **allreduce) -> Communication:

@@ -1,6 +1,7 @@
 """Compare: several runs overlaid per metric, each in its own colour (the same on every page),
-against any of :data:`app.axes.X_AXES`, EMA-smoothed with the raw curve faint behind; values
-at a step, min/max/last, CSV export. The address names the chosen runs (``?run=a&run=b``), so a
+against any of :data:`app.axes.X_AXES`, EMA-smoothed with the raw curve faint behind, or grouped
+by a config field into each value's mean over its min-max band; values at a step,
+min/max/last, CSV export. The address names the chosen runs (``?run=a&run=b``), so a
 comparison can be shared as a link.
 
 Built for 100 runs of 50,000 events: each run's phases are read once per change of its file
@@ -14,7 +15,9 @@ import streamlit as st
 from app import charts, data
 from app.axes import X_AXES, x_values
 from app.charts import Series
+from toolkit.runs import curves
 from toolkit.runs.curves import EXACT
+from toolkit.runs.theme import COLORS
 
 NOT_METRICS = {"step", "epoch", "wall", "phase"}
 MAX_STEP = 2**53 - 1  # the largest whole number a browser's number input holds
@@ -70,28 +73,65 @@ shown = controls[0].multiselect(
 x_axis = controls[1].radio("x-axis", list(X_AXES), horizontal=True)
 smoothing = controls[2].slider("EMA smoothing", 0.0, 0.99, charts.SMOOTHING, 0.01)
 log_y = controls[3].checkbox("log y")
+configs = data.config_columns([by_id[r] for r in chosen]).astype(str)
+varying = [field for field in configs.columns if configs[field].nunique() > 1]
+group = st.selectbox(
+    "Group runs by",
+    [None, *varying],
+    format_func=lambda field: "nothing: a curve per run" if field is None else field,
+    help="a config field whose value differs between the chosen runs: each value's runs drawn "
+    "as their mean over their min-max band (seeds, say)",
+)
+
+
+def curve(run_id: str, name: str, column: str) -> tuple[pd.Series, pd.Series] | None:
+    """``(x, y)`` of ``column`` of the run's ``name`` phase on the chosen axis; ``None`` where
+    the run lacks either."""
+    rows, run = rows_of(run_id, name), by_id[run_id]
+    x = x_values(data.events(run), rows, x_axis, data.config(run)) if column in rows else None
+    return None if x is None else (x, rows[column])
 
 
 @st.cache_resource(max_entries=24, show_spinner=False)
-def figure(metric: str, x_axis: str, smoothing: float, log_y: bool, runs: tuple) -> go.Figure:
+def figure(
+    metric: str, x_axis: str, smoothing: float, log_y: bool, group: str | None, runs: tuple
+) -> go.Figure:
     """The chart of ``metric`` (built again only when a control or a drawn run changed; the
-    arguments are its whole key, ``runs`` standing for the chosen runs)."""
+    arguments are its whole key, ``runs`` standing for the chosen runs): a curve per run, or
+    with ``group`` a band per value of that config field."""
     name, column = metric.split("/", 1)
-    series = []
-    for run_id in chosen:
-        rows = rows_of(run_id, name)
-        run = by_id[run_id]
-        x = x_values(data.events(run), rows, x_axis, data.config(run)) if column in rows else None
-        if x is not None:
-            exact = column in EXACT
-            series.append(Series(run_id, x, rows[column], color=colors[run_id], exact=exact))
-    return charts.lines(
-        series, metric, X_AXES[x_axis], smoothing=smoothing, log_y=log_y, height=380
-    )
+    exact = column in EXACT
+    found = {run_id: xy for run_id in chosen if (xy := curve(run_id, name, column)) is not None}
+    if group is None:
+        series = [
+            Series(run_id, x, y, color=colors[run_id], exact=exact)
+            for run_id, (x, y) in found.items()
+        ]
+        return charts.lines(
+            series, metric, X_AXES[x_axis], smoothing=smoothing, log_y=log_y, height=380
+        )
+    groups, values = [], configs.reindex(list(found))[group].fillna("(no config)")
+    wall = x_axis == "wall-clock"  # times: spread as nanoseconds, drawn as times again
+    for value, members in values.groupby(values, sort=True).groups.items():
+        smoothed = [
+            (x.astype("int64") if wall else x, y if exact else charts.ema(y, smoothing))
+            for x, y in (found[r] for r in members)
+        ]
+        band = curves.spread(smoothed)
+        band["x"] = pd.to_datetime(band["x"]) if wall else band["x"]
+        runs_said = f"{len(members)} run{'s' * (len(members) > 1)}"
+        groups.append(
+            charts.Band(
+                f"{group}={value} ({runs_said})",
+                band,
+                COLORS[len(groups) % len(COLORS)],
+            )
+        )
+    return charts.bands(groups, metric, X_AXES[x_axis], log_y=log_y, height=380)
 
 
 for metric in shown:
-    st.plotly_chart(figure(metric, x_axis, smoothing, log_y, drawn), theme=None)
+    st.plotly_chart(figure(metric, x_axis, smoothing, log_y, group, drawn), theme=None)
 
 charted = [rows_of(run_id, name) for run_id in chosen for name in PHASES]
 last_steps = [rows["step"].max() for rows in charted if "step" in rows]

@@ -38,6 +38,12 @@ config = data.config(run)
 scale = Scale.of(config) if config else None  # the run's batch and rate on its workers
 color = data.colors()[run_id]
 live = run.status().get("state") in LIVE
+labels = [f"tags: {', '.join(run.tags())}"] if run.tags() else []
+labels += [f"notes: {run.notes()}"] if run.notes() else []
+if labels:
+    st.caption(md_escape("  ·  ".join(labels)))
+with st.expander("Config"):
+    st.code(data.text(run.config_path) or "(no config.yaml)", language="yaml")
 with st.expander("Open this run in a notebook"):
     st.code(
         "from toolkit.runs import monitor, rundir\n"

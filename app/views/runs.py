@@ -3,6 +3,7 @@ tag or text, with any config field as a column to sort, filter or group by; and 
 run: stop, rerun, resume or delete, its tags and notes, its output, config and a config diff."""
 
 import difflib
+from urllib.parse import quote
 
 import pandas as pd
 import streamlit as st
@@ -25,6 +26,18 @@ GROUP_COLUMNS = {  # the grouped table: its columns, as (column, aggregation) of
     "std best eval acc": ("best_eval_accuracy", "std"),
     "max best eval acc": ("best_eval_accuracy", "max"),
     "median samples/s": ("samples_per_sec", "median"),
+}
+GROUPED = {
+    name: RUN_COLUMNS[column].copy() | {"label": name}
+    for name, (column, how) in GROUP_COLUMNS.items()
+    if how != "size"
+}
+LINKED = {  # the run's id drawn as a link to its Run detail, in the place of its plain text
+    **RUN_COLUMNS,
+    "run_id": None,
+    "open": st.column_config.LinkColumn(
+        "run", display_text=r"run=(.+)$", help="open the run's Run detail (a new tab)", pinned=True
+    ),
 }
 
 
@@ -119,13 +132,24 @@ def shown(frame: pd.DataFrame) -> pd.DataFrame:
     keep &= pd.Series(labelled, index=frame.index, dtype=bool)
     table = frame[keep].reindex(columns=list(RUN_COLUMNS))
     table = table.join(configs[fields], on="run_id") if fields else table
-    return table[table[where].astype(str).isin(allowed)] if allowed else table
+    table = table[table[where].astype(str).isin(allowed)] if allowed else table
+    # the chosen fields beside the run, in view, not past the table's right edge
+    return table[["run_id", *fields, *table.columns.drop(["run_id", *fields])]]
+
+
+def opened(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with an ``open`` column, a link to each run's Run detail, drawn first (pinned)
+    as the run's id."""
+    return table.assign(open="detail?run=" + table["run_id"].map(lambda r: quote(r, safe="")))
 
 
 def grouped(table: pd.DataFrame) -> pd.DataFrame:
-    """Runs per value of ``group`` (a run with several tags counts in each), with the spread of
-    their best accuracy and their median throughput."""
+    """Runs per value of ``group`` (a run with several tags counts in each, a run with none in
+    ``(untagged)``; runs without the value in ``(none)``), with the spread of their best
+    accuracy and their median throughput."""
     rows = table.explode("tags") if group == "tags" else table
+    missing = "(untagged)" if group == "tags" else "(none)"
+    rows = rows.assign(**{group: rows[group].astype(object).where(rows[group].notna(), missing)})
     return rows.groupby(group, dropna=False).agg(**GROUP_COLUMNS).reset_index()
 
 
@@ -139,10 +163,10 @@ def table_view() -> None:
     if live and not frame["state"].isin(LIVE).any():
         st.rerun()  # the last live run just ended: once more, without the timer
     table = shown(frame)
-    st.dataframe(table, hide_index=True, column_config=RUN_COLUMNS, placeholder="")
+    st.dataframe(opened(table), hide_index=True, column_config=LINKED, placeholder="")
     if group and not table.empty:
         st.caption(f"Grouped by {group}")
-        st.dataframe(grouped(table), hide_index=True, placeholder="")
+        st.dataframe(grouped(table), hide_index=True, column_config=GROUPED, placeholder="")
     st.session_state.listed = list(table["run_id"])
 
 

@@ -13,7 +13,8 @@ charts by one rule, so a metric nobody planned for is drawn too:
 - panels come in :data:`FIRST` order, then alphabetically.
 
 Long curves are thinned for drawing by :func:`downsample`; :func:`bytes_axis` puts every event
-on the axis of traffic, for accuracy against bytes sent.
+on the axis of traffic, for accuracy against bytes sent; :func:`spread` makes a group of runs'
+curves one mean with its min-max band.
 """
 
 from __future__ import annotations
@@ -127,6 +128,34 @@ def downsample(y: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
     ]
     keep = np.concatenate(keep)
     return np.unique(keep[keep < n])
+
+
+def spread(curves: list[tuple[np.ndarray, np.ndarray]]) -> pd.DataFrame:
+    """Several runs' curves of one metric as one: at every x any of them has, their mean, min
+    and max (columns ``x``, ``mean``, ``low``, ``high``, by x). Each curve counts between its
+    own first and last x, linearly interpolated between its points, and not outside them: a
+    run that stopped early leaves the mean to those that went on."""
+    grid = np.unique(np.concatenate([np.asarray(x, dtype=float) for x, _ in curves]))
+    grid = grid[~np.isnan(grid)]
+    at = {}
+    for i, (x, y) in enumerate(curves):
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        drawn = ~(np.isnan(x) | np.isnan(y))  # a point it lacks is not a point
+        order = np.argsort(x[drawn], kind="stable")
+        at[i] = (
+            np.interp(grid, x[drawn][order], y[drawn][order], left=np.nan, right=np.nan)
+            if drawn.any()
+            else np.full(len(grid), np.nan)
+        )
+    values = pd.DataFrame(at, index=grid)
+    return pd.DataFrame(
+        {
+            "x": grid,
+            "mean": values.mean(axis=1),
+            "low": values.min(axis=1),
+            "high": values.max(axis=1),
+        }
+    ).reset_index(drop=True)
 
 
 def bytes_axis(events: pd.DataFrame, steps_per_update: int | pd.Series = 1) -> pd.Series | None:

@@ -24,14 +24,12 @@ comes with TensorFlow); nothing here imports TensorFlow.
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -84,22 +82,11 @@ def tag(phase: str, key: str) -> str:
 
 
 def hparams(run: RunDir, config: ExperimentConfig) -> dict[str, bool | float | str]:
-    """``run``'s ``config`` as HParams: each field by its dotted path, lists and ``None`` as
-    text (HParams take numbers, booleans and strings), with the run's ``tags``."""
-    flat: dict[str, bool | float | str] = {}
-
-    def walk(value: Any, path: str) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                walk(inner, f"{path}.{key}" if path else str(key))
-        elif isinstance(value, (bool, int, float, str)):
-            flat[path] = value
-        else:  # a list, None
-            flat[path] = json.dumps(value)
-
-    walk(config.model_dump(mode="json"), "")
-    flat["tags"] = ", ".join(run.tags())
-    return flat
+    """``run``'s ``config`` as HParams: each field by its dotted path
+    (:meth:`~toolkit.config.ExperimentConfig.flat`; ``None`` as ``null``, since HParams take
+    numbers, booleans and text), with the run's ``tags``."""
+    fields = {k: "null" if v is None else v for k, v in config.flat().items()}
+    return {**fields, "tags": ", ".join(run.tags())}
 
 
 def _write_config(out: Path, run: RunDir) -> None:
