@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from toolkit.runs.curves import MAX_POINTS, downsample
+from toolkit.runs.curves import MAX_POINTS, downsample, wide
 from toolkit.runs.theme import COLORS
 
 CHART_POINTS = 60_000
@@ -95,6 +95,35 @@ def lines(
         mode = "lines+markers" if len(keep) < 30 else "lines"
         traces.append(_trace(x[keep], y[keep], name, color, width=2, mode=mode, dash=s.dash))
     layout = _layout(title, x_title, height, _x_ticks(drawn_x), _y_axis(drawn_y, log_y))
+    return go.Figure({"data": traces, "layout": layout}, _validate=False)
+
+
+def scatter(
+    runs: pd.DataFrame, x: str, y: str, color: str | None = None, y_title: str | None = None
+) -> go.Figure:
+    """One point per run (a row of ``runs``, named by its ``run_id``): column ``y`` against
+    column ``x``, coloured by column ``color``; a log x-axis where ``x`` is
+    :func:`~toolkit.runs.curves.wide`."""
+    traces = []
+    groups = runs.groupby(color, sort=True, dropna=False) if color else [(None, runs)]
+    for i, (value, group) in enumerate(groups):
+        name = f"{color}={value}" if color else "runs"
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "x": group[x].tolist(),
+                "y": group[y].tolist(),
+                "text": [label(r) for r in group["run_id"]],
+                "name": label(name),
+                "marker": {"size": 10, "color": COLORS[i % len(COLORS)]},
+                "hovertemplate": "%{text}<br>%{x}: %{y:.4g}<extra></extra>",
+            }
+        )
+    layout = _layout(f"{y_title or y} against {x}", x, 380, {}, {"title": {"text": y_title or y}})
+    layout["xaxis"]["type"] = "log" if wide(runs[x]) else "-"
+    layout["hovermode"] = "closest"
+    layout["showlegend"] = bool(color)
     return go.Figure({"data": traces, "layout": layout}, _validate=False)
 
 

@@ -776,7 +776,7 @@ def test_compare_groups_runs_by_a_config_field_into_mean_and_band(compare_runs):
     by_label(at.slider, "EMA smoothing").set_value(0.0)
     by_label(at.multiselect, "Metrics").set_value(["train/loss"])
     group.set_value("optimizer.name").run()
-    (chart,) = figures(at)
+    (chart,) = [f for f in figures(at) if f["layout"]["title"]["text"] == "train/loss"]
     drawn = {}
     for trace in chart["data"]:
         drawn.setdefault(trace["name"], []).append(decode(trace["y"]))
@@ -792,6 +792,25 @@ def test_compare_groups_runs_by_a_config_field_into_mean_and_band(compare_runs):
     np.testing.assert_allclose(high, both.max(axis=1))
     sgd = read_events(RunDir(compare_runs / "run-1").events_path).query("phase == 'train'")
     np.testing.assert_allclose(drawn["optimizer.name=sgd (1 run)"][2], sgd["loss"])
+
+
+def test_compare_plots_any_config_field_against_an_outcome_a_point_per_run(compare_runs):
+    at = page()
+    at.session_state["compare_runs"] = ["run-0", "run-1", "run-2"]
+    at.switch_page("views/compare.py").run()
+    assert not at.exception, at.exception
+    by_label(at.selectbox, "Config field").set_value("optimizer.name")
+    by_label(at.selectbox, "Outcome").set_value("samples/s").run()
+    (chart,) = [f for f in figures(at) if "against optimizer.name" in f["layout"]["title"]["text"]]
+    (points,) = chart["data"]
+    drawn = dict(zip(points["text"], zip(points["x"], points["y"], strict=True), strict=True))
+    for run_id in ("run-0", "run-1", "run-2"):
+        run = RunDir(compare_runs / run_id)
+        row = table.summary(run)
+        assert drawn[run_id] == (run.config().optimizer.name, pytest.approx(row["samples_per_sec"]))
+    by_label(at.selectbox, "Colour by").set_value("optimizer.name").run()
+    (chart,) = [f for f in figures(at) if "against optimizer.name" in f["layout"]["title"]["text"]]
+    assert {t["name"] for t in chart["data"]} == {"optimizer.name=lars", "optimizer.name=sgd"}
 
 
 def test_run_detail_and_compare_start_at_one_smoothing(compare_runs):

@@ -1,8 +1,8 @@
 """Compare: several runs overlaid per metric, each in its own colour (the same on every page),
 against any of :data:`app.axes.X_AXES`, EMA-smoothed with the raw curve faint behind, or grouped
 by a config field into each value's mean over its min-max band; values at a step,
-min/max/last, CSV export. The address names the chosen runs (``?run=a&run=b``), so a
-comparison can be shared as a link.
+min/max/last; any config field against any outcome, a point per run; CSV export. The address
+names the chosen runs (``?run=a&run=b``), so a comparison can be shared as a link.
 
 Built for 100 runs of 50,000 events: each run's phases are read once per change of its file
 (``data.phases``), each chart is built once per set of controls and runs (``figure``), and
@@ -24,6 +24,14 @@ MAX_STEP = 2**53 - 1  # the largest whole number a browser's number input holds
 DEFAULT_METRICS = ["train/loss", "eval/loss", "eval/accuracy"]
 DEFAULT_RUNS = 5
 PHASES = ("train", "eval", "gns")  # gns: the gradient noise scale (gns/b_simple)
+OUTCOMES = {  # the runs table's columns a run's config is plotted against, by their names
+    "best eval accuracy": "best_eval_accuracy",
+    "last eval accuracy": "last_eval_accuracy",
+    "best eval loss": "best_eval_loss",
+    "last train loss": "last_loss",
+    "samples/s": "samples_per_sec",
+    "duration (s)": "duration_s",
+}
 
 st.title("Compare runs")
 runs = data.runs()
@@ -73,7 +81,8 @@ shown = controls[0].multiselect(
 x_axis = controls[1].radio("x-axis", list(X_AXES), horizontal=True)
 smoothing = controls[2].slider("EMA smoothing", 0.0, 0.99, charts.SMOOTHING, 0.01)
 log_y = controls[3].checkbox("log y")
-configs = data.config_columns([by_id[r] for r in chosen]).astype(str)
+fields = data.config_columns([by_id[r] for r in chosen])  # the config, a column per field
+configs = fields.astype(str)
 varying = [field for field in configs.columns if configs[field].nunique() > 1]
 group = st.selectbox(
     "Group runs by",
@@ -170,6 +179,17 @@ def values_at(shown: tuple[str, ...], at_step: int, runs: tuple) -> pd.DataFrame
 
 
 st.dataframe(values_at(tuple(shown), at_step, drawn), hide_index=True, placeholder="")
+if not fields.empty:  # runs with a readable config
+    st.subheader("Config against outcome")
+    summaries = pd.DataFrame([data.summary(by_id[r]) for r in chosen])
+    outcomes = summaries[["run_id", *OUTCOMES.values()]].join(fields, on="run_id")
+    left, middle, right = st.columns(3)
+    columns = list(fields.columns)
+    x_field = left.selectbox("Config field", columns, index=columns.index([*varying, *columns][0]))
+    outcome = middle.selectbox("Outcome", list(OUTCOMES))
+    color_by = right.selectbox("Colour by", [None, *varying], format_func=lambda f: f or "nothing")
+    scatter = charts.scatter(outcomes, x_field, OUTCOMES[outcome], color_by, outcome)
+    st.plotly_chart(scatter, theme=None)
 st.download_button(
     "Download the selected runs' events (CSV)",
     data=lambda: data.events_csv([by_id[r] for r in chosen]),

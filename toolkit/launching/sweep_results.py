@@ -14,7 +14,7 @@ import pandas as pd
 
 from toolkit.launching.sweep import METHOD, SEED, Cell, Sweep
 from toolkit.plan import Scale
-from toolkit.runs.curves import updates_by_epoch
+from toolkit.runs.curves import updates_by_epoch, wide
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import LIVE, RunDir, list_runs
 from toolkit.runs.table import summary
@@ -179,11 +179,9 @@ def figure(
                 name=", ".join(map(str, name)) if isinstance(name, tuple) else str(name),
             )
         )
-    numeric = pd.to_numeric(means[x], errors="coerce")
-    log = numeric.notna().all() and numeric.min() > 0 and numeric.max() / numeric.min() >= 8
     fig.update_layout(
         title=title or f"{metric} against {x} (mean ± std over seeds)",
-        xaxis={"title": x, "type": "log" if log else None},
+        xaxis={"title": x, "type": "log" if wide(means[x]) else None},
         yaxis={"title": metric},
         legend={"title": ", ".join(lines)},
         template=theme.NAME,

@@ -130,6 +130,13 @@ def downsample(y: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
     return np.unique(keep[keep < n])
 
 
+def wide(values) -> bool:
+    """Whether an axis of ``values`` reads better on a log scale: all positive numbers,
+    spanning a factor of 8 or more (a batch of 32 to 4,096; a rate of 0.01 to 1)."""
+    numbers = pd.to_numeric(pd.Series(values), errors="coerce")
+    return bool(numbers.notna().all() and numbers.min() > 0 and numbers.max() / numbers.min() >= 8)
+
+
 def spread(curves: list[tuple[np.ndarray, np.ndarray]]) -> pd.DataFrame:
     """Several runs' curves of one metric as one: at every x any of them has, their mean, min
     and max (columns ``x``, ``mean``, ``low``, ``high``, by x). Each curve counts between its
