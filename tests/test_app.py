@@ -799,6 +799,7 @@ def test_compare_plots_any_config_field_against_an_outcome_a_point_per_run(compa
     at.session_state["compare_runs"] = ["run-0", "run-1", "run-2"]
     at.switch_page("views/compare.py").run()
     assert not at.exception, at.exception
+    by_label(at.toggle, "Config against outcome").set_value(True).run()
     by_label(at.selectbox, "Config field").set_value("optimizer.name")
     by_label(at.selectbox, "Outcome").set_value("samples/s").run()
     (chart,) = [f for f in figures(at) if "against optimizer.name" in f["layout"]["title"]["text"]]

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from conftest import ROOT, run_cli
 
+from app.data import md_escape
 from toolkit.config import ConfigError, load, run_name_problem
 from toolkit.launching import slots, sweep, sweep_results, sweep_runner
 from toolkit.plan import Scale
@@ -199,6 +200,9 @@ def test_the_cli_refuses_bad_sweep_files_before_anything_starts(tmp_path):
     assert not runs.exists() or list_runs(runs) == []
 
 
+LIKE = "dataset, model, workers, batch per worker"
+
+
 def test_dry_run_prints_each_cell_with_its_batch_rate_and_steps(tmp_path):
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(spec(seeds=[0])))
@@ -208,11 +212,19 @@ def test_dry_run_prints_each_cell_with_its_batch_rate_and_steps(tmp_path):
     assert lines[0] == "sweep t: 4 cells"
     header = lines[1].split()
     assert header[:3] == ["method", "batch.global_size", "seed"]
-    rows = [dict(zip(header, line.split())) for line in lines[2:]]
+    rows = [dict(zip(header, line.split())) for line in lines[2:-1]]  # then the cost
     lars = next(r for r in rows if r["method"] == "lars_sqrt" and r["batch.global_size"] == "256")
     # quickstart: 2 workers, 4,000 training examples, 20 epochs; sqrt scaling from base 64
     assert lars["global_batch"] == "256" and float(lars["scaled_lr"]) == pytest.approx(1.0)
     assert int(lars["total_steps"]) == 20 * (2000 // 128)
+    assert {r["estimated_s"] for r in rows} == {"-"}  # no run here to price them
+    cost = lines[-1]
+    assert cost.startswith("estimated time: not measured yet")
+    assert "each cell counts 12 s of start-up (no run here measured one)" in cost
+    named = ", ".join(r["run_id"] for r in rows)  # each cell without a peer, named
+    assert cost.endswith(
+        f"4 of 4 cells have no completed run like them ({LIKE}) and are not counted: {named}"
+    )
     assert not (tmp_path / "runs").exists()  # nothing created
 
 
@@ -400,9 +412,13 @@ def test_sweep_page_shows_a_finished_sweep_its_results_and_opens_compare(real, m
         {"batch": Scale.of(r.config()).per_worker, "rate": table.summary(r)["samples_per_sec"]}
         for r in runs
     )  # the runs like a cell (one dataset, model and world size here): same batch per worker
+    waits = [r.status()["started"] - r.status()["launched"] for r in runs]  # start-up, each
     for cell in states.to_dict("records"):
         like = rates[rates["batch"] == cell["global_batch"] // cell["workers"]]["rate"].median()
-        assert cell["estimated_s"] == pytest.approx(cell["updates"] * cell["global_batch"] / like)
+        training = cell["updates"] * cell["global_batch"] / like
+        assert cell["estimated_s"] == pytest.approx(np.median(waits) + training)
+    said = f"each cell counts {np.median(waits):.0f} s of start-up (measured here)"
+    assert any(md_escape(said) in caption.value for caption in at.caption)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Cells"] == "4" and metrics["Workers per cell"] == str(states["workers"][0])
     seconds = states["estimated_s"].sum() / labelled(at.number_input, "Cells at a time").value

@@ -393,7 +393,12 @@ def _sweep(args) -> int:
     grid = sweep_runner.on_slurm(sweep.load(args.sweep), _slurm_fields(args))
     if args.dry_run:
         print(f"sweep {grid.name}: {len(grid.cells)} cells")
-        print(sweep_runner.dry_run(grid).map(_cell).to_string(index=False))
+        cells, startup = sweep_runner.dry_run(grid, args.runs), sweep_runner.startup(args.runs)
+        rates = sweep_runner.throughputs(args.runs)
+        seconds = sweep_runner.estimate(grid, cells, rates, startup or sweep_runner.STARTUP_S)
+        print(cells.assign(estimated_s=seconds.round()).map(_cell).to_string(index=False))
+        parallel = args.max_parallel or sweep_runner.default_parallel(grid, args.runs)
+        print(sweep_runner.cost(seconds, cells, parallel, startup))
         return 0
     if args.status:
         table = sweep_results.results(grid, args.runs)

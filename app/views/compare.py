@@ -179,8 +179,8 @@ def values_at(shown: tuple[str, ...], at_step: int, runs: tuple) -> pd.DataFrame
 
 
 st.dataframe(values_at(tuple(shown), at_step, drawn), hide_index=True, placeholder="")
-if not fields.empty:  # runs with a readable config
-    st.subheader("Config against outcome")
+against = "Config against outcome"
+if not fields.empty and st.toggle(against, help="a point per run: any config field, any outcome"):
     summaries = pd.DataFrame([data.summary(by_id[r]) for r in chosen])
     outcomes = summaries[["run_id", *OUTCOMES.values()]].join(fields, on="run_id")
     left, middle, right = st.columns(3)

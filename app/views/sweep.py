@@ -66,14 +66,6 @@ def built_grid() -> dict:
     return {"name": name, "base": str(form.PRESETS / f"{base}.yaml"), **parsed}
 
 
-def duration(seconds: float) -> str:
-    """``2 h 05 min``, ``4 min``, ``40 s``."""
-    minutes, hours = round(seconds / 60), seconds / 3600
-    if hours >= 1:
-        return f"{int(hours)} h {minutes % 60:02d} min"
-    return f"{minutes} min" if minutes else f"{seconds:.0f} s"
-
-
 @st.cache_data(max_entries=20, show_spinner="Working out each cell's steps…")
 def plan(sweep_yaml: str) -> pd.DataFrame:
     return sweep_runner.dry_run(sweeps.from_mapping(safe_yaml.load(sweep_yaml, "sweep")))
@@ -109,7 +101,9 @@ try:
 except ConfigError as error:  # a cell that cannot launch here, named
     st.error(md_escape(error))
     st.stop()
-seconds = sweep_runner.estimate(grid, cells, sweep_runner.throughputs(root, summarize=data.summary))
+startup = sweep_runner.startup(root)
+rates = sweep_runner.throughputs(root, summarize=data.summary)
+seconds = sweep_runner.estimate(grid, cells, rates, startup or sweep_runner.STARTUP_S)
 left, middle, right = st.columns([1, 1, 2])
 parallel = left.number_input(
     "Cells at a time", min_value=1, value=sweep_runner.default_parallel(grid, root), step=1
@@ -130,15 +124,12 @@ cost[1].metric(
 )
 cost[2].metric(
     "Estimated time",
-    duration(seconds.sum() / parallel) if measured else "not measured yet",
-    help="training time at the samples/s measured by completed runs of the same dataset, "
-    "model, workers and batch per worker, spread over the cells run at a time",
+    sweep_runner.duration(seconds.sum() / parallel) if measured else "not measured yet",
+    help="each cell's start-up, then its training at the samples/s measured by completed runs "
+    "of the same dataset, model, workers and batch per worker, spread over the cells run at a "
+    "time",
 )
-if measured < len(cells):
-    st.caption(
-        f"{len(cells) - measured} of {len(cells)} cells have no measured run like them: "
-        "their time is not in the estimate"
-    )
+st.caption(md_escape(sweep_runner.cost(seconds, cells, int(parallel), startup)))
 big = len(cells) > CONFIRM_CELLS
 sure = not big or st.checkbox(f"Yes, run all {len(cells)} cells")
 if right.button("Launch sweep", type="primary", disabled=running or not sure, width="stretch"):

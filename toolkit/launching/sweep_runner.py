@@ -47,6 +47,11 @@ from toolkit.runs.rundir import LIVE, RunDir, list_runs, runs_root
 from toolkit.runs.table import summary
 
 POLL_S = 1.0
+NAMED = 5
+"""Cells a cost names before it counts the rest."""
+STARTUP_S = 12.0
+"""A launch's seconds from its slots to its workers' training where no run here recorded
+one: ``experiments/bench_startup.py``'s median launch to first event (docs/performance.md)."""
 
 
 def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
@@ -104,12 +109,60 @@ def throughputs(root: str | Path | None = None, summarize=summary) -> dict[tuple
     return {key: float(pd.Series(rates).median()) for key, rates in measured.items()}
 
 
-def estimate(sweep: Sweep, plan: pd.DataFrame, rates: dict[tuple, float]) -> pd.Series:
-    """Each cell's training time in seconds (its :func:`dry_run` row's updates x global batch
-    at the measured ``rates`` of :func:`throughputs`), ``NaN`` where no run measured it."""
+def startup(root: str | Path | None = None) -> float | None:
+    """The median seconds from a run's taking its slots to its workers' training (importing
+    TensorFlow, meeting over Gloo) over the completed runs under ``root``; ``None`` if none
+    recorded both."""
+    waits = []
+    for run in list_runs(root):
+        status = run.recorded_status()
+        launched, started = status.get("launched"), status.get("started")
+        if status.get("state") == "completed" and launched and started:
+            waits.append(max(0.0, started - launched))
+    return float(pd.Series(waits).median()) if waits else None
+
+
+def estimate(
+    sweep: Sweep, plan: pd.DataFrame, rates: dict[tuple, float], startup_s: float = STARTUP_S
+) -> pd.Series:
+    """Each cell's time in seconds: ``startup_s``, then its training (its :func:`dry_run`
+    row's updates x global batch at the measured ``rates`` of :func:`throughputs`); ``NaN``
+    where no run measured its speed."""
     keys = [_speed_key(cell.config) for cell in sweep.cells]
     rate = pd.Series([rates.get(key, float("nan")) for key in keys], index=plan.index)
-    return plan["updates"] * plan["global_batch"] / rate
+    return startup_s + plan["updates"] * plan["global_batch"] / rate
+
+
+def cost(seconds: pd.Series, plan: pd.DataFrame, parallel: int, startup_s: float | None) -> str:
+    """What :func:`estimate`'s ``seconds`` come to with ``parallel`` cells at a time, in words,
+    naming (the first :data:`NAMED` of) the cells no measured run prices; the Sweep page and
+    ``sweep --dry-run`` say the same."""
+    measured = seconds.notna()
+    if measured.any():
+        said = f"estimated time: {duration(seconds[measured].sum() / parallel)} for "
+        said += f"{int(measured.sum())} cells, {parallel} at a time"
+    else:
+        said = "estimated time: not measured yet"
+    where = "measured here" if startup_s is not None else "no run here measured one"
+    said += f"; each cell counts {startup_s or STARTUP_S:.0f} s of start-up ({where})"
+    missing = list(plan.loc[~measured, "run_id"])
+    if missing:
+        named = ", ".join(missing[:NAMED]) + (
+            f" and {len(missing) - NAMED} more" * (len(missing) > NAMED)
+        )
+        said += (
+            f"; {len(missing)} of {len(plan)} cells have no completed run like them (dataset, "
+            f"model, workers, batch per worker) and are not counted: {named}"
+        )
+    return said
+
+
+def duration(seconds: float) -> str:
+    """``2 h 05 min``, ``4 min``, ``40 s``."""
+    minutes, hours = round(seconds / 60), seconds / 3600
+    if hours >= 1:
+        return f"{int(hours)} h {minutes % 60:02d} min"
+    return f"{minutes} min" if minutes else f"{seconds:.0f} s"
 
 
 def _speed_key(config: ExperimentConfig) -> tuple:
