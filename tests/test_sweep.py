@@ -220,7 +220,7 @@ def test_dry_run_prints_each_cell_with_its_batch_rate_and_steps(tmp_path):
     assert {r["estimated_s"] for r in rows} == {"-"}  # no run here to price them
     cost = lines[-1]
     assert cost.startswith("estimated time: not measured yet")
-    assert "each cell counts 12 s of start-up (no run here measured one)" in cost
+    assert "each cell counts 13 s of start-up (no run here measured one)" in cost
     named = ", ".join(r["run_id"] for r in rows)  # each cell without a peer, named
     assert cost.endswith(
         f"4 of 4 cells have no completed run like them ({LIKE}) and are not counted: {named}"

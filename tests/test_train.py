@@ -264,6 +264,7 @@ def test_runs_table_shows_times_and_numbers_a_person_can_read(completed, tmp_pat
     from toolkit.__main__ import runs_table
 
     row = summary(completed)
+    assert row["epoch"] == completed.config().epochs  # its last epoch's end, not its last step
     table = runs_table(completed.path.parent)
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime(row["started"]))
     assert "started (UTC)" in table and started in table

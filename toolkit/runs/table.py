@@ -104,6 +104,8 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         return float(getattr(values, how)() if how != "last" else values.iloc[-1])
 
     epoch = column(train, "epoch", "last") or 0.0
+    if status.get("state") == "completed" and row["epochs"] and not row["adascale"]:
+        epoch = float(row["epochs"])  # all of them, not where its last train event fell
     tau, total = column(train, "tau", "last"), meta.get("total_steps")
     if status.get("state") == "completed":
         progress = 1.0
