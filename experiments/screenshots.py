@@ -153,7 +153,7 @@ def notebook(env: dict, out: Path, work: Path) -> None:
             page.wait_for_timeout(5000)  # the kernel starts
             page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
             page.locator('li[data-command="runmenu:run-all"]').click()
-            live = page.locator(".jp-OutputArea-output .widget-vbox .js-plotly-plot").first
+            live = page.locator(".jp-Cell:has(progress) .js-plotly-plot").first  # under its line
             live.locator(".main-svg").first.wait_for(timeout=300_000)
             live.scroll_into_view_if_needed()
             page.wait_for_timeout(20_000)  # let the live view grow for a while
