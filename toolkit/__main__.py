@@ -395,7 +395,7 @@ def _sweep(args) -> int:
         print(f"sweep {grid.name}: {len(grid.cells)} cells")
         cells, startup = sweep_runner.dry_run(grid, args.runs), sweep_runner.startup(args.runs)
         rates = sweep_runner.throughputs(args.runs)
-        seconds = sweep_runner.estimate(grid, cells, rates, startup or sweep_runner.STARTUP_S)
+        seconds = sweep_runner.estimate(grid, cells, rates, startup)
         print(cells.assign(estimated_s=seconds.round()).map(_cell).to_string(index=False))
         parallel = args.max_parallel or sweep_runner.default_parallel(grid, args.runs)
         print(sweep_runner.cost(seconds, cells, parallel, startup))

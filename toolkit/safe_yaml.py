@@ -112,6 +112,13 @@ def short(value: Any, limit: int = SHOWN) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
+def listed(names: list[str], most: int = 5) -> str:
+    """The first ``most`` of ``names``, comma-separated, and how many more there are: how a
+    message names some of many (``a, b, c and 4 more``)."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
 def _measure(root: yaml.Node, source: str) -> None:
     """Refuse ``root``'s graph if it is over a limit, in one depth-first pass over its distinct
     nodes: each node's expanded size and depth is computed once, after its children's; a

@@ -38,8 +38,8 @@ config = data.config(run)
 scale = Scale.of(config) if config else None  # the run's batch and rate on its workers
 color = data.colors()[run_id]
 live = run.status().get("state") in LIVE
-labels = [f"tags: {', '.join(run.tags())}"] if run.tags() else []
-labels += [f"notes: {run.notes()}"] if run.notes() else []
+tags, notes = run.tags(), run.notes()  # meta.json, read once each
+labels = ([f"tags: {', '.join(tags)}"] if tags else []) + ([f"notes: {notes}"] if notes else [])
 if labels:
     st.caption(md_escape("  ·  ".join(labels)))
 with st.expander("Config"):

@@ -103,7 +103,7 @@ except ConfigError as error:  # a cell that cannot launch here, named
     st.stop()
 startup = sweep_runner.startup(root)
 rates = sweep_runner.throughputs(root, summarize=data.summary)
-seconds = sweep_runner.estimate(grid, cells, rates, startup or sweep_runner.STARTUP_S)
+seconds = sweep_runner.estimate(grid, cells, rates, startup)
 left, middle, right = st.columns([1, 1, 2])
 parallel = left.number_input(
     "Cells at a time", min_value=1, value=sweep_runner.default_parallel(grid, root), step=1

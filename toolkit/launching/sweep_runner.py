@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from toolkit import advice, files
+from toolkit import advice, files, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig, from_mapping
 from toolkit.launching import launch, remote
 from toolkit.launching.slots import capacity, check_fits, positions, slots_of
@@ -47,8 +47,6 @@ from toolkit.runs.rundir import LIVE, RunDir, list_runs, runs_root
 from toolkit.runs.table import summary
 
 POLL_S = 1.0
-NAMED = 5
-"""Cells a cost names before it counts the rest."""
 STARTUP_S = 12.6
 """A launch's seconds from its slots to its workers' training where no run here recorded
 one: ``experiments/bench_startup.py``'s median launch to first event (docs/performance.md)."""
@@ -123,19 +121,24 @@ def startup(root: str | Path | None = None) -> float | None:
 
 
 def estimate(
-    sweep: Sweep, plan: pd.DataFrame, rates: dict[tuple, float], startup_s: float = STARTUP_S
+    sweep: Sweep, plan: pd.DataFrame, rates: dict[tuple, float], startup_s: float | None = None
 ) -> pd.Series:
-    """Each cell's time in seconds: ``startup_s``, then its training (its :func:`dry_run`
-    row's updates x global batch at the measured ``rates`` of :func:`throughputs`); ``NaN``
-    where no run measured its speed."""
+    """Each cell's time in seconds: its start-up (``startup_s``, :func:`startup`'s measure;
+    ``None``: :data:`STARTUP_S`), then its training (its :func:`dry_run` row's updates x global
+    batch at the measured ``rates`` of :func:`throughputs`); ``NaN`` where no run measured its
+    speed."""
     keys = [_speed_key(cell.config) for cell in sweep.cells]
     rate = pd.Series([rates.get(key, float("nan")) for key in keys], index=plan.index)
-    return startup_s + plan["updates"] * plan["global_batch"] / rate
+    return _startup_or_default(startup_s) + plan["updates"] * plan["global_batch"] / rate
+
+
+def _startup_or_default(startup_s: float | None) -> float:
+    return STARTUP_S if startup_s is None else startup_s
 
 
 def cost(seconds: pd.Series, plan: pd.DataFrame, parallel: int, startup_s: float | None) -> str:
     """What :func:`estimate`'s ``seconds`` come to with ``parallel`` cells at a time, in words,
-    naming (the first :data:`NAMED` of) the cells no measured run prices; the Sweep page and
+    naming (the first few of) the cells no measured run prices; the Sweep page and
     ``sweep --dry-run`` say the same."""
     measured = seconds.notna()
     if measured.any():
@@ -144,15 +147,12 @@ def cost(seconds: pd.Series, plan: pd.DataFrame, parallel: int, startup_s: float
     else:
         said = "estimated time: not measured yet"
     where = "measured here" if startup_s is not None else "no run here measured one"
-    said += f"; each cell counts {startup_s or STARTUP_S:.0f} s of start-up ({where})"
+    said += f"; each cell counts {_startup_or_default(startup_s):.0f} s of start-up ({where})"
     missing = list(plan.loc[~measured, "run_id"])
     if missing:
-        named = ", ".join(missing[:NAMED]) + (
-            f" and {len(missing) - NAMED} more" * (len(missing) > NAMED)
-        )
         said += (
             f"; {len(missing)} of {len(plan)} cells have no completed run like them (dataset, "
-            f"model, workers, batch per worker) and are not counted: {named}"
+            f"model, workers, batch per worker) and are not counted: {safe_yaml.listed(missing)}"
         )
     return said
 

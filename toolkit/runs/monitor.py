@@ -98,6 +98,15 @@ def live(
     return watch(run, view, stop_when=stop_when, poll_s=poll_s, timeout_s=timeout_s)
 
 
+def _grown(events: pd.DataFrame, tail: EventTail) -> tuple[pd.DataFrame, bool]:
+    """``events`` with the rows ``tail`` has read since, and whether the file was rewound (a
+    resume truncated it): then its rows from the start, in place of ``events``."""
+    new = tail.read_new()
+    if tail.restarted:
+        return new, True
+    return (events if new.empty else pd.concat([events, new], ignore_index=True)), False
+
+
 def in_notebook() -> bool:
     """Whether this runs in a Jupyter kernel, where widgets can be shown."""
     ipython = sys.modules.get("IPython")  # never imported here: a terminal needs none of it
@@ -165,11 +174,8 @@ class ProgressLines:
         self.told = 0  # rows of events the last line covered
 
     def refresh(self, status: dict) -> None:
-        new = self.tail.read_new()
-        if self.tail.restarted:  # rewound (a resume): the file from its start
-            self.events, self.told = new, 0
-        elif not new.empty:
-            self.events = pd.concat([self.events, new], ignore_index=True)
+        self.events, rewound = _grown(self.events, self.tail)
+        self.told = 0 if rewound else self.told
         if "phase" in self.events:
             ends = self.events.index[self.events["phase"] == "eval"]
             for end in ends[ends >= self.told]:
@@ -254,11 +260,8 @@ class LiveView:
             return
         self._last_refresh = now
         status = status if status is not None else self.run.status()
-        new = self.tail.read_new()
-        if self.tail.restarted:  # rewound (a resume): draw again from the file
-            self.events, self.panels = new, []
-        elif not new.empty:
-            self.events = pd.concat([self.events, new], ignore_index=True)
+        self.events, rewound = _grown(self.events, self.tail)
+        self.panels = [] if rewound else self.panels  # drawn again from the file
         figure_changed = self._draw()
         self._progress(status)
         if self._handles is not None:

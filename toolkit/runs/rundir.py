@@ -200,7 +200,7 @@ def complete_id(prefix: str, root: str | Path | None = None) -> str:
     except OSError:
         return prefix
     if len(found) > 1:
-        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        shown = safe_yaml.listed(found)
         raise RunError(f"{prefix!r} starts {len(found)} run ids ({shown}): give more of it")
     return found[0] if found else prefix
 
