@@ -71,10 +71,15 @@ def test_launch_follow_and_compare_in_chromium(server, tmp_path):
 
         page.get_by_role("link", name="Follow it live").click()
         expect(
-            page.get_by_text("state: running").or_(page.get_by_text("state: completed"))
+            page.get_by_text("state: running").or_(page.get_by_text("state: completed")).first
         ).to_be_visible(timeout=60_000)
-        expect(page.get_by_text("state: completed")).to_be_visible(timeout=180_000)  # live fragment
-        expect(page.get_by_text("Per-layer trust ratio")).to_be_visible(timeout=30_000)
+        # The live fragment's last tick and the page's rerun at the end can both be on screen for
+        # a moment (Streamlit keeps the stale elements until a rerun finishes): wait for the page
+        # to settle on exactly one of each, which fails if a duplicate stays.
+        expect(page.get_by_text("state: completed")).to_have_count(1, timeout=180_000)
+        trust_ratios = page.get_by_text("Per-layer trust ratio")
+        expect(trust_ratios).to_have_count(1, timeout=30_000)
+        expect(trust_ratios.first).to_be_visible()
 
         page.get_by_role("link", name="Compare").click()
         expect(page.get_by_role("heading", name="Compare runs")).to_be_visible(timeout=30_000)
