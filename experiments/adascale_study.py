@@ -56,6 +56,7 @@ from toolkit.plan import Scale  # noqa: E402
 from toolkit.runs.curves import updates_by_epoch  # noqa: E402
 from toolkit.runs.events import read_events  # noqa: E402
 from toolkit.runs.rundir import resolve  # noqa: E402
+from toolkit.scaling import critical_batch as mccandlish  # noqa: E402
 
 STUDY_DIR = ROOT / "experiments" / "study"
 LABELS = {
@@ -159,9 +160,11 @@ def pm(values: pd.Series, scale: float = 1, digits: int = 0) -> str:
     return f"{values.mean():.{digits}f}{spread}"
 
 
-def table(task: Task, rows: pd.DataFrame, fixed: pd.DataFrame, fit: dict, accuracy: float):
+def table(
+    task: Task, rows: pd.DataFrame, fixed: pd.DataFrame, fit: mccandlish.TargetFit, accuracy: float
+):
     """The markdown table, AdaScale's rows and the fixed recipes' at the same batches."""
-    s_min, b_crit = fit["s_min"], fit["b_crit"]
+    s_min, b_crit = fit.s_min, fit.b_crit
 
     def predicted(batch):
         return s_min * (1 + b_crit / batch)
@@ -249,19 +252,19 @@ def measured(path: Path, measure) -> pd.DataFrame:
     return rows
 
 
-def calibrated(task: Task) -> dict:
+def calibrated(task: Task) -> mccandlish.TargetFit:
     """McCandlish's fit at the task's target loss, from its calibration runs."""
     calibration = pd.read_csv(task.calibration)
     if "target" not in calibration:  # written before it measured several targets: 0.6 alone
         calibration["target"] = task.target_loss
-    return critical_batch.measure(calibration[calibration.target == task.target_loss])
+    return mccandlish.fit(calibration[calibration.target == task.target_loss])
 
 
-def fitted(task: Task, fit: dict) -> str:
-    low, high = fit["b_crit_band"]
+def fitted(task: Task, fit: mccandlish.TargetFit) -> str:
+    low, high = fit.b_crit_band
     return (
-        f"McCandlish's model at test loss {task.target_loss}: S_min = {fit['s_min']:.0f}, "
-        f"B_crit = {fit['b_crit']:.0f} ({low:.0f}–{high:.0f})"
+        f"McCandlish's model at test loss {task.target_loss}: S_min = {fit.s_min:.0f}, "
+        f"B_crit = {fit.b_crit:.0f} ({low:.0f}–{high:.0f})"
     )
 
 

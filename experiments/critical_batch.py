@@ -13,7 +13,8 @@ at that loss. This script measures both on the study's model and data:
   chance after 5), and records the steps at which it reached each. At each target, ``S(B)``
   is the best rate's mean steps over the seeds; ``S_min`` and ``B_crit`` come from a
   least-squares fit of ``S = S_min + S_min·B_crit / B`` (linear in ``1/B``), with a band from
-  refits on seeds drawn per batch.
+  refits on seeds drawn per batch (:func:`toolkit.scaling.critical_batch.fit`, which
+  ``python -m toolkit calibrate`` runs on any config).
 * **The noise scale.** In the same runs, while the held-out loss is within ``[target, 1.5 ×
   target)``, ``B_simple`` is measured every 5 steps from two halves of a fresh batch of 128
   examples (``toolkit.training.callbacks.HalfBatchNorms``, the one-worker method of
@@ -47,6 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+
+from toolkit.scaling.critical_batch import fit  # noqa: E402
 
 BATCHES = (16, 32, 64, 128, 256, 512, 1024)
 RATES = (0.025, 0.05, 0.1, 0.2, 0.4)
@@ -132,73 +135,27 @@ def _row(batch, rate, seed, target, steps, loss, measured, seconds) -> dict:
     }
 
 
-def fit_tradeoff(batches: np.ndarray, steps: np.ndarray) -> tuple[float, float]:
-    """``(S_min, B_crit)`` of ``S = S_min·(1 + B_crit/B)`` by least squares in ``1/B``."""
-    slope, intercept = np.polyfit(1 / batches, steps, 1)
-    return intercept, slope / intercept
-
-
-def best_rates(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per batch, the rate whose mean steps over the seeds is the fewest (every seed having
-    reached the target), with those mean steps."""
-    done = runs[np.isfinite(runs.steps)]
-    by_rate = done.groupby(["batch", "rate"]).agg(steps=("steps", "mean"), n=("steps", "size"))
-    by_rate = by_rate[by_rate.n == runs.seed.nunique()]
-    return by_rate.reset_index().sort_values("steps").groupby("batch").first().reset_index()
-
-
-def measure(runs: pd.DataFrame, draws: int = 2000) -> dict:
-    """One target's runs: the fit and ``B_simple`` there, each with a 10-90% bootstrap band
-    (``B_crit``: each batch's steps taken from a seed drawn at random, the best rates kept;
-    ``B_simple``: best-rate runs drawn with replacement)."""
-    best = best_rates(runs)
-    s_min, b_crit = fit_tradeoff(best.batch.to_numpy(float), best.steps.to_numpy(float))
-    chosen = runs.merge(best[["batch", "rate"]], on=["batch", "rate"])
-    rng = np.random.default_rng(0)
-    per_seed = chosen.pivot_table(index="batch", columns="seed", values="steps").to_numpy()
-    picks = rng.integers(0, per_seed.shape[1], size=(draws, per_seed.shape[0]))
-    crits = [
-        fit_tradeoff(best.batch.to_numpy(float), per_seed[np.arange(len(p)), p])[1] for p in picks
-    ]
-    measured = chosen[chosen.measurements > 0]
-    b_simple = measured.trace_sigma_sum.sum() / measured.grad_sq_sum.sum()
-    rows = rng.integers(0, len(measured), size=(draws, len(measured)))
-    trace, grad_sq = measured.trace_sigma_sum.to_numpy(), measured.grad_sq_sum.to_numpy()
-    boot = trace[rows].sum(1) / grad_sq[rows].sum(1)
-    return {
-        "best": best,
-        "s_min": s_min,
-        "b_crit": b_crit,
-        "b_crit_band": tuple(np.percentile(crits, [10, 90])),
-        "b_simple": b_simple,
-        "b_simple_band": tuple(np.percentile(boot, [10, 90])),
-        "measurements": int(measured.measurements.sum()),
-        "runs": len(measured),
-    }
-
-
 def summarize(runs: pd.DataFrame) -> str:
     """The steps-to-target table and the fit at each target, then the calibration table:
     ``B_crit`` against ``B_simple`` at every target."""
     lines, calibration = [], []
     for target, part in runs.groupby("target", sort=False):
-        found = measure(part)
+        found = fit(part)
         lines += [
             f"target held-out loss {target}",
             "| batch | best rate | steps to target (mean over seeds) | examples |",
             "|---" * 4 + "|",
         ]
-        for row in found["best"].itertuples():
+        for row in found.best.itertuples():
             lines.append(
                 f"| {row.batch} | {row.rate} | {row.steps:,.0f} | {row.batch * row.steps:,.0f} |"
             )
-        lines += ["", f"fit: S_min = {found['s_min']:,.0f} steps", ""]
-        (cl, ch), (sl, sh) = found["b_crit_band"], found["b_simple_band"]
-        ratio = found["b_crit"] / found["b_simple"]
+        lines += ["", f"fit: S_min = {found.s_min:,.0f} steps", ""]
+        (cl, ch), (sl, sh) = found.b_crit_band, found.b_simple_band
         calibration.append(
-            f"| {target} | {found['s_min']:,.0f} | {found['b_crit']:,.0f} ({cl:,.0f}–{ch:,.0f}) "
-            f"| {found['b_simple']:,.0f} ({sl:,.0f}–{sh:,.0f}; {found['measurements']} in "
-            f"{found['runs']} runs) | {ratio:.2f} ({cl / sh:.2f}–{ch / sl:.2f}) |"
+            f"| {target} | {found.s_min:,.0f} | {found.b_crit:,.0f} ({cl:,.0f}–{ch:,.0f}) "
+            f"| {found.b_simple:,.0f} ({sl:,.0f}–{sh:,.0f}; {found.measurements} in "
+            f"{found.runs} runs) | {found.ratio:.2f} ({cl / sh:.2f}–{ch / sl:.2f}) |"
         )
     return "\n".join(
         lines

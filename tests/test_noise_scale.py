@@ -309,7 +309,8 @@ def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
     text = result.reading()
     assert f"Your global batch 64 is {result.b_simple / 64:.1f}× below it" in text
     calibrated = [f"{factor * result.b_simple:,.0f}" for factor in (2.8, 1.6, 4.1)]
-    assert "Calibrated B_crit ≈ {} ({}–{})".format(*calibrated) in text
+    assert "B_crit ≈ {} ({}–{}): B_simple × 2.8".format(*calibrated) in text
+    assert "python -m toolkit calibrate CONFIG` measures it on yours" in text
     assert (
         f"lr_scaling (sqrt) gives a learning rate of {result.suggested_learning_rate:.4g}" in text
     )

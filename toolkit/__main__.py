@@ -12,6 +12,8 @@ python -m toolkit stop RUN
 python -m toolkit resume RUN [--wait]
 python -m toolkit delete RUN
 python -m toolkit probe CONFIG [--np N] [--steps K] [--set k=v ...]
+python -m toolkit calibrate CONFIG [--batches B ...] [--rates F ...] [--epochs E] [--seeds S ...]
+                           [--targets LOSS ...] [--set k=v ...] [--dry-run | --yes]
 python -m toolkit sweep SWEEP [--dry-run | --status] [--max-parallel K] [--retry-failed] [--csv F]
                        [--slurm [--nodes K] [--time T] ...]   (the cells as one Slurm job array)
 python -m toolkit queue [--capacity h1:2,h2:2 | --capacity default]
@@ -132,6 +134,26 @@ def build_parser() -> Parser:
         "--steps", type=integer(1, probe_lib.MAX_PROBE_STEPS), default=200, help="updates"
     )
     probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    calibrate = sub.add_parser(
+        "calibrate", help="measure the critical batch on a config (a sweep of short runs)"
+    )
+    calibrate.add_argument("config", help="the experiment's YAML file to calibrate")
+    calibrate.add_argument(
+        "--batches", type=integer(1), nargs="+", help="global batches (default: 1/4x to 16x its)"
+    )
+    calibrate.add_argument(
+        "--rates", type=float, nargs="+", help="factors of each batch's scaled rate (0.5 1 2)"
+    )
+    calibrate.add_argument("--epochs", type=integer(1), help="per run (default: its, at most 5)")
+    calibrate.add_argument("--seeds", type=int, nargs="+", help="default: the config's seed")
+    calibrate.add_argument(
+        "--targets", type=float, nargs="+", help="held-out losses (default: what all reach)"
+    )
+    calibrate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
+    calibrate.add_argument("--max-parallel", type=integer(1), help="runs at a time (default: fit)")
+    asked = calibrate.add_mutually_exclusive_group()
+    asked.add_argument("--dry-run", action="store_true", help="print the runs and cost only")
+    asked.add_argument("--yes", action="store_true", help="start without asking")
     grid = sub.add_parser("sweep", help="run a grid of experiments (toolkit.launching.sweep)")
     grid.add_argument("sweep", help="the sweep's YAML file (sweeps.md)")
     shown = grid.add_mutually_exclusive_group()
@@ -234,6 +256,8 @@ def _command(argv: list[str] | None) -> int:
             print(f"deleted {args.run}")
         elif args.command == "sweep":
             return _sweep(args)
+        elif args.command == "calibrate":
+            return _calibrate(args)
         elif args.command == "queue":
             print(_queue(args.runs, args.capacity))
         elif args.command == "notebook":
@@ -259,7 +283,7 @@ def _command(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         went_on = (
             "the runs launched so far go on; the same command resumes the sweep"
-            if args.command == "sweep"
+            if args.command in ("sweep", "calibrate")
             else "the run goes on"
         )
         print(f"\ninterrupted; {went_on} (`python -m toolkit stop RUN`)", file=sys.stderr)
@@ -392,13 +416,7 @@ def _sweep(args) -> int:
 
     grid = sweep_runner.on_slurm(sweep.load(args.sweep), _slurm_fields(args))
     if args.dry_run:
-        print(f"sweep {grid.name}: {len(grid.cells)} cells")
-        cells, startup = sweep_runner.dry_run(grid, args.runs), sweep_runner.startup(args.runs)
-        rates = sweep_runner.throughputs(args.runs)
-        seconds = sweep_runner.estimate(grid, cells, rates, startup)
-        print(cells.assign(estimated_s=seconds.round()).map(_cell).to_string(index=False))
-        parallel = args.max_parallel or sweep_runner.default_parallel(grid, args.runs)
-        print(sweep_runner.cost(seconds, cells, parallel, startup))
+        _print_plan(grid, args.runs, args.max_parallel)
         return 0
     if args.status:
         table = sweep_results.results(grid, args.runs)
@@ -421,6 +439,53 @@ def _sweep(args) -> int:
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
     return 0 if (table["state"] == "completed").all() else 1
+
+
+def _print_plan(grid, root: str | None, max_parallel: int | None) -> None:
+    """A sweep's cells, each with its estimated time, and the whole sweep's cost."""
+    from toolkit.launching import sweep_runner
+
+    print(f"sweep {grid.name}: {len(grid.cells)} cells")
+    cells, startup = sweep_runner.dry_run(grid, root), sweep_runner.startup(root)
+    seconds = sweep_runner.estimate(grid, cells, sweep_runner.throughputs(root), startup)
+    print(cells.assign(estimated_s=seconds.round()).map(_cell).to_string(index=False))
+    parallel = max_parallel or sweep_runner.default_parallel(grid, root)
+    print(sweep_runner.cost(seconds, cells, parallel, startup))
+
+
+def _calibrate(args) -> int:
+    """``calibrate``: the grid and its cost; with consent, the runs, the fit, kept for probes."""
+    from toolkit.config import load
+    from toolkit.launching import calibrate
+
+    config = load(args.config, args.set)
+    grid = calibrate.grid(
+        config,
+        batches=args.batches,
+        rate_factors=args.rates or calibrate.RATE_FACTORS,
+        epochs=args.epochs,
+        seeds=args.seeds,
+    )
+    _print_plan(grid, args.runs, args.max_parallel)
+    if args.dry_run:
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print("not started: pass --yes to start it at the cost above", file=sys.stderr)
+            return 2
+        if input("start it? [y/N] ").strip().lower() not in ("y", "yes"):
+            return 1
+    found = calibrate.calibrate(
+        config,
+        args.runs,
+        sweep=grid,
+        targets=args.targets,
+        max_parallel=args.max_parallel,
+        log=lambda line: print(line, flush=True),
+    )
+    print(f"\n{found.table()}\n\n{found.reading()}")
+    print(f"kept for `python -m toolkit probe` on this task in {runs_root(args.runs)}")
+    return 0
 
 
 def _queue(root: str | None, capacity: str | None) -> str:

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolkit.plan import RunPlan, Scale
+from toolkit.runs.rundir import runs_root as runs_root_of
+from toolkit.scaling import critical_batch
+from toolkit.scaling.critical_batch import Calibration
 
 CALIBRATION = (2.8, 1.6, 4.1)
 """``B_crit / B_simple``, the median and range of six measurements on the study's MNIST-1D CNN
@@ -39,6 +42,8 @@ class ProbeResult:
     suggested_learning_rate: float
     learning_rate: float
     lr_rule: str
+    calibration: Calibration | None = None
+    """This task's measured ``B_crit`` (:mod:`toolkit.launching.calibrate`), if one was kept."""
 
     def reading(self) -> str:
         """The result in plain language (McCandlish et al.: steps to a given loss go as
@@ -54,10 +59,12 @@ class ProbeResult:
             "bootstrapped)",
             f"Your global batch {self.global_batch:,} is {where} it: doubling it would divide "
             f"the steps to a given loss by about {doubling:.2f}.",
-            f"Calibrated B_crit ≈ {CALIBRATION[0] * b:,.0f} ({CALIBRATION[1] * b:,.0f}–"
+            self.calibration.reading()
+            if self.calibration
+            else f"B_crit ≈ {CALIBRATION[0] * b:,.0f} ({CALIBRATION[1] * b:,.0f}–"
             f"{CALIBRATION[2] * b:,.0f}): B_simple × {CALIBRATION[0]:g}, the median factor "
             "measured on the lab's MNIST-1D CNN at six losses on two data sizes (docs/study.md); "
-            "it varied 1.6–4.1 there, so calibrate it on your model.",
+            "it varied 1.6–4.1 there: `python -m toolkit calibrate CONFIG` measures it on yours.",
             f"Up to about {b / 4:,.0f}, doubling the batch nearly halves the steps (≥ 1.8×); "
             f"around {b:,.0f} it saves about a quarter; beyond {4 * b:,.0f} it saves under "
             "10%: extra batch there buys little.",
@@ -82,8 +89,11 @@ class ProbeResult:
         return "\n".join(lines)
 
 
-def summarize(gns, run_id: str, config, world_size: int) -> ProbeResult:
-    """A :class:`ProbeResult` from a run's ``gns`` events (a DataFrame) and its config."""
+def summarize(
+    gns, run_id: str, config, world_size: int, calibration: Calibration | None = None
+) -> ProbeResult:
+    """A :class:`ProbeResult` from a run's ``gns`` events (a DataFrame) and its config (and the
+    task's ``calibration``, if any)."""
     late = gns.iloc[len(gns) // 2 :]
     if len(late) < 5:
         raise ValueError(f"{run_id}: {len(gns)} noise-scale measurements; a probe needs >= 10")
@@ -110,6 +120,7 @@ def summarize(gns, run_id: str, config, world_size: int) -> ProbeResult:
         suggested_learning_rate=Scale.of(at_suggested, world_size).learning_rate,
         learning_rate=scale.learning_rate,
         lr_rule=config.lr_scaling.rule,
+        calibration=calibration,
     )
 
 
@@ -174,4 +185,5 @@ def probe(
             raise RuntimeError(f"probe run {run.run_id} {state}: see {run.stdout_path}")
     events = read_events(run.events_path)
     gns = events[events["phase"] == "gns"] if "phase" in events else events
-    return summarize(gns, run.run_id, config, np)
+    calibration = critical_batch.stored(config, runs_root_of(runs_root))
+    return summarize(gns, run.run_id, config, np, calibration)

@@ -1,0 +1,171 @@
+"""The calibrated critical batch: McCandlish et al.'s fit against a synthetic ``S(B)`` whose
+``B_crit`` is known, steps to a target read off evaluations, a calibration kept per task and
+read by the probe, and a small real calibration from the command line checked against the
+fit redone here from its runs' events."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import run_cli
+
+from toolkit.config import from_mapping
+from toolkit.launching.probe import summarize
+from toolkit.scaling import critical_batch
+from toolkit.scaling.critical_batch import Calibration
+
+S_MIN, B_CRIT = 200.0, 300.0
+BATCHES = np.array([16, 64, 256, 1024, 4096])
+
+
+def synthetic_runs(seeds: int, noise: float, rng) -> pd.DataFrame:
+    """Steps to one target as ``S_min·(1 + B_crit/B)`` with lognormal noise per seed at the
+    best rate; a rate twice as large needs 1.5x the steps, one that never reaches it none."""
+    rows = []
+    for batch in BATCHES:
+        truth = S_MIN * (1 + B_CRIT / batch)
+        for seed in range(seeds):
+            steps = truth * math.exp(noise * rng.normal())
+            rows += [
+                {"batch": batch, "rate": 0.1, "seed": seed, "steps": steps},
+                {"batch": batch, "rate": 0.2, "seed": seed, "steps": 1.5 * steps},
+                {"batch": batch, "rate": 0.4, "seed": seed, "steps": math.inf},
+            ]
+    runs = pd.DataFrame(rows).assign(target=0.5, measurements=0, grad_sq_sum=0.0)
+    return runs.assign(trace_sigma_sum=0.0)
+
+
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_the_fit_recovers_a_known_critical_batch_with_a_band_around_it(seeds):
+    rng = np.random.default_rng(seeds)
+    fit = critical_batch.fit(synthetic_runs(seeds, noise=0.05, rng=rng))
+    assert fit.best.rate.tolist() == [0.1] * len(BATCHES)  # the fewest steps, every seed there
+    assert fit.s_min == pytest.approx(S_MIN, rel=0.1)
+    assert fit.b_crit == pytest.approx(B_CRIT, rel=0.2)
+    low, high = fit.b_crit_band
+    assert low < fit.b_crit < high and low < B_CRIT < high and high / low < 2
+    exact = critical_batch.fit(synthetic_runs(seeds, noise=0.0, rng=rng))
+    assert exact.b_crit == pytest.approx(B_CRIT) and exact.s_min == pytest.approx(S_MIN)
+    assert math.isnan(exact.b_simple)  # no noise-scale measurement among the runs
+
+
+def test_outside_the_grid_the_fit_says_so():
+    batches = np.array([64.0, 256.0, 1024.0])
+    assert critical_batch.fit_tradeoff(batches, 1000 / batches - 0.1)[1] == math.inf  # ∝ 1/B
+    assert critical_batch.fit_tradeoff(batches, 50 + batches / 1000)[1] == 0.0  # rising: below
+    one_batch = synthetic_runs(1, 0.0, np.random.default_rng(0))
+    one_batch.loc[one_batch.batch != 16, "steps"] = math.inf
+    with pytest.raises(ValueError, match="fewer than two batches reached loss 0.5"):
+        critical_batch.fit(one_batch)
+
+
+def test_steps_to_target_interpolate_between_the_evaluations_around_the_crossing():
+    evals = pd.DataFrame({"updates": [100, 200, 300, 400], "loss": [2.0, 1.2, 0.8, 0.5]})
+    assert critical_batch.steps_to_target(evals, 1.0) == pytest.approx(250)  # 1.2 → 0.8
+    assert critical_batch.steps_to_target(evals, 0.5) == pytest.approx(400)
+    assert critical_batch.steps_to_target(evals, 2.5) == 100  # the first is already below
+    assert critical_batch.steps_to_target(evals, 0.4) == math.inf
+
+
+def test_a_kept_calibration_is_read_for_its_task_only_and_the_probe_answers_with_it(tmp_path):
+    config = from_mapping({"optimizer": {"name": "sgd", "learning_rate": 0.1}})
+    rng = np.random.default_rng(0)
+    measured = {"measurements": 4, "grad_sq_sum": 2.0, "trace_sigma_sum": 300.0}
+    runs = [synthetic_runs(2, 0.05, rng).assign(target=t, **measured) for t in (0.9, 0.5)]
+    fits = [critical_batch.fit(part) for part in runs]
+    assert fits[1].b_simple == 150 and fits[1].ratio == pytest.approx(fits[1].b_crit / 150)
+    records = tuple(f.record() for f in fits)
+    kept = Calibration(critical_batch.task_key(config), "cal-x", "2026-11-27", records)
+    critical_batch.save(kept, tmp_path)
+    found = critical_batch.stored(config, tmp_path)
+    assert found == kept and found.headline["target"] == 0.5
+    other = from_mapping({"optimizer": {"name": "lars", "learning_rate": 0.1}})
+    assert critical_batch.stored(other, tmp_path) is None
+    assert "0.5" in found.table() and "0.9" in found.table()
+
+    gns = pd.DataFrame({"grad_sq_step": np.ones(40), "trace_sigma_step": np.full(40, 100.0)})
+    reading = summarize(gns, "probe-x", config, 1, found).reading()
+    b_crit, (low, high) = fits[1].b_crit, fits[1].b_crit_band
+    assert f"B_crit ≈ {b_crit:,.0f} (10–90% band {low:,.0f}–{high:,.0f}), calibrated" in reading
+    assert "on this task (mnist1d-cnn1d-sgd) on 2026-11-27" in reading
+    assert "B_simple × 2.8" not in reading
+
+
+def _steps(losses: list[float], per_epoch: float, target: float) -> float:
+    """The test's own reading of steps to a target: the first epoch at or under it, linearly
+    back towards the epoch before."""
+    for epoch, loss in enumerate(losses):
+        if loss <= target:
+            if epoch == 0:
+                return per_epoch
+            share = (losses[epoch - 1] - target) / (losses[epoch - 1] - loss)
+            return per_epoch * (epoch + share)
+    return math.inf
+
+
+def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_runs(
+    tmp_path, subprocess_env
+):
+    """Three batches at one rate, one worker each: refused without ``--yes`` off a terminal
+    (the cost printed, nothing started), then run; the kept ``B_crit`` at each target is the
+    least-squares fit redone here from the runs' own eval events."""
+    from toolkit.launching import sweep, sweep_results
+    from toolkit.runs.events import read_events
+
+    overrides = ["workers=1", "optimizer.name=sgd", "optimizer.params={momentum: 0.9}"]
+    args = ["calibrate", "experiments/quickstart.yaml"]
+    args += [arg for override in overrides for arg in ("--set", override)]
+    args += ["--batches", "32", "64", "128", "--rates", "1", "--epochs", "2"]
+    refused = run_cli(args, tmp_path, subprocess_env)
+    assert refused.returncode == 2 and "pass --yes to start it" in refused.stderr
+    assert "sweep cal-quickstart: 3 cells" in refused.stdout and "estimated time" in refused.stdout
+    assert not any(tmp_path.glob("cal-*"))
+
+    result = run_cli([*args, "--yes", "--max-parallel", "2"], tmp_path, subprocess_env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (kept,) = (tmp_path / ".calibrations").glob("*.json")
+    assert kept.name == "mnist1d-cnn1d-sgd.json"
+    record = json.loads(kept.read_text())
+    assert record["sweep"] == "cal-quickstart" and "calibrated on this task" in result.stdout
+
+    (grid,) = sweep.saved(tmp_path)
+    runs = sweep_results.cell_runs(grid, tmp_path)
+    curves, noise = {}, {}
+    for cell in grid.cells:
+        events = read_events(runs[cell.key].events_path)
+        evals = events[events.phase == "eval"].sort_values("epoch")
+        batch = cell.coordinates["batch.global_size"]
+        assert cell.config.epochs == math.ceil(2 * max(1, math.sqrt(batch / 32)))
+        assert cell.config.schedule.name == "constant" and cell.config.lr_scaling.rule == "none"
+        curves[batch] = (evals.loss.tolist(), evals.step.iloc[0] / evals.epoch.iloc[0])
+        noise[batch] = events[events.phase == "gns"]
+    loosest = max(min(losses) for losses, _ in curves.values())
+    targets = [loosest * f for f in (1.3, 1.15, 1.0)]
+    assert [f["target"] for f in record["fits"]] == pytest.approx(targets)
+    for fit, target in zip(record["fits"], targets, strict=True):
+        batches = sorted(curves)
+        steps = np.array([_steps(*curves[b], target) for b in batches])
+        (s_min, slope), *_ = np.linalg.lstsq(
+            np.c_[np.ones(3), 1 / np.array(batches)], steps, rcond=None
+        )
+        assert fit["s_min"] == pytest.approx(s_min, rel=1e-6)
+        expected = math.inf if s_min <= 0 else max(0.0, slope / s_min)
+        assert fit["b_crit"] == pytest.approx(expected, rel=1e-6)
+        assert [row["batch"] for row in fit["best"]] == [32, 64, 128]
+        near = pd.concat(  # each run's measurements over the second half of its way there
+            noise[b][noise[b].step.between(s / 2, s)] for b, s in zip(batches, steps, strict=True)
+        )
+        assert fit["measurements"] == len(near) > 0
+        pooled = near.trace_sigma_step.sum() / near.grad_sq_step.sum()
+        assert fit["b_simple"] == pytest.approx(pooled, rel=1e-6)
+
+    from toolkit.config import load
+    from toolkit.launching.probe import probe
+
+    config = load("experiments/quickstart.yaml", overrides)
+    reading = probe(config, steps=20, runs_root=tmp_path).reading()
+    assert "calibrated on this task (mnist1d-cnn1d-sgd)" in reading

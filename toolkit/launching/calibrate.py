@@ -1,0 +1,234 @@
+"""``calibrate``: the critical batch of the user's own config, by McCandlish et al.'s
+steps-to-target method (:mod:`toolkit.scaling.critical_batch`) run as an ordinary sweep.
+
+The grid (:func:`grid`): batches around the config's global batch (default ¼×, 1×, 4× and
+16×, those with at least 10 updates an epoch), each at its own rates (the config's rate scaled
+to that batch by its ``lr_scaling`` rule, times ½, 1 and 2), each trained for a few epochs (more
+for larger batches) at a constant rate (no warmup, no decay, no
+AdaScale, no adaptive batch: the rate a batch is measured at must not change under it), with
+the gradient noise scale measured every :data:`NOISE_EVERY` updates. Its cells are sweep cells:
+resumable, listed, comparable, priced by the Sweep page's estimate before they start.
+
+Reading it (:func:`measure`): each run's held-out loss after every epoch gives its updates to
+each target loss (:func:`~toolkit.scaling.critical_batch.steps_to_target`, interpolated between
+epochs); the targets, unless given, are the loosest loss every batch reached and
+:data:`TARGET_FACTORS` of it; ``B_simple`` near a target pools a run's noise-scale measurements
+over the second half of its way there. :func:`calibrate` runs, fits and keeps the result in
+the runs root for the probe.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from toolkit import config as config_lib
+from toolkit.config import ExperimentConfig
+from toolkit.launching import sweep as sweep_lib
+from toolkit.launching import sweep_runner
+from toolkit.launching.sweep_results import cell_runs
+from toolkit.plan import Scale
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import runs_root
+from toolkit.scaling import critical_batch
+from toolkit.scaling.critical_batch import Calibration, TargetFit
+
+BATCH_FACTORS = (0.25, 1.0, 4.0, 16.0)
+RATE_FACTORS = (0.5, 1.0, 2.0)
+EPOCHS = 5  # at most, at the config's own batch: a config with fewer trains its own
+MIN_UPDATES_PER_EPOCH = 10
+NOISE_EVERY = 5
+TARGET_FACTORS = (1.3, 1.15, 1.0)
+"""Without ``targets``: the loosest loss every batch reached (its best rate, its worst seed)
+times each of these."""
+BATCH = "batch.global_size"
+RATE = "optimizer.learning_rate"
+
+
+def grid(
+    config: ExperimentConfig,
+    *,
+    batches: Sequence[int] | None = None,
+    rate_factors: Sequence[float] = RATE_FACTORS,
+    epochs: int | None = None,
+    seeds: Sequence[int] | None = None,
+) -> sweep_lib.Sweep:
+    """The calibration sweep of ``config`` (named ``cal-<config name>``): ``batches`` (default
+    :func:`default_batches`) x the rates of :func:`rates_at`, on ``seeds`` (default: its own).
+    A run at the config's global batch ``B0`` trains ``epochs`` (default: the config's, at most
+    :data:`EPOCHS`); one at ``B`` trains ``sqrt(B / B0)`` times as many (at least ``epochs``),
+    since a larger batch needs more examples to reach the same loss (all of ``B/B0`` more far
+    above ``B_crit``, none far below it). Raises :class:`~toolkit.launching.sweep.SweepError`
+    naming every cell that cannot be built."""
+    batches = batches or default_batches(config)
+    epochs, own = epochs or min(config.epochs, EPOCHS), Scale.of(config).global_batch
+    base = config.model_dump(mode="json")
+    for path, value in {
+        "schedule": {"name": "constant"},
+        "lr_scaling.rule": "none",
+        "batch.adaptive": None,
+        "batch.accumulation": 1,
+        "logging.noise_scale_every_steps": NOISE_EVERY,
+    }.items():
+        config_lib.set_path(base, path, value)
+    cells = [
+        {
+            BATCH: [b],
+            RATE: rates_at(config, b, rate_factors),
+            "epochs": [math.ceil(epochs * max(1.0, math.sqrt(b / own)))],
+        }
+        for b in batches
+    ]
+    spec = {"name": f"cal-{config.name}"[:32], "base": base, "grid": cells}
+    return sweep_lib.from_mapping(spec | ({"seeds": list(seeds)} if seeds else {}))
+
+
+def default_batches(config: ExperimentConfig) -> list[int]:
+    """:data:`BATCH_FACTORS` of the config's global batch, each a multiple of its workers, but
+    none with fewer than :data:`MIN_UPDATES_PER_EPOCH` updates an epoch of its training set."""
+    from toolkit.training.experiment import load_dataset  # Keras: for the data's size
+
+    workers, batch = config.workers, Scale.of(config).global_batch
+    largest = len(load_dataset(config).x_train) // MIN_UPDATES_PER_EPOCH
+    sizes = {max(workers, round(batch * f / workers) * workers) for f in BATCH_FACTORS}
+    return sorted(b for b in sizes if b <= largest) or [min(sizes)]
+
+
+def rates_at(config: ExperimentConfig, batch: int, factors: Sequence[float]) -> list[float]:
+    """The config's learning rate at ``batch`` (its ``lr_scaling`` rule; AdaScale's base rate)
+    times each of ``factors``, to four significant figures."""
+    at_batch = config.model_copy(
+        update={"batch": config.batch.model_copy(update={"global_size": batch, "adaptive": None})}
+    )
+    rate = Scale.of(at_batch).learning_rate
+    return [float(f"{rate * f:.4g}") for f in factors]
+
+
+def runs_table(sweep: sweep_lib.Sweep, root: str | Path | None = None) -> pd.DataFrame:
+    """Per completed cell, its ``batch``, ``rate`` and ``seed``, its held-out evaluations
+    (``evals``: ``updates`` and ``loss``) and noise-scale measurements (``gns``: ``updates``,
+    ``trace_sigma_step`` and ``grad_sq_step``)."""
+    found, rows = cell_runs(sweep, root), []
+    for cell in sweep.cells:
+        run = found.get(cell.key)
+        if run is None or run.status().get("state") != "completed":
+            continue
+        events = read_events(run.events_path)
+        per_update = Scale.of(cell.config).steps_per_update
+        events = events.assign(updates=events["step"] / per_update)
+        rows.append(
+            {
+                "batch": cell.coordinates[BATCH],
+                "rate": cell.coordinates[RATE],
+                "seed": cell.coordinates[sweep_lib.SEED],
+                "evals": events.loc[events.phase == "eval", ["updates", "loss"]],
+                "gns": events.loc[
+                    events.phase == "gns", ["updates", "trace_sigma_step", "grad_sq_step"]
+                ],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def default_targets(runs: pd.DataFrame) -> list[float]:
+    """The loosest held-out loss that every batch reached (at its best rate, on its worst seed)
+    and :data:`TARGET_FACTORS` of it, loosest first."""
+    lowest = runs.assign(lowest=[e["loss"].min() for e in runs.evals])
+    worst_seed = lowest.groupby(["batch", "rate"]).lowest.max()
+    reachable = float(worst_seed.groupby("batch").min().max())
+    return [reachable * f for f in TARGET_FACTORS]
+
+
+def at_targets(runs: pd.DataFrame, targets: Sequence[float]) -> pd.DataFrame:
+    """One row per run and target: its ``steps`` (updates) to the target and the noise-scale
+    measurements over the second half of them (``measurements``, ``grad_sq_sum``,
+    ``trace_sigma_sum``; none for a run that never reached it)."""
+    rows = []
+    for run in runs.itertuples():
+        for target in targets:
+            steps = critical_batch.steps_to_target(run.evals, target)
+            gns = run.gns[(run.gns.updates >= steps / 2) & (run.gns.updates <= steps)]
+            rows.append(
+                {
+                    "batch": run.batch,
+                    "rate": run.rate,
+                    "seed": run.seed,
+                    "target": target,
+                    "steps": steps,
+                    "measurements": len(gns) if math.isfinite(steps) else 0,
+                    "grad_sq_sum": float(gns.grad_sq_step.sum()),
+                    "trace_sigma_sum": float(gns.trace_sigma_step.sum()),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def at_the_edge(fit: TargetFit, runs: pd.DataFrame) -> list[str]:
+    """A line for each batch whose best rate is the lowest or highest of its rates: the
+    best one may lie beyond the grid, and its steps are then overcounted."""
+    lines = []
+    for row in fit.best.itertuples():
+        rates = runs.loc[runs.batch == row.batch, "rate"]
+        if rates.nunique() > 1 and row.rate in (rates.min(), rates.max()):
+            side = "lowest" if row.rate == rates.min() else "highest"
+            lines.append(
+                f"at loss {fit.target:.4g}, batch {row.batch}'s best rate {row.rate:g} is its "
+                f"{side}: a rate beyond it may reach the loss sooner (--rates)"
+            )
+    return lines
+
+
+def measure(
+    sweep: sweep_lib.Sweep, root: str | Path | None = None, targets: Sequence[float] | None = None
+) -> tuple[list[TargetFit], list[str]]:
+    """The fit at each target (default :func:`default_targets`) from the sweep's completed runs,
+    and notes: a line for each target that could not be fitted and each best rate at the edge
+    of its batch's rates. Raises ``ValueError`` when no run completed."""
+    runs = runs_table(sweep, root)
+    if runs.empty:
+        raise ValueError(f"calibration {sweep.name}: no run of it has completed")
+    rows = at_targets(runs, targets or default_targets(runs))
+    fits, notes = [], []
+    for _, part in rows.groupby("target", sort=False):
+        try:
+            fits.append(critical_batch.fit(part))
+        except ValueError as error:
+            notes.append(f"not fitted: {error}")
+            continue
+        notes += at_the_edge(fits[-1], part)
+    return fits, notes
+
+
+def calibrate(
+    config: ExperimentConfig,
+    runs_root_dir: str | Path | None = None,
+    *,
+    sweep: sweep_lib.Sweep | None = None,
+    targets: Sequence[float] | None = None,
+    max_parallel: int | None = None,
+    log: Callable[[str], None] = print,
+) -> Calibration:
+    """Run ``sweep`` (default :func:`grid` of ``config``; cells already completed are kept),
+    fit it and keep the result for ``config``'s task under the runs root, where
+    :func:`toolkit.launching.probe.probe` reads it. Raises ``ValueError`` when no target could
+    be fitted, naming why for each."""
+    sweep = sweep or grid(config)
+    root = runs_root(runs_root_dir)
+    sweep_runner.run(sweep, root, max_parallel=max_parallel, log=log)
+    fits, notes = measure(sweep, root, targets)
+    if not fits:
+        raise ValueError(f"calibration {sweep.name}: " + "; ".join(notes))
+    for line in notes:
+        log(line)
+    calibration = Calibration(
+        task=critical_batch.task_key(config),
+        sweep=sweep.name,
+        date=datetime.date.today().isoformat(),
+        fits=tuple(f.record() for f in fits),
+    )
+    critical_batch.save(calibration, root)
+    return calibration

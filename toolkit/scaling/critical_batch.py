@@ -1,0 +1,249 @@
+"""The critical batch, measured by McCandlish et al. (2018)'s own method: steps to a target loss
+over a grid of batches, fitted with ``S(B) = S_min·(1 + B_crit/B)``.
+
+Below ``B_crit`` doubling the batch nearly halves the steps to a loss; above it, the steps
+approach ``S_min`` and extra batch buys little. ``B_crit = E_min/S_min``, the ratio of the
+fewest examples to the fewest steps that reach the loss. The fit is linear in ``1/B``:
+``S = S_min + (S_min·B_crit)·(1/B)``, least squares over the grid's batches, each at the
+rate that reached the target in the fewest steps (every seed having reached it).
+
+A calibration (:class:`Calibration`) keeps the fit at each target with its bootstrap band and
+the simple noise scale ``B_simple`` measured on the same runs near each target, so that
+:mod:`toolkit.launching.probe` can answer with this task's ``B_crit`` instead of a factor
+measured on another. It is kept in the runs root per task (:func:`task_key`: dataset, model,
+optimizer), by :func:`save` and :func:`stored`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from toolkit import files
+
+CALIBRATIONS_DIR = ".calibrations"
+"""Where :func:`save` keeps each task's calibration, in the runs root (``<task>.json``)."""
+DRAWS = 2000
+
+
+def fit_tradeoff(batches: np.ndarray, steps: np.ndarray) -> tuple[float, float]:
+    """``(S_min, B_crit)`` of ``S = S_min·(1 + B_crit/B)`` by least squares in ``1/B``. Where
+    the steps do not fall with the batch (slope ≤ 0), ``B_crit`` is 0: below the grid; where
+    the fitted ``S_min`` is not positive (the steps fall as fast as ``1/B`` across the grid),
+    ``B_crit`` is infinite: above it."""
+    slope, intercept = np.polyfit(1 / np.asarray(batches, float), np.asarray(steps, float), 1)
+    if slope <= 0:
+        return float(intercept), 0.0
+    if intercept <= 0:
+        return float(intercept), math.inf
+    return float(intercept), float(slope / intercept)
+
+
+def steps_to_target(evals: pd.DataFrame, target: float) -> float:
+    """The updates a run took to bring its held-out loss to ``target``: linearly interpolated
+    between the evaluation before the first one at or below it and that one (the first itself,
+    if the first evaluation is already there); ``inf`` if none is. ``evals`` has ``updates``
+    and ``loss`` columns, in order."""
+    losses, updates = evals["loss"].to_numpy(float), evals["updates"].to_numpy(float)
+    below = np.flatnonzero(losses <= target)
+    if not len(below):
+        return math.inf
+    at = below[0]
+    if at == 0 or not np.isfinite(losses[at - 1]):
+        return float(updates[at])
+    before, after = losses[at - 1], losses[at]
+    share = (before - target) / (before - after)
+    return float(updates[at - 1] + share * (updates[at] - updates[at - 1]))
+
+
+def best_rates(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per batch, the rate whose mean steps over the seeds is the fewest (every seed having
+    reached the target), with those mean steps. ``runs``: one row per run at one target, with
+    ``batch``, ``rate``, ``seed`` and ``steps`` (``inf``: never reached)."""
+    done = runs[np.isfinite(runs.steps)]
+    by_rate = done.groupby(["batch", "rate"]).agg(steps=("steps", "mean"), n=("steps", "size"))
+    by_rate = by_rate[by_rate.n == runs.seed.nunique()]
+    return by_rate.reset_index().sort_values("steps").groupby("batch").first().reset_index()
+
+
+@dataclass(frozen=True)
+class TargetFit:
+    """The fit at one target loss: ``S_min`` and ``B_crit`` with the 10–90% band of refits on
+    resampled data (with several seeds, each batch's steps taken from a seed drawn at random;
+    with one, the batches drawn with replacement: ``nan`` with two), and ``B_simple`` near the
+    target (the pooled ratio of ``tr Σ`` to ``|G|²`` over the chosen runs' measurements, ``nan``
+    without any) with its band over runs drawn with replacement. ``best``: the chosen rate and
+    steps per batch."""
+
+    target: float
+    s_min: float
+    b_crit: float
+    b_crit_band: tuple[float, float]
+    b_simple: float
+    b_simple_band: tuple[float, float]
+    measurements: int
+    runs: int
+    best: pd.DataFrame = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def ratio(self) -> float:
+        """``B_crit / B_simple``: the factor a probe's ``B_simple`` is multiplied by."""
+        return self.b_crit / self.b_simple if self.b_simple > 0 else math.nan
+
+    def record(self) -> dict:
+        """The fit as plain fields (Python's JSON writes ``inf`` and ``nan`` as ``Infinity`` and
+        ``NaN``, and reads them back), its best rates as rows."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        best = self.best[["batch", "rate", "steps"]].astype({"batch": int, "steps": float})
+        bands = {name: list(fields[name]) for name in ("b_crit_band", "b_simple_band")}
+        return fields | bands | {"best": best.to_dict("records")}
+
+
+def fit(runs: pd.DataFrame, draws: int = DRAWS) -> TargetFit:
+    """One target's runs (as :func:`best_rates` takes them, with ``measurements``,
+    ``grad_sq_sum`` and ``trace_sigma_sum`` columns): the :class:`TargetFit`. Raises
+    ``ValueError`` when fewer than two batches reached the target."""
+    best = best_rates(runs)
+    if len(best) < 2:
+        reached = ", ".join(map(str, best.batch)) or "none"
+        raise ValueError(
+            f"fewer than two batches reached loss {runs.target.iloc[0]:g} (reached: {reached})"
+        )
+    batches = best.batch.to_numpy(float)
+    s_min, b_crit = fit_tradeoff(batches, best.steps.to_numpy(float))
+    chosen = runs.merge(best[["batch", "rate"]], on=["batch", "rate"])
+    per_seed = chosen.pivot_table(index="batch", columns="seed", values="steps").to_numpy()
+    rng = np.random.default_rng(0)
+    if per_seed.shape[1] > 1:
+        picks = rng.integers(0, per_seed.shape[1], size=(draws, len(batches)))
+        refits = [fit_tradeoff(batches, per_seed[np.arange(len(p)), p])[1] for p in picks]
+    elif len(batches) > 2:
+        cases = rng.integers(0, len(batches), size=(draws, len(batches)))
+        cases = [c for c in cases if len(set(c)) > 1]
+        refits = [fit_tradeoff(batches[c], per_seed[c, 0])[1] for c in cases]
+    else:  # one seed on two batches: nothing to resample
+        refits = [math.nan]
+    measured = chosen[chosen.measurements > 0]
+    trace, grad_sq = measured.trace_sigma_sum.to_numpy(), measured.grad_sq_sum.to_numpy()
+    b_simple, b_simple_band = math.nan, (math.nan, math.nan)
+    if len(measured) and grad_sq.sum() > 0:
+        b_simple = float(trace.sum() / grad_sq.sum())
+        rows = rng.integers(0, len(measured), size=(draws, len(measured)))
+        sums = grad_sq[rows].sum(1)
+        boot = np.where(sums > 0, trace[rows].sum(1) / np.where(sums > 0, sums, 1), np.inf)
+        b_simple_band = _band(boot)
+    return TargetFit(
+        target=float(runs.target.iloc[0]),
+        s_min=s_min,
+        b_crit=b_crit,
+        b_crit_band=_band(np.array(refits)),
+        b_simple=b_simple,
+        b_simple_band=b_simple_band,
+        measurements=int(measured.measurements.sum()),
+        runs=len(measured),
+        best=best,
+    )
+
+
+def _band(values: np.ndarray) -> tuple[float, float]:
+    """The 10th and 90th percentiles, empirical (``inf`` values are ordered, not averaged);
+    ``nan`` for a band there was nothing to resample for."""
+    if np.isnan(values).all():
+        return math.nan, math.nan
+    low, high = np.percentile(values, [10, 90], method="inverted_cdf")
+    return float(low), float(high)
+
+
+def task_key(config) -> str:
+    """The task a calibration holds for: dataset (with its size), model and optimizer."""
+    samples = config.dataset.params.get("num_samples")
+    dataset = f"{config.dataset.name}{samples or ''}"
+    return re.sub(
+        r"[^A-Za-z0-9_.-]+", "_", f"{dataset}-{config.model.name}-{config.optimizer.name}"
+    )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A task's measured trade-off: the fit at each target loss (:meth:`TargetFit.record`),
+    the sweep whose runs it read and when. :attr:`headline` is the lowest target's, the
+    closest to a trained model's loss."""
+
+    task: str
+    sweep: str
+    date: str
+    fits: tuple[dict, ...]
+
+    @property
+    def headline(self) -> dict:
+        return min(self.fits, key=lambda f: f["target"])
+
+    def reading(self) -> str:
+        """The headline in one line, with its band and where it came from."""
+        fit = self.headline
+        b_crit, (low, high) = fit["b_crit"], fit["b_crit_band"]
+        largest = max(row["batch"] for row in fit["best"])
+        band = f"10–90% band {_count(low)}–{_count(high)}" if math.isfinite(low) else "no band"
+        value = (
+            f"B_crit is above the grid's largest batch, {largest:,} (the steps fell as 1/B "
+            "across it)"
+            if math.isinf(b_crit)
+            else f"B_crit ≈ {_count(b_crit)} ({band})"
+        )
+        return (
+            f"{value}, calibrated on this task ({self.task}) on {self.date}: steps to held-out "
+            f"loss {fit['target']:.3g} over {len(fit['best'])} batches (sweep {self.sweep})"
+        )
+
+    def table(self) -> str:
+        """Every target's fit as a text table: ``S_min``, ``B_crit`` and ``B_simple`` with their
+        bands, and their ratio (the factor a probe's ``B_simple`` would be multiplied by)."""
+
+        def banded(fit: dict, name: str) -> str:
+            low, high = fit[f"{name}_band"]
+            band = f" ({_count(low)}-{_count(high)})" if math.isfinite(fit[name]) else ""
+            return _count(fit[name]) + band
+
+        return pd.DataFrame(
+            {
+                "target loss": [f["target"] for f in self.fits],
+                "S_min (updates)": [f"{f['s_min']:,.0f}" for f in self.fits],
+                "B_crit (10-90%)": [banded(f, "b_crit") for f in self.fits],
+                "B_simple (10-90%)": [banded(f, "b_simple") for f in self.fits],
+                "B_crit/B_simple": [_ratio(f) for f in self.fits],
+            }
+        ).to_string(index=False)
+
+
+def _ratio(fit: dict) -> str:
+    ratio = fit["b_crit"] / fit["b_simple"] if fit["b_simple"] > 0 else math.nan
+    return f"{ratio:.2f}" if math.isfinite(ratio) else "n/a"
+
+
+def _count(value: float) -> str:
+    """A batch size as text (``inf``; ``n/a`` for what was not measured)."""
+    return f"{value:,.0f}" if math.isfinite(value) else "n/a" if math.isnan(value) else "inf"
+
+
+def save(calibration: Calibration, root: Path) -> Path:
+    """Write ``calibration`` as ``<root>/.calibrations/<task>.json`` (atomically)."""
+    path = Path(root) / CALIBRATIONS_DIR / f"{calibration.task}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.write_json(path, dataclasses.asdict(calibration))
+    return path
+
+
+def stored(config, root: Path) -> Calibration | None:
+    """The calibration kept for ``config``'s task under ``root``, or ``None``."""
+    path = Path(root) / CALIBRATIONS_DIR / f"{task_key(config)}.json"
+    try:
+        raw = files.read_json(path)
+        return Calibration(raw["task"], raw["sweep"], raw["date"], tuple(raw["fits"]))
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not one this module wrote
+        return None
