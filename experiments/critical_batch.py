@@ -61,7 +61,9 @@ MAX_EPOCHS = 40
 STUCK_EPOCHS, STUCK_LOSS = 5, 2.2
 
 
-def run(batch: int, rate: float, seed: int, targets, max_steps: int, dataset) -> list[dict]:
+def run(
+    batch: int, rate: float, seed: int, targets, max_steps: int, dataset, model_name: str = "cnn1d"
+) -> list[dict]:
     """One SGD run until the held-out loss reaches the lowest of ``targets``: for each target,
     the steps taken to reach it (``inf`` if not within ``max_steps`` or diverged) and the
     noise-scale measurements taken while the held-out loss was within ``[target, 1.5 ×
@@ -76,7 +78,7 @@ def run(batch: int, rate: float, seed: int, targets, max_steps: int, dataset) ->
 
     keras.utils.set_random_seed(seed)
     model = models.build(
-        "cnn1d", input_shape=dataset.input_shape, num_classes=dataset.num_classes, seed=seed
+        model_name, input_shape=dataset.input_shape, num_classes=dataset.num_classes, seed=seed
     )
     model.compile(
         optimizer=optimizers.get("sgd", learning_rate=rate, momentum=0.9),
@@ -242,6 +244,7 @@ def main() -> int:
     parser.add_argument("--rates", type=float, nargs="+", default=RATES)
     parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "critical_batch")
+    parser.add_argument("--model", default="cnn1d", help="a model of the catalog (the study's)")
     parser.add_argument("--smoke", action="store_true", help="a tiny grid, for tests")
     args = parser.parse_args()
 
@@ -255,7 +258,7 @@ def main() -> int:
         for rate in args.rates:
             for seed in args.seeds:
                 targets = sorted(args.targets, reverse=True)
-                rows += run(batch, rate, seed, targets, args.max_steps, dataset)
+                rows += run(batch, rate, seed, targets, args.max_steps, dataset, args.model)
                 reached = ", ".join(f"{r['target']}: {r['steps']}" for r in rows[-len(targets) :])
                 print(
                     f"B={batch:5d} lr={rate:<6} seed={seed}: steps to {reached} "
@@ -266,7 +269,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     runs.to_csv(args.out / ("smoke.csv" if args.smoke else "runs.csv"), index=False)
     print("\n" + summarize(runs))
-    if not args.smoke and args.num_samples == NUM_SAMPLES:
+    if not args.smoke and args.num_samples == NUM_SAMPLES and args.model == "cnn1d":
         print("\nB_simple through the study's SGD baseline (B=32, lr 0.1 cosine, 15 epochs):")
         print(noise_through_training())
     return 0

@@ -169,3 +169,62 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
     config = load("experiments/quickstart.yaml", overrides)
     reading = probe(config, steps=20, runs_root=tmp_path).reading()
     assert "calibrated on this task (mnist1d-cnn1d-sgd)" in reading
+
+
+def test_the_launch_page_calibrates_in_the_background_and_its_probe_answers_with_it(
+    tmp_path, monkeypatch, subprocess_env
+):
+    """The quickstart on one worker: the panel's grid at two batches and one rate, started from
+    the page, runs as a sweep of its own process; once it is kept, the page says so and the
+    probe (its run hidden from the Runs page unless asked for) answers with it."""
+    import time
+
+    from conftest import ROOT
+    from streamlit.testing.v1 import AppTest
+
+    from app.data import md_escape
+    from toolkit.config import load
+    from toolkit.launching import sweep_runner
+
+    monkeypatch.setenv("LBL_RUNS", str(tmp_path))
+    monkeypatch.setenv("PATH", subprocess_env["PATH"])
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=300).run()
+    at.switch_page("views/launch.py").run()
+    at.selectbox[0].set_value("quickstart").run()
+    next(n for n in at.number_input if n.label == "Workers").set_value(1).run()
+    next(m for m in at.multiselect if m.label == "Batches").set_value([32, 64]).run()
+    rates = next(m for m in at.multiselect if m.label.startswith("Rates"))
+    rates.set_value([1.0])
+    next(n for n in at.number_input if n.label == "Epochs at your batch").set_value(1).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    (cells,) = [d.value for d in at.dataframe if "global_batch" in d.value]
+    assert cells["global_batch"].tolist() == [32, 64] and len(cells) == 2
+    assert any("estimated time" in c.value for c in at.caption)
+    next(b for b in at.button if b.label == "Start the calibration").click().run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert any(md_escape("Calibration cal-quickstart started (pid") in s.value for s in at.success)
+
+    config = load(ROOT / "experiments" / "quickstart.yaml", ["workers=1"])
+    waited = time.monotonic()
+    while critical_batch.stored(config, tmp_path) is None:
+        assert time.monotonic() - waited < 240, (tmp_path / ".calibrations").read_text()
+        time.sleep(2)
+    while sweep_runner.runner_active("cal-quickstart", tmp_path):  # it prints, then exits
+        assert time.monotonic() - waited < 260
+        time.sleep(0.5)
+    at.run()
+    (info,) = [i.value for i in at.info if "calibrated on this task" in i.value]
+    assert md_escape("(mnist1d-cnn1d-lars)") in info and "over 2 batches" in info
+
+    next(b for b in at.button if b.label == "Probe").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Global batch"] == "32"  # 1 worker x 32
+    assert float(metrics["Noise scale B_simple"].replace(",", "")) > 0
+    (reading,) = [t.value for t in at.text if "B_simple ≈" in t.value]
+    assert "calibrated on this task (mnist1d-cnn1d-lars)" in reading
+    at.switch_page("views/runs.py").run()  # the probe run is hidden unless asked for
+    assert "Show noise-scale probes (1)" == at.toggle[0].label
+    shown = at.dataframe[0].value
+    assert len(shown) == 2 and shown["run_id"].str.startswith("cal-quickstart-").all()

@@ -335,26 +335,6 @@ def test_the_probe_cli_on_the_quickstart(tmp_path, subprocess_env):
     assert run.run_id in runs_table(tmp_path, probes=True)  # unless asked for (runs --all)
 
 
-def test_the_launch_page_probes_with_the_configs_workers(tmp_path, monkeypatch, subprocess_env):
-    from conftest import ROOT
-    from streamlit.testing.v1 import AppTest
-
-    monkeypatch.setenv("LBL_RUNS", str(tmp_path))
-    monkeypatch.setenv("PATH", subprocess_env["PATH"])
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=300).run()
-    at.switch_page("views/launch.py").run()
-    at.selectbox[0].set_value("quickstart").run()
-    next(b for b in at.button if b.label == "Probe").click().run()
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
-    metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Global batch"] == "64"  # 2 workers x 32
-    assert float(metrics["Noise scale B_simple"].replace(",", "")) > 0
-    assert any("B_simple ≈" in t.value for t in at.text)
-    at.switch_page("views/runs.py").run()  # the probe run is hidden unless asked for
-    assert at.dataframe[0].value.empty and "Show noise-scale probes (1)" == at.toggle[0].label
-
-
 @pytest.mark.parametrize("per_execution, every", [(1, 4), (2, 3)])
 def test_a_model_trained_by_hand_gets_the_noise_scale_from_a_keras_callback(per_execution, every):
     """At Keras's steps_per_execution ``k`` the callback measures at the end of the execution

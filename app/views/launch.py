@@ -5,7 +5,7 @@ next to the fields. Runs start only through ``toolkit.launching.launch.launch``.
 import streamlit as st
 import yaml
 
-from app import charts, data, form
+from app import calibration, charts, data, form
 from app.data import md_escape
 from toolkit import advice, safe_yaml
 from toolkit import config as config_lib
@@ -533,6 +533,7 @@ if config is not None and not errors:
         cells[1].metric("Global batch", f"{result.global_batch:,}")
         cells[2].metric("Suggested batch", f"{result.suggested_batch:,}")
         st.text(result.reading())
+    calibration.panel(config)
 
 if st.button("Launch", type="primary"):
     if errors or config is None:

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import datetime
 import math
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from toolkit import config as config_lib
+from toolkit import files
 from toolkit.config import ExperimentConfig
 from toolkit.launching import sweep as sweep_lib
 from toolkit.launching import sweep_runner
@@ -88,14 +90,19 @@ def grid(
 
 
 def default_batches(config: ExperimentConfig) -> list[int]:
-    """:data:`BATCH_FACTORS` of the config's global batch, each a multiple of its workers, but
-    none with fewer than :data:`MIN_UPDATES_PER_EPOCH` updates an epoch of its training set."""
+    """:data:`BATCH_FACTORS` of the config's global batch, each a multiple of its workers, up to
+    :func:`largest_batch`."""
+    workers, batch = config.workers, Scale.of(config).global_batch
+    sizes = {max(workers, round(batch * f / workers) * workers) for f in BATCH_FACTORS}
+    return sorted(b for b in sizes if b <= largest_batch(config)) or [min(sizes)]
+
+
+def largest_batch(config: ExperimentConfig) -> int:
+    """The largest batch with :data:`MIN_UPDATES_PER_EPOCH` updates an epoch of the config's
+    training set."""
     from toolkit.training.experiment import load_dataset  # Keras: for the data's size
 
-    workers, batch = config.workers, Scale.of(config).global_batch
-    largest = len(load_dataset(config).x_train) // MIN_UPDATES_PER_EPOCH
-    sizes = {max(workers, round(batch * f / workers) * workers) for f in BATCH_FACTORS}
-    return sorted(b for b in sizes if b <= largest) or [min(sizes)]
+    return len(load_dataset(config).x_train) // MIN_UPDATES_PER_EPOCH
 
 
 def rates_at(config: ExperimentConfig, batch: int, factors: Sequence[float]) -> list[float]:
@@ -232,3 +239,34 @@ def calibrate(
     )
     critical_batch.save(calibration, root)
     return calibration
+
+
+def start(
+    config: ExperimentConfig,
+    runs_root_dir: str | Path | None = None,
+    *,
+    batches: Sequence[int] | None = None,
+    rate_factors: Sequence[float] = RATE_FACTORS,
+    epochs: int | None = None,
+    max_parallel: int | None = None,
+) -> int:
+    """:func:`calibrate` in a background process (the app's and notebooks' way: it outlives
+    them): ``python -m toolkit calibrate --yes`` on ``config``, kept as
+    ``<root>/.calibrations/<sweep>.yaml``, its output in ``<sweep>.log`` beside it; returns its
+    pid. Raises :class:`~toolkit.launching.sweep.SweepError` if the grid cannot be built or a
+    runner of it is alive already."""
+    batches = batches or default_batches(config)
+    sweep = grid(config, batches=batches, rate_factors=rate_factors, epochs=epochs)
+    root = runs_root(runs_root_dir)
+    if sweep_runner.runner_active(sweep.name, root):
+        raise sweep_lib.SweepError(f"calibration {sweep.name!r} is already running")
+    folder = root / critical_batch.CALIBRATIONS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    config_path = folder / f"{sweep.name}.yaml"
+    files.replace(config_path, config.to_yaml().encode())
+    command = [sys.executable, "-m", "toolkit", "--runs", str(root), "calibrate"]
+    command += [str(config_path), "--yes", "--batches", *map(str, batches)]
+    command += ["--rates", *map(str, rate_factors)]
+    command += [f"--epochs={epochs}"] * bool(epochs)
+    command += [f"--max-parallel={max_parallel}"] * bool(max_parallel)
+    return sweep_runner.detached(command, folder / f"{sweep.name}.log")

@@ -345,7 +345,12 @@ def start(
     if slurm is not None:
         on_slurm(sweep, slurm)  # refused here, naming the field, if it is not valid
         command += ["--slurm", *_slurm_flags(slurm)]
-    log_path = base / SWEEPS_DIR / f"{sweep.name}.log"
+    return detached(command, base / SWEEPS_DIR / f"{sweep.name}.log")
+
+
+def detached(command: list[str], log_path: Path) -> int:
+    """Start ``command`` in a session of its own (it outlives the app or notebook that starts
+    it), from the package's folder, its output appended to ``log_path``; return its pid."""
     with files.writing(log_path), open(log_path, "ab") as log:
         runner = subprocess.Popen(
             command,
