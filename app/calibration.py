@@ -30,7 +30,7 @@ def panel(config: ExperimentConfig) -> None:
         st.info(md_escape(kept.reading()))
         with st.expander("The calibration, target by target"):
             st.code(kept.table(), language=None)
-    with st.expander("Calibrate the critical batch on this config (a sweep of short runs)"):
+    if st.toggle("Calibrate the critical batch on this config (a sweep of short runs)"):
         st.caption(
             "McCandlish et al.'s method: steps to a held-out loss at each batch, at its best "
             "rate, fitted with S = S_min (1 + B_crit / B). The runs are ordinary sweep cells: "
@@ -40,21 +40,17 @@ def panel(config: ExperimentConfig) -> None:
         options = [2**k for k in range(0, largest.bit_length()) if config.workers <= 2**k]
         defaults = calibrate.default_batches(config)
         left, middle, right = st.columns(3)
-        batches = left.multiselect(
-            "Batches", sorted({*options, *defaults}), default=defaults, key="calibrate_batches"
-        )
+        batches = left.multiselect("Batches", sorted({*options, *defaults}), default=defaults)
         factors = middle.multiselect(
             "Rates (x each batch's scaled rate)",
             RATE_CHOICES,
             default=calibrate.RATE_FACTORS,
-            key="calibrate_rates",
         )
         epochs = right.number_input(
             "Epochs at your batch",
             min_value=1,
             value=min(config.epochs, calibrate.EPOCHS),
             help="a larger batch B trains sqrt(B / yours) times as many",
-            key="calibrate_epochs",
         )
         if len(batches) < 2 or not factors:
             st.warning("Choose two batches or more and at least one rate.")
@@ -64,8 +60,8 @@ def panel(config: ExperimentConfig) -> None:
                 config, batches=sorted(batches), rate_factors=factors, epochs=int(epochs)
             )
             cells = _plan(grid.to_yaml(), str(root))
-        except ConfigError as error:
-            st.error(md_escape(error))
+        except ConfigError as error:  # e.g. more workers than this machine's slots
+            st.warning(md_escape(f"The calibration cannot run: {error}"))
             return
         startup = sweep_runner.startup(root)
         rates = sweep_runner.throughputs(root, summarize=data.summary)

@@ -192,6 +192,10 @@ def test_the_launch_page_calibrates_in_the_background_and_its_probe_answers_with
     at.switch_page("views/launch.py").run()
     at.selectbox[0].set_value("quickstart").run()
     next(n for n in at.number_input if n.label == "Workers").set_value(1).run()
+    assert not [m for m in at.multiselect if m.label == "Batches"]  # behind its toggle
+    next(t for t in at.toggle if t.label.startswith("Calibrate the critical batch")).set_value(
+        True
+    ).run()
     next(m for m in at.multiselect if m.label == "Batches").set_value([32, 64]).run()
     rates = next(m for m in at.multiselect if m.label.startswith("Rates"))
     rates.set_value([1.0])
