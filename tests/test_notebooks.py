@@ -111,6 +111,11 @@ def test_notebook_runs(path: Path, tmp_path, monkeypatch, subprocess_env, kernel
         last = events[events.phase == "train"].dropna(subset=["loss"]).step.max()
         (loss,) = [t for t in figure["data"] if t["name"] == "train" and t["xaxis"] == "x"]
         assert values(loss["x"])[-1] == last, (path.name, values(loss["x"])[-1], last)
+    if path.name == "01_quickstart.ipynb":  # its calibration, kept where probes read it
+        (calibration,) = (tmp_path / "runs" / ".calibrations").glob("*.json")
+        assert calibration.name == "mnist1d5000-cnn1d-lars.json"
+        texts = "".join(o.get("text", "") for o in outputs)
+        assert "calibrated on this task (mnist1d5000-cnn1d-lars)" in texts
     for figure in shown:
         title = figure["layout"].get("title", {}).get("text")
         assert figure["layout"]["template"]["layout"]["colorway"] == list(theme.COLORS), title
