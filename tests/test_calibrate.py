@@ -139,7 +139,10 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
         events = read_events(runs[cell.key].events_path)
         evals = events[events.phase == "eval"].sort_values("epoch")
         batch = cell.coordinates["batch.global_size"]
-        assert cell.config.epochs == math.ceil(2 * max(1, math.sqrt(batch / 32)))
+        updates = 4000 // batch * math.ceil(2 * max(1, math.sqrt(batch / 32)))  # data epochs'
+        interval = cell.config.steps_per_epoch  # cut into at most 40 evaluations
+        assert cell.config.epochs <= 40 and 0 <= cell.config.epochs * interval - updates < interval
+        assert len(evals) == cell.config.epochs
         assert cell.config.schedule.name == "constant" and cell.config.lr_scaling.rule == "none"
         curves[batch] = (evals.loss.tolist(), evals.step.iloc[0] / evals.epoch.iloc[0])
         noise[batch] = events[events.phase == "gns"]
@@ -160,8 +163,9 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
             noise[b][noise[b].step.between(s / 2, s)] for b, s in zip(batches, steps, strict=True)
         )
         assert fit["measurements"] == len(near) > 0
-        pooled = near.trace_sigma_step.sum() / near.grad_sq_step.sum()
-        assert fit["b_simple"] == pytest.approx(pooled, rel=1e-6)
+        grad_sq = near.grad_sq_step.sum()  # not positive: too noisy to read, no B_simple
+        pooled = near.trace_sigma_step.sum() / grad_sq if grad_sq > 0 else math.nan
+        assert fit["b_simple"] == pytest.approx(pooled, rel=1e-6, nan_ok=True)
 
     from toolkit.config import load
     from toolkit.launching.probe import probe

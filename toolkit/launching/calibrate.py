@@ -4,14 +4,15 @@ steps-to-target method (:mod:`toolkit.scaling.critical_batch`) run as an ordinar
 The grid (:func:`grid`): batches around the config's global batch (default ¼×, 1×, 4× and
 16×, those with at least 10 updates an epoch), each at its own rates (the config's rate scaled
 to that batch by its ``lr_scaling`` rule, times ½, 1 and 2), each trained for a few epochs (more
-for larger batches) at a constant rate (no warmup, no decay, no
-AdaScale, no adaptive batch: the rate a batch is measured at must not change under it), with
-the gradient noise scale measured every :data:`NOISE_EVERY` updates. Its cells are sweep cells:
-resumable, listed, comparable, priced by the Sweep page's estimate before they start.
+for larger batches; its held-out loss read 40 times whatever its batch) at a constant rate (no
+warmup, no decay, no AdaScale, no adaptive batch: the rate a batch is measured at must not
+change under it), with the gradient noise scale measured every :data:`NOISE_EVERY` updates. Its
+cells are sweep cells: resumable, listed, comparable, priced by the Sweep page's estimate
+before they start.
 
-Reading it (:func:`measure`): each run's held-out loss after every epoch gives its updates to
+Reading it (:func:`measure`): each run's held-out loss at each evaluation gives its updates to
 each target loss (:func:`~toolkit.scaling.critical_batch.steps_to_target`, interpolated between
-epochs); the targets, unless given, are the loosest loss every batch reached and
+evaluations); the targets, unless given, are the loosest loss every batch reached and
 :data:`TARGET_FACTORS` of it; ``B_simple`` near a target pools a run's noise-scale measurements
 over the second half of its way there. :func:`calibrate` runs, fits and keeps the result in
 the runs root for the probe.
@@ -33,7 +34,7 @@ from toolkit.config import ExperimentConfig
 from toolkit.launching import sweep as sweep_lib
 from toolkit.launching import sweep_runner
 from toolkit.launching.sweep_results import cell_runs
-from toolkit.plan import Scale
+from toolkit.plan import RunPlan, Scale
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import runs_root
 from toolkit.scaling import critical_batch
@@ -43,6 +44,7 @@ BATCH_FACTORS = (0.25, 1.0, 4.0, 16.0)
 RATE_FACTORS = (0.5, 1.0, 2.0)
 EPOCHS = 5  # at most, at the config's own batch: a config with fewer trains its own
 MIN_UPDATES_PER_EPOCH = 10
+EVALUATIONS = 40  # held-out evaluations per run, whatever its batch
 NOISE_EVERY = 5
 TARGET_FACTORS = (1.3, 1.15, 1.0)
 """Without ``targets``: the loosest loss every batch reached (its best rate, its worst seed)
@@ -61,10 +63,14 @@ def grid(
 ) -> sweep_lib.Sweep:
     """The calibration sweep of ``config`` (named ``cal-<config name>``): ``batches`` (default
     :func:`default_batches`) x the rates of :func:`rates_at`, on ``seeds`` (default: its own).
+
     A run at the config's global batch ``B0`` trains ``epochs`` (default: the config's, at most
     :data:`EPOCHS`); one at ``B`` trains ``sqrt(B / B0)`` times as many (at least ``epochs``),
     since a larger batch needs more examples to reach the same loss (all of ``B/B0`` more far
-    above ``B_crit``, none far below it). Raises :class:`~toolkit.launching.sweep.SweepError`
+    above ``B_crit``, none far below it). Each run's updates are cut into :data:`EVALUATIONS`
+    "epochs" of equal length (``steps_per_epoch``, each a fresh shuffle's first batches), so
+    that its held-out loss is read as often whatever its batch: a small batch reaches the
+    targets within its first data epoch. Raises :class:`~toolkit.launching.sweep.SweepError`
     naming every cell that cannot be built."""
     batches = batches or default_batches(config)
     epochs, own = epochs or min(config.epochs, EPOCHS), Scale.of(config).global_batch
@@ -74,17 +80,25 @@ def grid(
         "lr_scaling.rule": "none",
         "batch.adaptive": None,
         "batch.accumulation": 1,
+        "steps_per_epoch": None,
         "logging.noise_scale_every_steps": NOISE_EVERY,
     }.items():
         config_lib.set_path(base, path, value)
-    cells = [
-        {
-            BATCH: [b],
-            RATE: rates_at(config, b, rate_factors),
-            "epochs": [math.ceil(epochs * max(1.0, math.sqrt(b / own)))],
-        }
-        for b in batches
-    ]
+    num_train = train_size(config)
+    cells = []
+    for b in batches:
+        at_batch = config_lib.from_mapping({**base, "batch": {"global_size": b}})
+        per_epoch = RunPlan.of(at_batch, num_train).steps_per_epoch
+        updates = per_epoch * math.ceil(epochs * max(1.0, math.sqrt(b / own)))
+        interval = math.ceil(updates / EVALUATIONS)
+        cells.append(
+            {
+                BATCH: [b],
+                RATE: rates_at(config, b, rate_factors),
+                "epochs": [math.ceil(updates / interval)],
+                "steps_per_epoch": [interval],
+            }
+        )
     spec = {"name": f"cal-{config.name}"[:32], "base": base, "grid": cells}
     return sweep_lib.from_mapping(spec | ({"seeds": list(seeds)} if seeds else {}))
 
@@ -100,9 +114,14 @@ def default_batches(config: ExperimentConfig) -> list[int]:
 def largest_batch(config: ExperimentConfig) -> int:
     """The largest batch with :data:`MIN_UPDATES_PER_EPOCH` updates an epoch of the config's
     training set."""
+    return train_size(config) // MIN_UPDATES_PER_EPOCH
+
+
+def train_size(config: ExperimentConfig) -> int:
+    """The number of training examples of the config's dataset."""
     from toolkit.training.experiment import load_dataset  # Keras: for the data's size
 
-    return len(load_dataset(config).x_train) // MIN_UPDATES_PER_EPOCH
+    return len(load_dataset(config).x_train)
 
 
 def rates_at(config: ExperimentConfig, batch: int, factors: Sequence[float]) -> list[float]:
@@ -151,9 +170,10 @@ def default_targets(runs: pd.DataFrame) -> list[float]:
 
 
 def at_targets(runs: pd.DataFrame, targets: Sequence[float]) -> pd.DataFrame:
-    """One row per run and target: its ``steps`` (updates) to the target and the noise-scale
-    measurements over the second half of them (``measurements``, ``grad_sq_sum``,
-    ``trace_sigma_sum``; none for a run that never reached it)."""
+    """One row per run and target: its ``steps`` (updates) to the target, whether its first
+    evaluation was already there (``at_first``), and the noise-scale measurements over the
+    second half of its steps (``measurements``, ``grad_sq_sum``, ``trace_sigma_sum``; none for
+    a run that never reached it)."""
     rows = []
     for run in runs.itertuples():
         for target in targets:
@@ -166,6 +186,7 @@ def at_targets(runs: pd.DataFrame, targets: Sequence[float]) -> pd.DataFrame:
                     "seed": run.seed,
                     "target": target,
                     "steps": steps,
+                    "at_first": bool(len(run.evals)) and run.evals.loss.iloc[0] <= target,
                     "measurements": len(gns) if math.isfinite(steps) else 0,
                     "grad_sq_sum": float(gns.grad_sq_step.sum()),
                     "trace_sigma_sum": float(gns.trace_sigma_step.sum()),
@@ -174,17 +195,24 @@ def at_targets(runs: pd.DataFrame, targets: Sequence[float]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def at_the_edge(fit: TargetFit, runs: pd.DataFrame) -> list[str]:
-    """A line for each batch whose best rate is the lowest or highest of its rates: the
-    best one may lie beyond the grid, and its steps are then overcounted."""
+def cautions(fit: TargetFit, runs: pd.DataFrame) -> list[str]:
+    """A line for each batch whose steps may be overcounted: its best rate is the lowest or
+    highest of its rates (a rate beyond the grid may reach the loss sooner), or its best run
+    was already there at its first evaluation (its steps are an upper bound)."""
     lines = []
     for row in fit.best.itertuples():
-        rates = runs.loc[runs.batch == row.batch, "rate"]
+        at_batch = runs[runs.batch == row.batch]
+        rates = at_batch["rate"]
         if rates.nunique() > 1 and row.rate in (rates.min(), rates.max()):
             side = "lowest" if row.rate == rates.min() else "highest"
             lines.append(
                 f"at loss {fit.target:.4g}, batch {row.batch}'s best rate {row.rate:g} is its "
                 f"{side}: a rate beyond it may reach the loss sooner (--rates)"
+            )
+        if at_batch.loc[at_batch.rate == row.rate, "at_first"].any():
+            lines.append(
+                f"at loss {fit.target:.4g}, batch {row.batch} was there by its first "
+                f"evaluation: its {row.steps:,.0f} updates are an upper bound (--epochs fewer)"
             )
     return lines
 
@@ -193,8 +221,8 @@ def measure(
     sweep: sweep_lib.Sweep, root: str | Path | None = None, targets: Sequence[float] | None = None
 ) -> tuple[list[TargetFit], list[str]]:
     """The fit at each target (default :func:`default_targets`) from the sweep's completed runs,
-    and notes: a line for each target that could not be fitted and each best rate at the edge
-    of its batch's rates. Raises ``ValueError`` when no run completed."""
+    and notes: a line for each target that could not be fitted, and :func:`cautions`. Raises
+    ``ValueError`` when no run completed."""
     runs = runs_table(sweep, root)
     if runs.empty:
         raise ValueError(f"calibration {sweep.name}: no run of it has completed")
@@ -206,7 +234,7 @@ def measure(
         except ValueError as error:
             notes.append(f"not fitted: {error}")
             continue
-        notes += at_the_edge(fits[-1], part)
+        notes += cautions(fits[-1], part)
     return fits, notes
 
 
