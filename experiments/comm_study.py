@@ -8,7 +8,10 @@ with warmup and cosine decay, 2 workers x 32, 20 epochs) and ``resnet20``
 workers x 32, 10 epochs, where dense is at 99%). Studies (``--study``): ``distopt``, SINGA's
 modes (``MODES``; the quickstart only); ``dgc``, topk 1% and 0.1% with and without DGC's
 techniques (at 0.1%, the preset less one technique at a time), 2bit at two thresholds and topk
-with float16 values (``DGC_MODES``; with LARS, also its trust ratio from the dense norm). Seeds
+with float16 values (``DGC_MODES``; with LARS, also its trust ratio from the dense norm);
+``cross``, dense, topk 1% and DGC's topk 1% with each task's optimizer swapped (SGD on the
+quickstart, the quickstart's LARS on ResNet-20: ``CROSS``), to tell LARS's part in the
+quickstart's loss under compression from its small model's. Seeds
 0-2, one run at a time under horovodrun. For each run: the final test accuracy, the bytes a
 worker sent over the whole run (``toolkit.runs.curves.bytes_axis`` over its ``comm/bytes_sent``
 events), and the updates and seconds to the dense runs' mean final accuracy less a point. The
@@ -17,6 +20,7 @@ than dense it sent.
 
     .venv/bin/python experiments/comm_study.py                          # distopt, ~30 min
     .venv/bin/python experiments/comm_study.py --study dgc --task resnet20
+    .venv/bin/python experiments/comm_study.py --study cross --task quickstart  # SGD there
     .venv/bin/python experiments/comm_study.py --study dgc --hosts lbl-h1:1,lbl-h2:1 --seeds 0
     .venv/bin/python experiments/comm_study.py --smoke     # one seed, 2 epochs, 3 modes
 
@@ -125,6 +129,17 @@ DGC_MODES = {
 LARS_MODES = {  # the trust ratio from the dense norm (LARS tasks only; DGC's rows have it)
     "topk 1%, dense norm": topk(0.01, "dense_norm=true"),
     "topk 0.1%, dense norm": topk(0.001, "dense_norm=true"),
+    "2bit ±0.001, dense norm": [*DGC_MODES["2bit ±0.001"], "allreduce.dense_norm=true"],
+}
+LARS = [  # the quickstart's LARS, for ResNet-20
+    "optimizer.name=lars",
+    "optimizer.learning_rate=0.5",
+    "optimizer.params={momentum: 0.9, weight_decay: 0.0005, trust_coefficient: 0.02}",
+]
+CROSS_MODES = ("dense", "topk 1%", "topk 1%, DGC")
+CROSS = {  # each task with the other's optimizer: is the gap LARS's or the small model's?
+    "quickstart": {mode: [*SGD, *DGC_MODES[mode]] for mode in CROSS_MODES},
+    "resnet20": {mode: [*LARS, *DGC_MODES[mode]] for mode in CROSS_MODES},
 }
 
 
@@ -235,7 +250,8 @@ def table(rows: pd.DataFrame) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--study", choices=("distopt", "dgc"), default="distopt")
+    parser.add_argument("--study", choices=("distopt", "dgc", "cross"), default="distopt")
+    parser.add_argument("--runs", type=Path, help="keep the run directories here (default: not)")
     parser.add_argument("--task", choices=sorted(TASKS), default="quickstart")
     parser.add_argument("--hosts", help="host:slots,... for the workers (default: localhost)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated")
@@ -244,7 +260,7 @@ def main() -> int:
     parser.add_argument("--fresh", action="store_true", help="forget earlier rows")
     parser.add_argument("--results", type=Path, help="the CSV (default: by study and task)")
     args = parser.parse_args()
-    catalogue = MODES if args.study == "distopt" else DGC_MODES
+    catalogue = {"distopt": MODES, "dgc": DGC_MODES, "cross": CROSS[args.task]}[args.study]
     if args.study == "dgc" and args.task == "quickstart":  # LARS
         catalogue = {**catalogue, **LARS_MODES}
     modes = args.modes.split(";") if args.modes else list(catalogue)
@@ -263,7 +279,8 @@ def main() -> int:
         for column, value in (("task", "quickstart"), ("hosts", "localhost")):
             done[column] = done[column].fillna(value) if column in done else value
     results.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory() as scratch:
+        root = str(args.runs or scratch)
         for seed in seeds:  # seeds outermost: an early stop leaves every mode with some runs
             for mode in modes:
                 cell = (

@@ -112,7 +112,7 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
 ):
     """Three batches at one rate, one worker each: refused without ``--yes`` off a terminal
     (the cost printed, nothing started), then run; the kept ``B_crit`` at each target is the
-    least-squares fit redone here from the runs' own eval events."""
+    least-squares fit of relative residuals redone here from the runs' own eval events."""
     from toolkit.launching import sweep, sweep_results
     from toolkit.runs.events import read_events
 
@@ -152,9 +152,8 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
     for fit, target in zip(record["fits"], targets, strict=True):
         batches = sorted(curves)
         steps = np.array([_steps(*curves[b], target) for b in batches])
-        (s_min, slope), *_ = np.linalg.lstsq(
-            np.c_[np.ones(3), 1 / np.array(batches)], steps, rcond=None
-        )
+        design = np.c_[np.ones(3), 1 / np.array(batches)] / steps[:, None]  # relative
+        (s_min, slope), *_ = np.linalg.lstsq(design, np.ones(3), rcond=None)
         assert fit["s_min"] == pytest.approx(s_min, rel=1e-6)
         expected = math.inf if s_min <= 0 else max(0.0, slope / s_min)
         assert fit["b_crit"] == pytest.approx(expected, rel=1e-6)

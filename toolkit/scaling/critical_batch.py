@@ -4,8 +4,9 @@ over a grid of batches, fitted with ``S(B) = S_min·(1 + B_crit/B)``.
 Below ``B_crit`` doubling the batch nearly halves the steps to a loss; above it, the steps
 approach ``S_min`` and extra batch buys little. ``B_crit = E_min/S_min``, the ratio of the
 fewest examples to the fewest steps that reach the loss. The fit is linear in ``1/B``:
-``S = S_min + (S_min·B_crit)·(1/B)``, least squares over the grid's batches, each at the
-rate that reached the target in the fewest steps (every seed having reached it).
+``S = S_min + (S_min·B_crit)·(1/B)``, least squares of the relative residuals over the grid's
+batches, each at the rate that reached the target in the fewest steps (every seed having
+reached it).
 
 A calibration (:class:`Calibration`) keeps the fit at each target with its bootstrap band and
 the simple noise scale ``B_simple`` measured on the same runs near each target, so that
@@ -32,12 +33,20 @@ CALIBRATIONS_DIR = ".calibrations"
 DRAWS = 2000
 
 
-def fit_tradeoff(batches: np.ndarray, steps: np.ndarray) -> tuple[float, float]:
-    """``(S_min, B_crit)`` of ``S = S_min·(1 + B_crit/B)`` by least squares in ``1/B``. Where
-    the steps do not fall with the batch (slope ≤ 0), ``B_crit`` is 0: below the grid; where
-    the fitted ``S_min`` is not positive (the steps fall as fast as ``1/B`` across the grid),
-    ``B_crit`` is infinite: above it."""
-    slope, intercept = np.polyfit(1 / np.asarray(batches, float), np.asarray(steps, float), 1)
+def fit_tradeoff(
+    batches: np.ndarray, steps: np.ndarray, relative: bool = True
+) -> tuple[float, float]:
+    """``(S_min, B_crit)`` of ``S = S_min·(1 + B_crit/B)`` by least squares in ``1/B``: of the
+    residuals relative to each batch's steps (``relative``, the default: seed-to-seed spread
+    in steps grows with the steps, 10–30% at every batch, so plain least squares lets the
+    smallest batch's noise set the slope), or of the plain residuals (the study's published
+    fits). Where the steps do not fall with the batch (slope ≤ 0), ``B_crit`` is 0: below the
+    grid; where the fitted ``S_min`` is not positive (the steps fall as fast as ``1/B`` across
+    the grid), ``B_crit`` is infinite: above it."""
+    steps = np.asarray(steps, float)
+    design = np.c_[np.ones(len(steps)), 1 / np.asarray(batches, float)]
+    weights = 1 / steps if relative else np.ones_like(steps)
+    (intercept, slope), *_ = np.linalg.lstsq(design * weights[:, None], steps * weights, rcond=None)
     if slope <= 0:
         return float(intercept), 0.0
     if intercept <= 0:
@@ -105,10 +114,11 @@ class TargetFit:
         return fields | bands | {"best": best.to_dict("records")}
 
 
-def fit(runs: pd.DataFrame, draws: int = DRAWS) -> TargetFit:
+def fit(runs: pd.DataFrame, draws: int = DRAWS, relative: bool = True) -> TargetFit:
     """One target's runs (as :func:`best_rates` takes them, with ``measurements``,
-    ``grad_sq_sum`` and ``trace_sigma_sum`` columns): the :class:`TargetFit`. Raises
-    ``ValueError`` when fewer than two batches reached the target."""
+    ``grad_sq_sum`` and ``trace_sigma_sum`` columns): the :class:`TargetFit` (``relative``: as
+    :func:`fit_tradeoff`). Raises ``ValueError`` when fewer than two batches reached the
+    target."""
     best = best_rates(runs)
     if len(best) < 2:
         reached = ", ".join(map(str, best.batch)) or "none"
@@ -116,17 +126,18 @@ def fit(runs: pd.DataFrame, draws: int = DRAWS) -> TargetFit:
             f"fewer than two batches reached loss {runs.target.iloc[0]:g} (reached: {reached})"
         )
     batches = best.batch.to_numpy(float)
-    s_min, b_crit = fit_tradeoff(batches, best.steps.to_numpy(float))
+    s_min, b_crit = fit_tradeoff(batches, best.steps.to_numpy(float), relative)
     chosen = runs.merge(best[["batch", "rate"]], on=["batch", "rate"])
     per_seed = chosen.pivot_table(index="batch", columns="seed", values="steps").to_numpy()
     rng = np.random.default_rng(0)
     if per_seed.shape[1] > 1:
         picks = rng.integers(0, per_seed.shape[1], size=(draws, len(batches)))
-        refits = [fit_tradeoff(batches, per_seed[np.arange(len(p)), p])[1] for p in picks]
+        chosen_steps = (per_seed[np.arange(len(p)), p] for p in picks)
+        refits = [fit_tradeoff(batches, steps, relative)[1] for steps in chosen_steps]
     elif len(batches) > 2:
         cases = rng.integers(0, len(batches), size=(draws, len(batches)))
         cases = [c for c in cases if len(set(c)) > 1]
-        refits = [fit_tradeoff(batches[c], per_seed[c, 0])[1] for c in cases]
+        refits = [fit_tradeoff(batches[c], per_seed[c, 0], relative)[1] for c in cases]
     else:  # one seed on two batches: nothing to resample
         refits = [math.nan]
     measured = chosen[chosen.measurements > 0]
