@@ -5,8 +5,10 @@ fit redone here from its runs' events."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import sys
 
 import numpy as np
 import pandas as pd
@@ -108,11 +110,12 @@ def _steps(losses: list[float], per_epoch: float, target: float) -> float:
 
 
 def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_runs(
-    tmp_path, subprocess_env
+    tmp_path, subprocess_env, monkeypatch, capsys
 ):
     """Three batches at one rate, one worker each: refused without ``--yes`` off a terminal
     (the cost printed, nothing started), then run; the kept ``B_crit`` at each target is the
     least-squares fit of relative residuals redone here from the runs' own eval events."""
+    from toolkit.__main__ import main
     from toolkit.launching import sweep, sweep_results
     from toolkit.runs.events import read_events
 
@@ -120,9 +123,11 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
     args = ["calibrate", "experiments/quickstart.yaml"]
     args += [arg for override in overrides for arg in ("--set", override)]
     args += ["--batches", "32", "64", "128", "--rates", "1", "--epochs", "2"]
-    refused = run_cli(args, tmp_path, subprocess_env)
-    assert refused.returncode == 2 and "pass --yes to start it" in refused.stderr
-    assert "sweep cal-quickstart: 3 cells" in refused.stdout and "estimated time" in refused.stdout
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal: nobody to ask
+    assert main(["--runs", str(tmp_path), *args]) == 2
+    refused = capsys.readouterr()
+    assert "pass --yes to start it" in refused.err
+    assert "sweep cal-quickstart: 3 cells" in refused.out and "estimated time" in refused.out
     assert not any(tmp_path.glob("cal-*"))
 
     result = run_cli([*args, "--yes", "--max-parallel", "2"], tmp_path, subprocess_env)
