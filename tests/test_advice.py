@@ -54,22 +54,26 @@ def test_adascale_at_the_base_batch_is_told_it_does_nothing():
     assert advice.warnings(from_mapping(below)) == []
 
 
-def test_compression_with_lars_quotes_the_communication_study():
-    runs = pd.read_csv(ROOT / "experiments/comm_study/dgc_quickstart.csv")
-    accuracy = runs.groupby("mode").final_accuracy
-    dense, topk, dgc, two_bit = (
-        accuracy.get_group(m) for m in ("dense", "topk 1%", "topk 1%, DGC", "2bit ±0.01")
-    )
+def test_compression_on_the_small_cnn_quotes_the_communication_study_for_its_optimizer():
+    def measured(csv: str, *modes: str) -> list[str]:
+        accuracy = pd.read_csv(ROOT / "experiments/comm_study" / csv).groupby("mode")
+        return [spread(accuracy.final_accuracy.get_group(mode)) for mode in modes]
+
+    lars = measured("dgc_quickstart.csv", "dense", "topk 1%", "topk 1%, DGC", "2bit ±0.01")
+    sgd = measured("cross_quickstart.csv", "dense", "topk 1%", "topk 1%, DGC")
     (finding,) = advice.warnings(quickstart("allreduce.compression=topk"))
-    gap = (topk.mean() - dense.mean()) * 100
-    for said in (spread(topk), f"({gap:.1f} points)", spread(dgc), f"{spread(dense)} dense"):
-        assert said in finding, (said, finding)
-    (finding,) = advice.warnings(quickstart("allreduce.compression=2bit"))
-    assert (
-        f"ended at {spread(two_bit)}, {(two_bit.mean() - dense.mean()) * 100:.1f} points" in finding
-    )
-    sgd = "optimizer={name: sgd, learning_rate: 0.1, params: {momentum: 0.9}}"
-    assert advice.warnings(quickstart(sgd, "allreduce.compression=2bit")) == []
+    assert finding.startswith("allreduce.compression=topk on the 1-D CNN")
+    assert f"with lars: {lars[0]} dense; topk 1% {lars[1]}" in finding
+    assert f"DGC's techniques {lars[2]}; 2bit (threshold 0.01) {lars[3]}" in finding
+    assert "with sgd" not in finding and "not the optimizer's" in finding
+    sgd_config = "optimizer={name: sgd, learning_rate: 0.1, params: {momentum: 0.9}}"
+    (finding,) = advice.warnings(quickstart(sgd_config, "allreduce.compression=2bit"))
+    assert f"with sgd: {sgd[0]} dense; topk 1% {sgd[1]}, with DGC's techniques {sgd[2]}" in finding
+    adam = "optimizer={name: adam, learning_rate: 0.001}"
+    (finding,) = advice.warnings(quickstart(adam, "allreduce.compression=topk"))
+    assert "with lars:" in finding and "with sgd:" in finding  # not measured: both quoted
+    resnet = load(ROOT / "experiments/resnet20_digits.yaml", ["allreduce.compression=topk"])
+    assert advice.warnings(resnet) == []
     assert advice.warnings(quickstart()) == []
 
 
@@ -102,7 +106,7 @@ def test_the_cli_warns_before_a_sweep_and_a_launch_and_the_log_keeps_it(tmp_path
     dry = run_cli(["sweep", str(sweep), "--dry-run"], runs)
     assert dry.returncode == 0, dry.stderr[-2000:]
     warned = [line for line in dry.stderr.splitlines() if line.startswith("warning: ")]
-    assert len(warned) == 1 and "allreduce.compression=2bit with LARS" in warned[0]
+    assert len(warned) == 1 and "allreduce.compression=2bit on the 1-D CNN" in warned[0]
 
     launched = run_cli(
         ["launch", str(QUICKSTART), "--np", "1", "--name", "warned", "--set", "epochs=3"], runs
