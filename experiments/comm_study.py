@@ -21,6 +21,9 @@ than dense it sent.
     .venv/bin/python experiments/comm_study.py                          # distopt, ~30 min
     .venv/bin/python experiments/comm_study.py --study dgc --task resnet20
     .venv/bin/python experiments/comm_study.py --study cross --task quickstart  # SGD there
+    .venv/bin/python experiments/comm_study.py --study dgc --modes "dense;topk 1%, DGC" \
+        --seeds 0 --runs /tmp/tr --results /tmp/tr.csv       # LARS runs kept, then their
+    .venv/bin/python experiments/comm_study.py --trust-ratios --runs /tmp/tr  # trust ratios
     .venv/bin/python experiments/comm_study.py --study dgc --hosts lbl-h1:1,lbl-h2:1 --seeds 0
     .venv/bin/python experiments/comm_study.py --smoke     # one seed, 2 epochs, 3 modes
 
@@ -248,6 +251,36 @@ def table(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def trust_ratios(root: Path) -> pd.DataFrame:
+    """Per kept LARS run under ``root``: its mode, seed and the median trust ratio of each
+    variable over the first quarter and the last half of its ``trust_ratio`` events."""
+    from toolkit.runs.events import read_events
+    from toolkit.runs.rundir import list_runs
+
+    rows = []
+    for run in list_runs(root):
+        config = run.config()
+        events = read_events(run.events_path)
+        ratios = events[events["phase"] == "trust_ratio"].dropna(axis=1, how="all")
+        mode = "dense" if config.allreduce.compression == "none" else "topk 1%, DGC"
+        n = len(ratios)
+        for stretch, part in (
+            ("first quarter", ratios.iloc[: n // 4]),
+            ("last half", ratios.iloc[n // 2 :]),
+        ):
+            for column in [c for c in part if c.startswith("trust_ratio/")]:
+                rows.append(
+                    {
+                        "mode": mode,
+                        "seed": config.seed,
+                        "stretch": stretch,
+                        "variable": column.removeprefix("trust_ratio/"),
+                        "median_trust_ratio": float(part[column].median()),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--study", choices=("distopt", "dgc", "cross"), default="distopt")
@@ -259,7 +292,18 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="one seed, 2 epochs, 3 modes")
     parser.add_argument("--fresh", action="store_true", help="forget earlier rows")
     parser.add_argument("--results", type=Path, help="the CSV (default: by study and task)")
+    parser.add_argument(
+        "--trust-ratios", action="store_true", help="only: the kept LARS runs' trust ratios"
+    )
     args = parser.parse_args()
+    if args.trust_ratios:
+        table = trust_ratios(args.runs)
+        table.to_csv(RESULTS / f"trust_ratios_{args.task}.csv", index=False)
+        wide = table.pivot_table(
+            index=["stretch", "variable"], columns="mode", values="median_trust_ratio"
+        )
+        print(wide.assign(ratio=wide["topk 1%, DGC"] / wide["dense"]).round(3).to_string())
+        return 0
     catalogue = {"distopt": MODES, "dgc": DGC_MODES, "cross": CROSS[args.task]}[args.study]
     if args.study == "dgc" and args.task == "quickstart":  # LARS
         catalogue = {**catalogue, **LARS_MODES}

@@ -66,6 +66,8 @@ def test_compression_on_the_small_cnn_quotes_the_communication_study_for_its_opt
     assert f"with lars: {lars[0]} dense; topk 1% {lars[1]}" in finding
     assert f"DGC's techniques {lars[2]}; 2bit (threshold 0.01) {lars[3]}" in finding
     assert "with sgd" not in finding and "not the optimizer's" in finding
+    ten, dense = measured("runs.csv", "topk 10%", "dense")  # the v1 study's: what held
+    assert f"topk 10% held on it (LARS: {ten} against {dense} dense" in finding
     sgd_config = "optimizer={name: sgd, learning_rate: 0.1, params: {momentum: 0.9}}"
     (finding,) = advice.warnings(quickstart(sgd_config, "allreduce.compression=2bit"))
     assert f"with sgd: {sgd[0]} dense; topk 1% {sgd[1]}, with DGC's techniques {sgd[2]}" in finding

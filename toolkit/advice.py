@@ -97,7 +97,8 @@ def _compression_on_the_small_cnn(config: ExperimentConfig) -> str | None:
         f"allreduce.compression={mode} on the 1-D CNN (5,210 weights): on the quickstart (2 "
         f"workers, 20 epochs, 3 seeds) {runs} ({COMMUNICATION_V2}). ResNet-20 on the digits "
         "held within about a point under the same modes, with SGD and with LARS: the loss "
-        "is this small model's, not the optimizer's."
+        "is this small model's, not the optimizer's. topk 10% held on it (LARS: 92.1% ± 1.1 "
+        "against 91.3% ± 2.5 dense, 5x fewer bytes)."
     )
 
 
