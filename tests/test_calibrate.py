@@ -240,3 +240,16 @@ def test_the_launch_page_calibrates_in_the_background_and_its_probe_answers_with
     assert "Show noise-scale probes (1)" == at.toggle[0].label
     shown = at.dataframe[0].value
     assert len(shown) == 2 and shown["run_id"].str.startswith("cal-quickstart-").all()
+
+
+def test_a_grid_that_cannot_be_fitted_is_refused_before_any_run_starts(tmp_path, capsys):
+    from toolkit.__main__ import main
+
+    args = ["--runs", str(tmp_path), "calibrate", "experiments/quickstart.yaml", "--yes"]
+    assert main([*args, "--batches", "64", "64"]) == 2
+    assert "calibrate needs two batches or more to fit S(B) (got [64])" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main([*args, "--rates", "1", "0"])
+    assert refused.value.code == 2
+    assert "argument --rates: must be a number > 0 (got '0')" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

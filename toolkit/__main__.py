@@ -60,6 +60,17 @@ class Parser(argparse.ArgumentParser):
         super().error(safe_yaml.clip(message))
 
 
+def positive(text: str) -> float:
+    """An argparse type: a finite number above 0 (a rate factor, a loss)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number > 0 (got {safe_yaml.short(text)})")
+    return value
+
+
 def integer(low: int, high: int | None = None):
     """An argparse type: an integer from ``low`` (to ``high``), the rule the config or the
     function called applies to the same value; anything else exits 2 naming the argument
@@ -142,12 +153,12 @@ def build_parser() -> Parser:
         "--batches", type=integer(1), nargs="+", help="global batches (default: 1/4x to 16x its)"
     )
     calibrate.add_argument(
-        "--rates", type=float, nargs="+", help="factors of each batch's scaled rate (0.5 1 2)"
+        "--rates", type=positive, nargs="+", help="factors of each batch's scaled rate (0.5 1 2)"
     )
     calibrate.add_argument("--epochs", type=integer(1), help="per run (default: its, at most 5)")
     calibrate.add_argument("--seeds", type=int, nargs="+", help="default: the config's seed")
     calibrate.add_argument(
-        "--targets", type=float, nargs="+", help="held-out losses (default: what all reach)"
+        "--targets", type=positive, nargs="+", help="held-out losses (default: what all reach)"
     )
     calibrate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     calibrate.add_argument("--max-parallel", type=integer(1), help="runs at a time (default: fit)")

@@ -72,7 +72,12 @@ def grid(
     that its held-out loss is read as often whatever its batch: a small batch reaches the
     targets within its first data epoch. Raises :class:`~toolkit.launching.sweep.SweepError`
     naming every cell that cannot be built."""
-    batches = batches or default_batches(config)
+    batches = sorted(set(batches or default_batches(config)))
+    if len(batches) < 2:
+        raise sweep_lib.SweepError(
+            f"calibrate needs two batches or more to fit S(B) (got {batches}): the config's "
+            "training set may be too small for the default grid; give --batches"
+        )
     epochs, own = epochs or min(config.epochs, EPOCHS), Scale.of(config).global_batch
     base = config.model_dump(mode="json")
     for path, value in {
