@@ -136,6 +136,8 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
     assert kept.name == "mnist1d-cnn1d-sgd.json"
     record = json.loads(kept.read_text())
     assert record["sweep"] == "cal-quickstart" and "calibrated on this task" in result.stdout
+    assert main(["--runs", str(tmp_path), *args, "--dry-run"]) == 0  # what is kept, said first
+    assert capsys.readouterr().out.startswith("kept for this task: B_crit")
 
     (grid,) = sweep.saved(tmp_path)
     runs = sweep_results.cell_runs(grid, tmp_path)

@@ -468,6 +468,7 @@ def _calibrate(args) -> int:
     """``calibrate``: the grid and its cost; with consent, the runs, the fit, kept for probes."""
     from toolkit.config import load
     from toolkit.launching import calibrate
+    from toolkit.scaling import critical_batch
 
     config = load(args.config, args.set)
     grid = calibrate.grid(
@@ -477,6 +478,8 @@ def _calibrate(args) -> int:
         epochs=args.epochs,
         seeds=args.seeds,
     )
+    if kept := critical_batch.stored(config, runs_root(args.runs)):
+        print(f"kept for this task: {kept.reading()}")
     _print_plan(grid, args.runs, args.max_parallel)
     if args.dry_run:
         return 0
