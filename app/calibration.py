@@ -8,19 +8,11 @@ import streamlit as st
 
 from app import data
 from app.data import md_escape
-from toolkit import safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.launching import calibrate, sweep_runner
-from toolkit.launching import sweep as sweeps
 from toolkit.scaling import critical_batch
 
 RATE_CHOICES = (0.25, 0.5, 1.0, 2.0, 4.0)
-
-
-@st.cache_data(max_entries=20, show_spinner="Working out each run's steps…")
-def _plan(sweep_yaml: str, root: str):
-    """The calibration's :func:`~toolkit.launching.sweep_runner.dry_run`, by its YAML."""
-    return sweep_runner.dry_run(sweeps.from_mapping(safe_yaml.load(sweep_yaml, "sweep")), root)
 
 
 def panel(config: ExperimentConfig) -> None:
@@ -59,7 +51,7 @@ def panel(config: ExperimentConfig) -> None:
             grid = calibrate.grid(
                 config, batches=sorted(batches), rate_factors=factors, epochs=int(epochs)
             )
-            cells = _plan(grid.to_yaml(), str(root))
+            cells = data.sweep_plan(grid.to_yaml())
         except ConfigError as error:  # e.g. more workers than this machine's slots
             st.warning(md_escape(f"The calibration cannot run: {error}"))
             return

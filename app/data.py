@@ -16,7 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from toolkit import config as config_lib
-from toolkit import files
+from toolkit import files, safe_yaml
 from toolkit.runs import checkpoints, rundir, table
 from toolkit.runs.events import EventTail, read_events
 from toolkit.runs.rundir import RunDir
@@ -26,6 +26,16 @@ from toolkit.runs.theme import COLORS
 def root() -> Path:
     """The runs root: ``$LBL_RUNS`` or ``./runs``."""
     return rundir.runs_root()
+
+
+@st.cache_data(max_entries=20, show_spinner="Working out each cell's steps…")
+def sweep_plan(sweep_yaml: str) -> pd.DataFrame:
+    """A sweep's :func:`~toolkit.launching.sweep_runner.dry_run` under the runs root, by its
+    resolved YAML (the Sweep page's and the Launch page's calibration grid)."""
+    from toolkit.launching import sweep, sweep_runner
+
+    grid = sweep.from_mapping(safe_yaml.load(sweep_yaml, "sweep"))
+    return sweep_runner.dry_run(grid, root())
 
 
 def stamp(path: Path) -> tuple[int, int]:

@@ -5,7 +5,6 @@ its cells, their plan and their state, live; results against any axis; the runs 
 
 from pathlib import Path
 
-import pandas as pd
 import streamlit as st
 
 from app import data, form
@@ -66,11 +65,6 @@ def built_grid() -> dict:
     return {"name": name, "base": str(form.PRESETS / f"{base}.yaml"), **parsed}
 
 
-@st.cache_data(max_entries=20, show_spinner="Working out each cell's steps…")
-def plan(sweep_yaml: str) -> pd.DataFrame:
-    return sweep_runner.dry_run(sweeps.from_mapping(safe_yaml.load(sweep_yaml, "sweep")))
-
-
 st.title("Sweep")
 if flash := st.session_state.pop("sweep_flash", None):
     st.success(md_escape(flash))
@@ -97,7 +91,7 @@ except ConfigError as error:
 root = data.root()
 running = sweep_runner.runner_active(grid.name, root)
 try:
-    cells = plan(grid.to_yaml())
+    cells = data.sweep_plan(grid.to_yaml())
 except ConfigError as error:  # a cell that cannot launch here, named
     st.error(md_escape(error))
     st.stop()

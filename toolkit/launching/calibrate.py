@@ -192,7 +192,7 @@ def at_targets(runs: pd.DataFrame, targets: Sequence[float]) -> pd.DataFrame:
                     "target": target,
                     "steps": steps,
                     "at_first": bool(len(run.evals)) and run.evals.loss.iloc[0] <= target,
-                    "measurements": len(gns) if math.isfinite(steps) else 0,
+                    "measurements": len(gns),  # none where it never got there
                     "grad_sq_sum": float(gns.grad_sq_step.sum()),
                     "trace_sigma_sum": float(gns.trace_sigma_step.sum()),
                 }
