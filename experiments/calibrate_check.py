@@ -2,7 +2,7 @@
 """Does ``python -m toolkit calibrate`` find the critical batch a full study finds?
 
 The task: ``experiments/mlp_mnist1d.yaml`` (the MNIST-1D paper's MLP, 20,000 examples, SGD with
-momentum), which the lab's default factor (``B_crit ≈ 2.8 x B_simple``) was not measured on.
+momentum), which the lab's default factor (``probe.CALIBRATION``) was first measured without.
 
 * **The full study**: ``experiments/critical_batch.py --model mlp`` (7 batches x 5 rates x 2
   seeds, 70 runs, the held-out loss read every ~512/B steps), its rows in
@@ -12,7 +12,8 @@ momentum), which the lab's default factor (``B_crit ≈ 2.8 x B_simple``) was no
   times a run), once per seed in ``--seeds``, fitted at the study's target losses; with the
   config's rate rule (sqrt) and again with linear scaling.
 * **The default-factor probe**: ``probe`` (200 updates) on the same config, its ``B_simple``
-  times the default factor 2.8 (1.6-4.1), as a user without a calibration is told.
+  times the default factor (``probe.CALIBRATION``; 2.8, 1.6-4.1, in the committed summary), as
+  a user without a calibration is told.
 
 Claim: each calibration's ``B_crit`` is within 1.5x of the study's at every target, both fitted
 by ``calibrate``'s estimator (least squares of relative residuals); the ``plain_`` columns fit

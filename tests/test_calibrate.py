@@ -94,7 +94,7 @@ def test_a_kept_calibration_is_read_for_its_task_only_and_the_probe_answers_with
     b_crit, (low, high) = fits[1].b_crit, fits[1].b_crit_band
     assert f"B_crit ≈ {b_crit:,.0f} (10–90% band {low:,.0f}–{high:,.0f}), calibrated" in reading
     assert "on this task (mnist1d-cnn1d-sgd) on 2026-11-27" in reading
-    assert "B_simple × 2.8" not in reading
+    assert "the median factor" not in reading
 
 
 def _steps(losses: list[float], per_epoch: float, target: float) -> float:

@@ -281,10 +281,8 @@ def test_a_band_with_unbounded_resamples_is_unbounded_without_a_warning():
 
 
 def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
-    import pandas as pd
-
     from toolkit.config import from_mapping
-    from toolkit.launching.probe import summarize
+    from toolkit.launching.probe import CALIBRATION, summarize
 
     rng = np.random.default_rng(0)
     n = 400
@@ -308,8 +306,11 @@ def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
     )
     text = result.reading()
     assert f"Your global batch 64 is {result.b_simple / 64:.1f}× below it" in text
-    calibrated = [f"{factor * result.b_simple:,.0f}" for factor in (2.8, 1.6, 4.1)]
-    assert "B_crit ≈ {} ({}–{}): B_simple × 2.8".format(*calibrated) in text
+    factors = pd.read_csv("experiments/probe_protocol/factors.csv").factor  # the raw table
+    measured = (factors.median(), factors.min(), factors.max())
+    assert CALIBRATION == pytest.approx(measured, abs=0.005)
+    calibrated = [f"{factor * result.b_simple:,.0f}" for factor in measured]
+    assert "B_crit ≈ {} ({}–{}): B_simple × {:g}".format(*calibrated, measured[0]) in text
     assert "python -m toolkit calibrate CONFIG` measures it on yours" in text
     assert (
         f"lr_scaling (sqrt) gives a learning rate of {result.suggested_learning_rate:.4g}" in text
@@ -319,9 +320,13 @@ def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
 
 
 def test_the_probe_cli_on_the_quickstart(tmp_path, subprocess_env):
+    """The probe follows its stated path whatever the config's schedule: the quickstart's
+    warmup (1 epoch, 125 batches) cut to the probe's first half, then its peak rate (0.5 at
+    batch 64, linear: 0.25 at 32) held, where cosine would decay it."""
     from conftest import run_cli
 
     from toolkit.__main__ import runs_table
+    from toolkit.runs.events import read_events
     from toolkit.runs.rundir import list_runs
 
     args = ["probe", "experiments/quickstart.yaml", "--steps", "80"]
@@ -331,6 +336,12 @@ def test_the_probe_cli_on_the_quickstart(tmp_path, subprocess_env):
     (run,) = list_runs(tmp_path)
     assert run.meta()["probe"] is True and run.run_id in result.stdout
     assert run.status()["state"] == "completed"
+    events = read_events(run.events_path)
+    rates = events[events.phase == "train"].set_index("step").lr
+    assert rates.index.max() == 80
+    np.testing.assert_allclose(rates[rates.index > 40], 0.25, rtol=1e-6)
+    warmup = rates[rates.index <= 40]
+    assert (np.diff(warmup) > 0).all() and warmup.iloc[0] < 0.25 / 4
     assert run.run_id not in runs_table(tmp_path)  # hidden, as on the Runs page,
     assert run.run_id in runs_table(tmp_path, probes=True)  # unless asked for (runs --all)
 

@@ -18,11 +18,14 @@ from toolkit.runs.rundir import runs_root as runs_root_of
 from toolkit.scaling import critical_batch
 from toolkit.scaling.critical_batch import Calibration
 
-CALIBRATION = (2.8, 1.6, 4.1)
-"""``B_crit / B_simple``, the median and range of six measurements on the study's MNIST-1D CNN
-(docs/study.md, ``experiments/critical_batch.py``): 3.13, 4.13 and 3.28 at held-out losses 1.0,
-0.8 and 0.6 with 16,000 training examples; 1.56, 2.39 and 2.01 at 0.5, 0.4 and 0.3 with 64,000.
-Not one constant even on one model: a probe reports the calibrated ``B_crit`` saying so."""
+CALIBRATION = (3.44, 1.51, 5.31)
+"""``B_crit / B_simple`` with ``B_simple`` read by this probe on its stated path (batch 64, SGD
+at a tuned constant rate, 200 updates), the median and range of nine measurements
+(``experiments/probe_protocol.py``, its ``factors.csv``; docs/study.md): on the MNIST-1D CNN
+with 16,000 examples 3.21, 4.27 and 5.10 at held-out losses 1.0, 0.8 and 0.6, with 64,000
+3.44, 4.80 and 5.31 at 0.5, 0.4 and 0.3; on the MNIST-1D MLP 1.51, 2.13 and 2.93 at 1.4, 1.2
+and 1.0. It grows as the target loss tightens and differs between models: a probe reports the
+calibrated ``B_crit`` saying so."""
 
 
 @dataclass(frozen=True)
@@ -55,16 +58,17 @@ class ProbeResult:
         where = f"{1 / ratio:.1f}× below" if ratio < 1 else f"{ratio:.1f}× above"
         doubling = (1 + 1 / ratio) / (1 + 1 / (2 * ratio))
         lines = [
-            f"B_simple ≈ {b:,.0f} (10–90% band {low:,.0f}–{high:,.0f}: the probe's last half, "
-            "bootstrapped)",
+            f"B_simple ≈ {b:,.0f} (10–90% band {low:,.0f}–{high:,.0f}: the probe's last half, at "
+            "your batch and peak rate held constant, bootstrapped)",
             f"Your global batch {self.global_batch:,} is {where} it: doubling it would divide "
             f"the steps to a given loss by about {doubling:.2f}.",
             self.calibration.reading()
             if self.calibration
             else f"B_crit ≈ {CALIBRATION[0] * b:,.0f} ({CALIBRATION[1] * b:,.0f}–"
             f"{CALIBRATION[2] * b:,.0f}): B_simple × {CALIBRATION[0]:g}, the median factor "
-            "measured on the lab's MNIST-1D CNN at six losses on two data sizes (docs/study.md); "
-            "it varied 1.6–4.1 there: `python -m toolkit calibrate CONFIG` measures it on yours.",
+            "measured with this probe on three MNIST-1D tasks at three losses each "
+            f"(docs/study.md); it varied {CALIBRATION[1]:g}–{CALIBRATION[2]:g} there, growing "
+            "as the loss tightens: `python -m toolkit calibrate CONFIG` measures it on yours.",
             f"Up to about {b / 4:,.0f}, doubling the batch nearly halves the steps (≥ 1.8×); "
             f"around {b:,.0f} it saves about a quarter; beyond {4 * b:,.0f} it saves under "
             "10%: extra batch there buys little.",
@@ -131,16 +135,29 @@ def _suggested_batch(b_simple: float, workers: int) -> int:
     return power if power % workers == 0 else max(workers, round(power / workers) * workers)
 
 
+def stated_path(schedule, batches: int, batches_per_epoch: int) -> dict:
+    """The probe's schedule, the same path whatever the config's: its warmup (in batches, at
+    most the probe's first half), then its peak rate held constant (no decay), so that the
+    measured second half is always at the config's scaled rate and batch, from its start.
+    ``batches`` is the probe's length and ``batches_per_epoch`` the config's epoch, in
+    batches; the result is a ``schedule`` mapping in the probe's epochs (each
+    ``min(batches, batches_per_epoch)`` long). AdaScale's probe keeps its base rate, an
+    adaptive batch its first batch (:func:`probe`)."""
+    warmup = schedule.warmup.model_dump(mode="json")
+    warmup_batches = min(warmup["epochs"] * batches_per_epoch, batches / 2)
+    warmup["epochs"] = warmup_batches / min(batches, batches_per_epoch)
+    return {"name": "constant", "warmup": warmup}
+
+
 MAX_PROBE_STEPS = 1_000_000  # a probe is a short run: more is a typo
 
 
 def probe(
     config, *, steps: int = 200, np: int = 1, runs_root=None, in_process: bool | None = None
 ) -> ProbeResult:
-    """Train ``config`` for about ``steps`` updates from its start (the schedule squeezed into
-    the probe's epochs; AdaScale's base rate, without its gain, which the probe measures; an
-    adaptive batch's first batch, fixed)
-    measuring the noise scale at every update, and return what it says.
+    """Train ``config`` for about ``steps`` updates from its start on the probe's stated path
+    (:func:`stated_path`), measuring the noise scale at every update, and return what it
+    says.
     With ``np == 1`` the probe trains in this process (unless ``in_process=False``);
     otherwise under horovodrun, as a launched run. Its run directory is marked ``probe: true`` in
     ``meta.json`` (the Runs page hides probes unless asked)."""
@@ -158,7 +175,12 @@ def probe(
     plan = RunPlan.of(config, len(load_dataset(config).x_train), np)
     batches, per_epoch = steps * plan.steps_per_update, plan.steps_per_epoch
     short = config_lib.from_mapping(
-        {**config.model_dump(mode="json"), "name": f"probe-{config.name}"[:64], "workers": np},
+        {
+            **config.model_dump(mode="json"),
+            "name": f"probe-{config.name}"[:64],
+            "workers": np,
+            "schedule": stated_path(config.schedule, batches, per_epoch),
+        },
         [
             f"epochs={math.ceil(batches / per_epoch)}",
             f"steps_per_epoch={min(batches, per_epoch)}",
