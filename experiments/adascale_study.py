@@ -4,6 +4,7 @@ recipes, on two tasks.
 
     python -m toolkit --runs RUNS sweep experiments/study/adascale.yaml   # first task: 18 runs
     python -m toolkit --runs RUNS sweep experiments/study/adaptive.yaml   # first task: 9 runs
+    python -m toolkit --runs RUNS sweep experiments/study/adaptive_v2.yaml   # revisited: 9 runs
     python -m toolkit --runs RUNS sweep experiments/study/scale_80k.yaml  # second task: 51 runs
     python experiments/critical_batch.py [...]                            # each calibration
     python experiments/adascale_study.py --runs RUNS                      # this script
@@ -67,6 +68,9 @@ LABELS = {
     "adascale_sgd": "AdaScale SGD",
     "adascale_lars": "AdaScale LARS",
     "adaptive_sgd": "Adaptive SGD",
+    "adaptive_aim": "Adaptive SGD, aim 3.5",
+    "adaptive_steady": "Adaptive SGD, hysteresis 0.5, measured on 128",
+    "adaptive_aim_steady": "Adaptive SGD, all three",
 }
 ADASCALE_METHODS = ("adascale_sgd", "adascale_lars")
 BASE_BATCH = 32
@@ -227,12 +231,12 @@ def adaptive_table(task: Task, rows: pd.DataFrame, fixed: pd.DataFrame, accuracy
         f"(fewest fixed: {fewest:.0f} at {at:,}) | wall s |",
         "|---" * 10 + "|",
     ]
-    for (smallest, largest), part in rows.astype({"smallest": int}).groupby(
-        ["smallest", "global_batch"]
+    for (method, smallest, largest), part in rows.astype({"smallest": int}).groupby(
+        ["method", "smallest", "global_batch"], sort=False
     ):
         steps = part.steps_to_accuracy
         lines.append(
-            f"| Adaptive SGD | {smallest:,} to {largest:,} | {accuracy_of(part)} | "
+            f"| {LABELS[method]} | {smallest:,} to {largest:,} | {accuracy_of(part)} | "
             f"{pm(part.updates)} | {pm(part.epochs)} | "
             f"{', '.join(str(int(b)) for b in part.final_batch)} | {part.mean_gain.mean():.1f} | "
             f"{pm(part.steps_to_loss)} | {pm(steps)} ({ratio(steps.mean(), fewest)}"
@@ -270,23 +274,24 @@ def fitted(task: Task, fit: mccandlish.TargetFit) -> str:
 
 
 def first_task(runs: Path | None, out: Path) -> str:
-    """AdaScale's and the adaptive batch's tables on the first task, beside the study's
-    fixed-batch recipes; written to ``adascale.md`` and ``adaptive.md``."""
+    """AdaScale's and the adaptive batch's tables on the first task (the adaptive batch as
+    study v2 ran it, then revisited), beside the study's fixed-batch recipes; written to
+    ``adascale.md`` and ``adaptive.md``."""
     study = pd.read_csv(STUDY_DIR / "results.csv")
     accuracy = target_accuracy(study)
-    rows, adaptive = (
+    rows, adaptive, revisited = (
         measured(
             out / f"{name}.csv",
             lambda n=name: run_rows(FIRST, STUDY_DIR / f"{n}.yaml", runs, accuracy),
         )
-        for name in ("adascale", "adaptive")
+        for name in ("adascale", "adaptive", "adaptive_v2")
     )
     batches = set(rows.global_batch) | {BASE_BATCH}
     fixed = study[study.method.isin(LABELS) & study.global_batch.isin(batches)]
     fixed = fixed[(fixed.method != "lars_sqrt") | (fixed.global_batch > BASE_BATCH)]
     fit = calibrated(FIRST)
     shown = table(FIRST, rows, fixed, fit, accuracy) + "\n\n" + fitted(FIRST, fit)
-    grown = adaptive_table(FIRST, adaptive, rows, accuracy)
+    grown = adaptive_table(FIRST, pd.concat([adaptive, revisited]), rows, accuracy)
     (out / "adascale.md").write_text(shown + "\n")
     (out / "adaptive.md").write_text(grown + "\n")
     return shown + "\n\n" + grown

@@ -56,6 +56,35 @@ def test_the_decision_rule_against_a_table(b_simple, current, expected):
     assert next_batch(b_simple, current, 64, 1024) == expected
 
 
+@pytest.mark.parametrize(
+    "b_simple, current, aim, hysteresis, expected",
+    [
+        (100.0, 128, 3.5, 0.0, 256),  # aims at 350: up
+        (40.0, 256, 3.5, 0.0, 128),  # aims at 140, below 192
+        (40.0, 256, 3.5, 0.5, 128),  # 140 is below 0.625 x 256 = 160 too
+        (50.0, 256, 3.5, 0.5, 256),  # 175: past the midpoint 192, not past 160
+        (250.0, 128, 1.0, 1.0, 128),  # up only at 256 itself
+        (256.0, 128, 1.0, 1.0, 256),
+        (70.0, 128, 1.0, 1.0, 128),  # down only at 64 itself (70 < 96 would halve it at 0)
+        (63.0, 128, 1.0, 1.0, 64),
+        (1e5, 512, 2.0, 0.5, 1024),  # still at most doubled, at most max
+        (1e5, 1024, 2.0, 0.5, 1024),
+    ],
+)
+def test_the_aim_and_the_hysteresis_against_a_table(b_simple, current, aim, hysteresis, expected):
+    assert next_batch(b_simple, current, 64, 1024, aim, hysteresis) == expected
+
+
+def test_hysteresis_stops_a_noisy_b_simple_at_a_midpoint_moving_the_batch_back_and_forth():
+    readings = [200.0, 185.0] * 5  # either side of 192, the midpoint of 128 and 256
+    for hysteresis, expected in ((0.0, [256, 128] * 5), (0.5, [128] * 10)):
+        batch, batches = 128, []
+        for b_simple in readings:
+            batch = next_batch(b_simple, batch, 16, 4096, 1.0, hysteresis)
+            batches.append(batch)
+        assert batches == expected
+
+
 def test_the_power_of_two_is_the_nearest_one_for_every_b_simple():
     """From the nearest power itself, so that the 2x window still offers both neighbours."""
     powers = 2 ** np.arange(14)
@@ -168,6 +197,8 @@ def test_what_the_adaptive_batch_cannot_do_is_refused_naming_the_field(change, f
         (["batch.adaptive.min=24"], "power of two"),
         (["batch.adaptive.max=8", "batch.adaptive.min=16"], "min=16 must be at most max=8"),
         (["batch.adaptive.every_epochs=0"], "every_epochs"),
+        (["batch.adaptive.aim=0"], "aim"),
+        (["batch.adaptive.hysteresis=1.5"], "hysteresis"),
     ],
 )
 def test_bad_adaptive_fields_are_named(change, message):

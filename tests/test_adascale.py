@@ -84,6 +84,24 @@ def test_one_worker_logs_what_the_numpy_model_of_adascale_computes(one_worker):
     assert run.meta()["total_steps"] == 2 * NUM_TRAIN // 32  # progress counts τ
 
 
+def test_one_worker_measures_the_noise_on_the_extra_batch_it_is_given(tmp_path):
+    """``logging.noise_scale_batch=64``: halves of 32 of a fresh batch of 64, not of the
+    step's 256, in the events and in the gain the numpy model recomputes from them."""
+    from toolkit.plan import RunPlan
+    from toolkit.train import train
+
+    config = from_mapping(ADASCALE, ["logging.noise_scale_batch=64"])
+    run = train(config, tmp_path, verbose=0)
+    events = read_events(run.events_path)
+    gns = events[events.phase == "gns"]
+    assert (gns.b_small == 32).all() and (gns.b_big == 64).all()
+    check_against_the_model(events, b_small=32, b_big=64)
+    with pytest.raises(ConfigError, match="logging.noise_scale_batch needs workers 1"):
+        from_mapping(ADASCALE, ["logging.noise_scale_batch=64", "workers=2"])
+    with pytest.raises(ConfigError, match="noise_scale_batch=8192 is larger than the 4000"):
+        RunPlan.of(from_mapping(ADASCALE, ["logging.noise_scale_batch=8192"]), NUM_TRAIN)
+
+
 def test_an_adascale_run_ends_with_a_checkpoint_at_its_last_update(one_worker):
     run, events = one_worker
     last_step = int(events[events.phase == "train"].step.max())

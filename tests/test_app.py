@@ -302,12 +302,17 @@ def test_the_launch_form_sets_an_adaptive_batch(root, launches):
     by_label(at.number_input, "Smallest global batch").set_value(48).run()
     assert any("power of two" in e.value for e in at.error)
     by_label(at.number_input, "Smallest global batch").set_value(32)
-    by_label(at.number_input, "Largest global batch").set_value(512).run()
+    by_label(at.number_input, "Largest global batch").set_value(512)
+    by_label(at.number_input, "Hysteresis").set_value(1.5).run()
+    assert any("hysteresis" in e.value for e in at.error)
+    by_label(at.number_input, "Hysteresis").set_value(0.5)
+    by_label(at.number_input, "Aim (× the noise scale)").set_value(3.5).run()
     assert not at.error
     by_label(at.button, "Launch").click().run()
     ((config, _),) = launches
     assert config.batch.adaptive.min == 32 and config.batch.adaptive.max == 512
     assert config.batch.adaptive.every_epochs == 1
+    assert config.batch.adaptive.aim == 3.5 and config.batch.adaptive.hysteresis == 0.5
 
 
 def test_launch_labels_are_plain_words_with_the_field_name_as_help(root, launches):

@@ -222,6 +222,7 @@ def test_one_worker_halves_agree_with_two_workers_within_their_spread(
         ("logging.noise_scale_every_steps=2.5", "logging.noise_scale_every_steps: Input should"),
         ("logging.noise_scale_smoothing=1", "logging.noise_scale_smoothing: Input should be less"),
         ("logging.noise_scale_smoothing=-0.1", "logging.noise_scale_smoothing: Input should be"),
+        ("logging.noise_scale_batch=1", "logging.noise_scale_batch: Input should be greater"),
     ],
 )
 def test_bad_noise_scale_settings_are_config_errors_naming_the_field(override, message):

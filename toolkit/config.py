@@ -196,14 +196,28 @@ class ScheduleConfig(Component):
 
 class AdaptiveBatchConfig(_Section):
     """An adaptive global batch (:mod:`toolkit.scaling.adaptive_batch`): it starts at ``min`` and,
-    at the start of every ``every_epochs``-th epoch, becomes the power of two nearest the
-    measured ``B_simple``, within ``[min, max]`` and at most 2x from the last. Both are powers
-    of two; each worker's batch per step stays ``batch.per_worker``, and local accumulation
-    makes up the rest."""
+    at the start of every ``every_epochs``-th epoch, moves towards ``aim`` times the measured
+    ``B_simple`` (the power of two nearest it, or with ``hysteresis`` only once it is well past
+    the midpoint), within ``[min, max]`` and at most 2x from the last. Both are powers of two;
+    each worker's batch per step stays ``batch.per_worker``, and local accumulation makes up
+    the rest."""
 
     min: int = Field(ge=1, description="the first and smallest global batch (a power of two)")
     max: int = Field(ge=1, description="the largest global batch (a power of two)")
     every_epochs: int = Field(1, ge=1, description="epochs between two decisions")
+    aim: float = Field(
+        1.0,
+        gt=0,
+        description="the batch aims at aim x B_simple (1: the noise scale; the task's "
+        "B_crit/B_simple, which calibrate prints: the critical batch)",
+    )
+    hysteresis: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="how far past the midpoint to the next power of two the aim must go "
+        "before the batch moves (0: the nearest power; 1: only once it reaches it)",
+    )
 
     @field_validator("min", "max")
     @classmethod
@@ -248,8 +262,9 @@ class LoggingConfig(_Section):
     """Event intervals. The gradient noise scale (``gns`` events) is measured every
     ``noise_scale_every_steps`` optimizer updates (0: off): in the allreduce hook with more than
     one worker (nearly free), from two halves of an extra batch with one worker (one extra
-    forward and backward pass per measurement). ``auto``: every 25 updates in the allreduce
-    hook, every 100 with one worker (:data:`toolkit.plan.NOISE_SCALE_AUTO`)."""
+    forward and backward pass per measurement; ``noise_scale_batch`` examples, by default a
+    step's). ``auto``: every 25 updates in the allreduce hook, every 100 with one worker
+    (:data:`toolkit.plan.NOISE_SCALE_AUTO`)."""
 
     every_steps: int = Field(10, ge=1, description="train event interval")
     trust_ratio_every_steps: int = Field(50, ge=1, description="LARS/LBSGD-lars ratio interval")
@@ -260,6 +275,12 @@ class LoggingConfig(_Section):
     )
     noise_scale_smoothing: float = Field(
         0.95, ge=0, lt=1, description="EMA decay of the noise scale's |G|² and tr(Σ)"
+    )
+    noise_scale_batch: int | None = Field(
+        None,
+        ge=2,
+        description="one worker: the extra batch the noise scale (and AdaScale's gain) is "
+        "measured on, as two halves (default: batch.per_worker; larger: less noise, more cost)",
     )
     system_every_events: int = Field(
         5, ge=0, description="workers' CPU, memory and GPU: the first and every n-th train event"

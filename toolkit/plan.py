@@ -51,14 +51,14 @@ def shard_size(num_examples: int, num_shards: int = 1) -> int:
     return num_examples // num_shards
 
 
-def noise_batches(per_worker: int, world_size: int, global_batch: int) -> tuple[int, int]:
+def noise_batches(measured: int, world_size: int, global_batch: int) -> tuple[int, int]:
     """The two batch sizes ``(b_small, b_big)`` the gradient noise scale is measured at: each
     worker's examples per update and the global batch with several workers (the allreduce
-    hook); two halves of a per-worker batch with one
+    hook); two halves of an extra batch of ``measured`` examples with one
     (:class:`~toolkit.training.callbacks.HalfBatchNorms`)."""
     if world_size > 1:
         return global_batch // world_size, global_batch
-    half = per_worker // 2
+    half = measured // 2
     return half, 2 * half
 
 
@@ -92,6 +92,9 @@ class Scale:
     noise_in_allreduce: bool
     """Whether the noise scale is measured in the allreduce hook (several workers, or an
     elastic run, which may grow) rather than from two halves of an extra batch."""
+    noise_batch: int
+    """That extra batch's examples otherwise: ``logging.noise_scale_batch``, else
+    :attr:`per_worker`."""
 
     @classmethod
     def of(cls, config: ExperimentConfig, world_size: int | None = None) -> Scale:
@@ -113,7 +116,7 @@ class Scale:
     def noise_batches(self) -> tuple[int, int]:
         """The two batch sizes the noise scale is measured at, as the run starts
         (:func:`noise_batches`)."""
-        return noise_batches(self.per_worker, self.world_size, self.global_batch)
+        return noise_batches(self.noise_batch, self.world_size, self.global_batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,6 +304,7 @@ def _scale_fields(config: ExperimentConfig, world_size: int) -> dict[str, Any]:
         "warmup_multiplier": multiplier,
         "noise_every": noise_every,
         "noise_in_allreduce": hooked,
+        "noise_batch": config.logging.noise_scale_batch or per_worker,
     }
 
 
@@ -316,6 +320,11 @@ def _steps_per_epoch(config: ExperimentConfig, num_train: int, scale: dict[str, 
         raise ConfigError(
             f"batch.per_worker={per_worker} is larger than each of the "
             f"{world} workers' {shard_size(num_train, world)} training examples"
+        )
+    if scale["noise_batch"] > num_train:
+        raise ConfigError(
+            f"logging.noise_scale_batch={scale['noise_batch']} is larger than the {num_train} "
+            "training examples"
         )
     if adaptive := config.batch.adaptive:
         most = scale["most_steps_per_update"]
@@ -354,6 +363,7 @@ def check(config: ExperimentConfig) -> None:
         _elastic_fits,
         _slurm_fits,
         _adascale_fits,
+        _noise_batch_fits,
         _enough_slots,
     ):
         rule(config)
@@ -387,6 +397,19 @@ def _refuse_first(what: str, refusals) -> None:
     for refused, why in refusals:
         if refused:
             raise ConfigError(f"{what} needs {why}")
+
+
+def _noise_batch_fits(config: ExperimentConfig) -> None:
+    """The extra batch is one worker's way to measure the noise; several workers measure it
+    in the allreduce, between their own batches."""
+    if config.logging.noise_scale_batch is not None and (
+        config.workers > 1 or config.elastic is not None
+    ):
+        raise ConfigError(
+            "logging.noise_scale_batch needs workers 1 and no elastic section (got workers "
+            f"{config.workers}): several workers measure the noise scale in the allreduce, at "
+            "their own batches"
+        )
 
 
 def _one_accumulation(config: ExperimentConfig) -> None:

@@ -84,7 +84,9 @@ def setup_line(frame) -> str:
     batch = f"global batch {scale.global_batch:,}"
     if adaptive := config.batch.adaptive:
         every = "every epoch" if adaptive.every_epochs == 1 else f"every {adaptive.every_epochs}"
-        batch = f"adaptive global batch {adaptive.min:,} to {adaptive.max:,} ({every})"
+        aim = f", aiming at {adaptive.aim:g} × B_simple" if adaptive.aim != 1 else ""
+        steady = f", hysteresis {adaptive.hysteresis:g}" if adaptive.hysteresis else ""
+        batch = f"adaptive global batch {adaptive.min:,} to {adaptive.max:,} ({every}{aim}{steady})"
     return (
         f"{config.optimizer.name} · {batch} on "
         f"{config.workers} worker{'s' * (config.workers != 1)} · {rate} · {schedule} · "

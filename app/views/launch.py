@@ -304,7 +304,7 @@ with st.container(border=True):
             help="the global batch follows the measured noise scale B_simple (powers of two), "
             "by local accumulation of per-worker batches",
         )
-        cells = st.columns(3)
+        cells = st.columns(5)
         adaptive = {}
         with cells[0]:
             adaptive["min"] = number(
@@ -317,6 +317,22 @@ with st.container(border=True):
         with cells[2]:
             adaptive["every_epochs"] = number(
                 "Decide every (epochs)", "batch.adaptive.every_epochs", "AdaptiveBatchConfig"
+            )
+        with cells[3]:
+            adaptive["aim"] = number(
+                "Aim (× the noise scale)",
+                "batch.adaptive.aim",
+                "AdaptiveBatchConfig",
+                help="1 follows the noise scale; your task's B_crit / B_simple (calibrate "
+                "prints it) aims at the critical batch",
+            )
+        with cells[4]:
+            adaptive["hysteresis"] = number(
+                "Hysteresis",
+                "batch.adaptive.hysteresis",
+                "AdaptiveBatchConfig",
+                help="0: the power of two nearest the aim; up to 1: the aim must go that far "
+                "past the midpoint to the next power before the batch moves",
             )
         slots.add("batch.adaptive")
         if adaptive_on:

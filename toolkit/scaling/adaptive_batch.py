@@ -2,9 +2,11 @@
 
 McCandlish et al. (2018) find the efficient batch near the gradient noise scale, which grows as
 the loss falls; AdaptDL/Pollux (OSDI 2021) grow the batch while training. Here, at the start of
-every ``every_epochs``-th epoch, the global batch becomes the power of two nearest the smoothed
-``B_simple`` (:func:`next_batch`), and AdaScale's gain (:mod:`toolkit.scaling.adascale`) sets the
-learning rate for whatever batch that is.
+every ``every_epochs``-th epoch, the global batch moves a power of two towards ``aim`` times the
+smoothed ``B_simple`` (:func:`next_batch`: the nearest power, or with hysteresis only once the
+aim is well past the midpoint), and AdaScale's gain (:mod:`toolkit.scaling.adascale`) sets the
+learning rate for whatever batch that is. ``aim`` 1 follows the noise scale; a task's
+``B_crit / B_simple`` (``python -m toolkit calibrate`` measures it) aims at the critical batch.
 
 The batch changes by *local accumulation*: each worker still takes one batch of ``per_worker``
 examples per step, through the same compiled step, and an update sums ``k`` steps' gradients
@@ -28,26 +30,44 @@ import tensorflow as tf
 from toolkit.plan import Scale, noise_batches
 
 
-def next_batch(b_simple: float, current: int, smallest: int, largest: int) -> int:
-    """The global batch after a decision: the power of two nearest ``b_simple`` (a tie goes to
-    the larger), clipped to ``[smallest, largest]`` and to at most a factor of 2 from
-    ``current``. A ``b_simple`` that is not a positive finite number (no signal measured
-    yet, or noise estimated below zero) keeps ``current``."""
+def next_batch(
+    b_simple: float,
+    current: int,
+    smallest: int,
+    largest: int,
+    aim: float = 1.0,
+    hysteresis: float = 0.0,
+) -> int:
+    """The global batch after a decision, aimed at ``aim · b_simple``: twice ``current`` once
+    the aim is ``(1.5 + hysteresis / 2)·current`` or more, half ``current`` below
+    ``(0.75 − hysteresis / 4)·current``, else ``current``; clipped to ``[smallest, largest]``.
+    ``hysteresis`` (0 to 1) is how far past the midpoint to the neighbouring power of two the
+    aim must go, as a fraction of the way: 0 is the power of two nearest the aim (a tie goes
+    to the larger), at most a factor of 2 from ``current``; 1 moves only once the aim has
+    reached the neighbour (``2·current`` up, ``current / 2`` down), so a noisy ``b_simple``
+    near a midpoint does not move the batch back and forth. A ``b_simple`` that is not a
+    positive finite number (no signal measured yet, or noise estimated below zero) keeps
+    ``current``."""
     if not math.isfinite(b_simple) or b_simple <= 0:
         return current
-    below = 2 ** math.floor(math.log2(b_simple))
-    nearest = 2 * below if b_simple - below >= 2 * below - b_simple else below
-    return min(max(nearest, smallest, current // 2), largest, current * 2)
+    target = aim * b_simple
+    if target >= (1.5 + hysteresis / 2) * current:
+        batch = 2 * current
+    elif target < (0.75 - hysteresis / 4) * current:
+        batch = current // 2
+    else:
+        batch = current
+    return min(max(batch, smallest), largest)
 
 
 def follow(b_simple: float, accumulation: Accumulation, adascale, adaptive, step: int) -> bool:
     """Decide the batch at ``step`` (an epoch's start, which ends an update) from the averaged
-    ``b_simple`` by :func:`next_batch` within ``adaptive``'s bounds (a
+    ``b_simple`` by :func:`next_batch` with ``adaptive``'s bounds, aim and hysteresis (a
     :class:`~toolkit.config.AdaptiveBatchConfig`); if it changes, the ``accumulation`` and
     ``adascale``'s scale and noise batches follow from the next update on. Returns whether it
     changed."""
     was = accumulation.global_batch
-    batch = next_batch(b_simple, was, adaptive.min, adaptive.max)
+    batch = next_batch(b_simple, was, adaptive.min, adaptive.max, adaptive.aim, adaptive.hysteresis)
     if batch != was:
         accumulation.switch(step, batch)
         adascale.rescale(batch, *accumulation.noise_batches())
@@ -65,12 +85,19 @@ class Accumulation:
     (:attr:`variables`), so a resumed run counts on from where it stopped; host reads (every
     step, by the callbacks) use a copy, which :meth:`reload` takes from the variable once it is
     assigned from outside (a restored checkpoint). ``adaptive``: whether the batch may change
-    (its events then say which it is)."""
+    (its events then say which it is); ``noise_batch``: one worker's extra batch for the noise
+    scale (default ``per_worker``)."""
 
     def __init__(
-        self, per_worker: int, world: int, steps_per_update: int = 1, adaptive: bool = False
+        self,
+        per_worker: int,
+        world: int,
+        steps_per_update: int = 1,
+        adaptive: bool = False,
+        noise_batch: int | None = None,
     ):
         self.per_worker, self.world, self.adaptive = int(per_worker), int(world), adaptive
+        self.noise_batch = int(noise_batch or per_worker)
         self._current = (0, int(steps_per_update), 0)
         self.stretch = tf.Variable(
             self._current, dtype=tf.int64, trainable=False, name="batch_plan"
@@ -80,7 +107,9 @@ class Accumulation:
     @classmethod
     def starting(cls, plan: Scale) -> Accumulation:
         """The accumulation a run with ``plan`` starts with (an adaptive batch's first)."""
-        return cls(plan.per_worker, plan.world_size, plan.steps_per_update, plan.adaptive)
+        return cls(
+            plan.per_worker, plan.world_size, plan.steps_per_update, plan.adaptive, plan.noise_batch
+        )
 
     def reload(self) -> None:
         """Take the stretch from its variable, after a checkpoint (or a broadcast) set it."""
@@ -102,7 +131,7 @@ class Accumulation:
     def noise_batches(self) -> tuple[int, int]:
         """The two batch sizes ``(b_small, b_big)`` the noise scale is measured at now
         (:func:`toolkit.plan.noise_batches`)."""
-        return noise_batches(self.per_worker, self.world, self.global_batch)
+        return noise_batches(self.noise_batch, self.world, self.global_batch)
 
     def updates(self, step: int) -> float:
         """Updates done after ``step`` steps, counting a part-accumulated one as its fraction

@@ -270,7 +270,7 @@ class Trainer:
         # none with one worker of an elastic run: its hook has one gradient; one worker's under
         # AdaScale), else from two half batches
         if meter is None:
-            measurable = plan.per_worker >= 2
+            measurable = plan.noise_batch >= 2
         else:
             measurable = plan.world_size > 1 or isinstance(meter, callbacks.HalfBatchMeter)
         if writer and plan.noise_every and measurable:
@@ -293,8 +293,9 @@ class Trainer:
         return hooks, writer
 
     def _half_batches(self, plan: RunPlan) -> callbacks.HalfBatchNorms:
-        """One worker's noise measurement: two halves of a fresh per-worker batch."""
-        half = plan.per_worker // 2
+        """One worker's noise measurement: two halves of a fresh batch of
+        :attr:`~toolkit.plan.Scale.noise_batch` examples."""
+        half = plan.noise_batch // 2
         return callbacks.HalfBatchNorms(
             self.dataset.x_train, self.dataset.y_train, half, self.config.seed
         )
@@ -394,9 +395,10 @@ class Trainer:
                     b_simple, self.accumulation, self.adascale, adaptive, step
                 )
                 if changed and distributed.is_rank0():
+                    aimed = f", aim {adaptive.aim * b_simple:,.0f}" if adaptive.aim != 1 else ""
                     print(
                         f"epoch {epoch + 1}: global batch {was} -> "
-                        f"{self.accumulation.global_batch} (B_simple {b_simple:,.0f})",
+                        f"{self.accumulation.global_batch} (B_simple {b_simple:,.0f}{aimed})",
                         flush=True,
                     )
             end = min(last, epoch - epoch % every + every)
