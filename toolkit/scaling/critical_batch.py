@@ -214,7 +214,10 @@ class Calibration:
 
     def table(self) -> str:
         """Every target's fit as a text table: ``S_min``, ``B_crit`` and ``B_simple`` with their
-        bands, and their ratio (the factor a probe's ``B_simple`` would be multiplied by)."""
+        bands, and their ratio: ``B_simple`` is read on the runs near the target, as a run's
+        own noise meter reads it, so the ratio is the ``batch.adaptive.aim`` that aims an
+        adaptive batch at the critical batch (a probe's early reading needs the larger factor
+        of :data:`toolkit.launching.probe.CALIBRATION`)."""
 
         def banded(fit: dict, name: str) -> str:
             low, high = fit[f"{name}_band"]
