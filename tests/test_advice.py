@@ -55,17 +55,23 @@ def test_adascale_at_the_base_batch_is_told_it_does_nothing():
 
 
 def test_compression_on_the_small_cnn_quotes_the_communication_study_for_its_optimizer():
-    def measured(csv: str, *modes: str) -> list[str]:
-        accuracy = pd.read_csv(ROOT / "experiments/comm_study" / csv).groupby("mode")
+    def measured(csv: str, *modes: str, epochs: int = 20) -> list[str]:
+        rows = pd.read_csv(ROOT / "experiments/comm_study" / csv)
+        accuracy = rows[rows.epochs == epochs].groupby("mode")
         return [spread(accuracy.final_accuracy.get_group(mode)) for mode in modes]
 
     lars = measured("dgc_quickstart.csv", "dense", "topk 1%", "topk 1%, DGC", "2bit ±0.01")
     sgd = measured("cross_quickstart.csv", "dense", "topk 1%", "topk 1%, DGC")
+    longer = measured("cross_quickstart.csv", "dense", "topk 1%", "topk 1%, DGC", epochs=60)
     (finding,) = advice.warnings(quickstart("allreduce.compression=topk"))
     assert finding.startswith("allreduce.compression=topk on the 1-D CNN")
     assert f"with lars: {lars[0]} dense; topk 1% {lars[1]}" in finding
     assert f"DGC's techniques {lars[2]}; 2bit (threshold 0.01) {lars[3]}" in finding
-    assert "with sgd" not in finding and "not the optimizer's" in finding
+    assert "with sgd:" not in finding and "not the optimizer's" in finding
+    assert (
+        f"(60 epochs, sgd) {longer[0]} dense; topk 1% {longer[1]}, with DGC's techniques "
+        f"{longer[2]}" in finding
+    )
     ten, dense = measured("runs.csv", "topk 10%", "dense")  # the v1 study's: what held
     assert f"topk 10% held on it (LARS: {ten} against {dense} dense" in finding
     sgd_config = "optimizer={name: sgd, learning_rate: 0.1, params: {momentum: 0.9}}"
