@@ -402,14 +402,18 @@ def _refuse_first(what: str, refusals) -> None:
 def _noise_batch_fits(config: ExperimentConfig) -> None:
     """The extra batch is one worker's way to measure the noise; several workers measure it
     in the allreduce, between their own batches."""
-    if config.logging.noise_scale_batch is not None and (
-        config.workers > 1 or config.elastic is not None
-    ):
-        raise ConfigError(
-            "logging.noise_scale_batch needs workers 1 and no elastic section (got workers "
-            f"{config.workers}): several workers measure the noise scale in the allreduce, at "
-            "their own batches"
-        )
+    if config.logging.noise_scale_batch is None:
+        return
+    _refuse_first(
+        "logging.noise_scale_batch",
+        (
+            (
+                config.workers > 1 or config.elastic is not None,
+                f"workers 1 and no elastic section (got workers {config.workers}): several "
+                "workers measure the noise scale in the allreduce, at their own batches",
+            ),
+        ),
+    )
 
 
 def _one_accumulation(config: ExperimentConfig) -> None:
