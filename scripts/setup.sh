@@ -190,19 +190,23 @@ if [[ "$(version_of horovod)" != "$HOROVOD_VERSION" || "$(cat "$hstamp" 2>/dev/n
   echo "$hwant" >"$hstamp"
 fi
 
-# --- The toolkit's fused optimizer kernels ----------------------------------------------------
-# toolkit/optimizers/fused_kernels.cc is a TensorFlow custom-op library (CPU kernels), compiled
-# against the TensorFlow in the venv next to its source; rebuilt when either changes (seconds).
-kernels_src="$ROOT/toolkit/optimizers/fused_kernels.cc"
-kernels_lib="${kernels_src%.cc}.so"
+# --- The toolkit's fused kernels ---------------------------------------------------------------
+# One TensorFlow custom-op library (CPU kernels) from two sources: the optimizers' momentum steps
+# and trust ratio (toolkit/optimizers/fused_kernels.cc) and the compressed allreduce's codecs
+# (toolkit/parallel/codec_kernels.cc), compiled against the TensorFlow in the venv into
+# toolkit/optimizers/fused_kernels.so; rebuilt when a source or TensorFlow changes (seconds).
+# No -march and no FP contraction: the kernels must do the float operations the unfused
+# TensorFlow ops do, bit for bit.
+kernels_srcs=("$ROOT/toolkit/optimizers/fused_kernels.cc" "$ROOT/toolkit/parallel/codec_kernels.cc")
+kernels_lib="$ROOT/toolkit/optimizers/fused_kernels.so"
 kstamp="$VENV/.lbl-kernels"
-kwant="$(sha1sum <"$kernels_src" | cut -c1-12), tensorflow $tf_version"
+kwant="$(cat "${kernels_srcs[@]}" | sha1sum | cut -c1-12), tensorflow $tf_version"
 if [[ ! -f "$kernels_lib" || "$(cat "$kstamp" 2>/dev/null)" != "$kwant" ]]; then
-  say "compiling the fused optimizer kernels (toolkit/optimizers/fused_kernels.cc)"
+  say "compiling the fused kernels (${kernels_srcs[*]#"$ROOT/"})"
   read -r -a tf_flags < <(TF_CPP_MIN_LOG_LEVEL=3 "$PY" -c \
     'import tensorflow as tf; print(*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags())')
-  g++ -O3 -shared -fPIC "$kernels_src" -o "$kernels_lib.tmp" "${tf_flags[@]}" \
-    || die "compiling $kernels_src failed (see above); it needs g++ (apt-get install g++)."
+  g++ -O3 -ffp-contract=off -shared -fPIC "${kernels_srcs[@]}" -o "$kernels_lib.tmp" "${tf_flags[@]}" \
+    || die "compiling the fused kernels failed (see above); it needs g++ (apt-get install g++)."
   mv "$kernels_lib.tmp" "$kernels_lib"
   echo "$kwant" >"$kstamp"
 fi

@@ -52,6 +52,15 @@
   norm (of ``g``, after local clipping; not of the velocity), as ``sqrt`` of the workers' mean
   ``‖g‖²`` (one vector in the same allreduce): LARS's trust ratio under sparsity.
 
+  **Fused kernels.** On a CPU with the toolkit's kernel library built (``codec_kernels.cc``,
+  compiled by ``scripts/setup.sh``), a bucket is encoded in one pass over its gradients,
+  velocities and residuals (momentum, residual add, selection, residual and mask update,
+  values and indices or 2-bit words written straight out), and the gathered payloads are
+  decoded in one pass into the averaged gradients, with the same float operations in the same
+  order as the TensorFlow ops written here, which stay the fallback and the tests' oracle (bit
+  for bit). Exact top-k (no ``topk_sample``) keeps TensorFlow's ``top_k`` to choose its
+  entries; its decode is fused.
+
   Residuals and velocities are training state, and per worker: :meth:`CompressedAllreduce.state`
   and :meth:`CompressedAllreduce.restore` carry them through a checkpoint (training gathers
   every worker's into it), and :func:`reshard_residuals` deals the workers' state out to another
@@ -74,10 +83,20 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit.communication import SPARSE, VALUE_DTYPES
+from toolkit.optimizers import kernels
 from toolkit.optimizers.schedules import value_at
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 Residuals = list[list[np.ndarray]]  # per worker, in rank order: that worker's state
+
+
+def fused_codecs():
+    """The fused codec kernels (``codec_kernels.cc`` in the toolkit's kernel library), or
+    ``None`` where they do not run: the library not built, or a GPU, where the gradients stay."""
+    library = kernels.fused_ops()
+    if library is None or tf.config.list_logical_devices("GPU"):
+        return None
+    return library
 
 
 class Traffic:
@@ -213,6 +232,33 @@ class Sparse:
         values, index = payload
         return tf.size(values, tf.int64) * (values.dtype.size + index.dtype.size)
 
+    def fuses(self, entries: int) -> bool:
+        """Whether a bucket of ``entries`` is encoded by the fused kernel: a threshold, or a
+        top-k read off a sample (exact top-k keeps ``tf.math.top_k``)."""
+        return self.mode == "threshold" or 1 < self.stride <= entries
+
+    def encode_fused(self, library, state: dict, entries: int, update, index_dtype):
+        """The payload of :meth:`encode` for the bucket ``state`` describes, from the fused
+        kernel, which also updates the bucket's velocities and residuals."""
+        sampled = self.mode == "topk"
+        k = self._k(-(-entries // self.stride), update) if sampled else 0
+        return tuple(
+            library.sparse_encode(
+                **state,
+                threshold=self.threshold,
+                k=k,
+                stride=self.stride if sampled else 0,
+                value_dtype=self.wire,
+                index_dtype=index_dtype,
+            )
+        )
+
+    @staticmethod
+    def decode_mean_fused(library, payload, shapes: list, workers) -> list[tf.Tensor]:
+        """The mean over ``workers`` of the gathered ``payload``, as tensors of ``shapes``."""
+        values, index = payload
+        return library.sparse_decode_mean(values, index, workers, N=len(shapes), shapes=shapes)
+
     def _select(self, flat, update):
         """The positions of ``flat`` this worker sends."""
         magnitude = tf.abs(flat)
@@ -220,13 +266,12 @@ class Sparse:
             return tf.where(magnitude >= self.threshold)[:, 0]
         if self.stride > 1 and flat.shape.num_elements() >= self.stride:
             sample = magnitude[:: self.stride]
-            kth = tf.math.top_k(sample, self._k(sample, update), sorted=True).values[-1]
+            kth = tf.math.top_k(sample, self._k(sample.shape[0], update), sorted=True).values[-1]
             return tf.where(magnitude >= kth)[:, 0]
-        return tf.math.top_k(magnitude, self._k(flat, update), sorted=False).indices
+        return tf.math.top_k(magnitude, self._k(flat.shape[0], update), sorted=False).indices
 
-    def _k(self, tensor, update):
-        """How many of ``tensor``'s entries to take at ``update`` (0-based)."""
-        n = tensor.shape.num_elements()
+    def _k(self, n: int, update):
+        """How many of ``n`` entries to take at ``update`` (0-based)."""
         counts = [max(1, math.ceil(d * n)) for d in self.densities()]
         if len(counts) == 1:
             return counts[0]
@@ -291,8 +336,21 @@ class TwoBit:
         (words,) = payload
         return tf.size(words, tf.int64) * 4
 
+    @staticmethod
+    def fuses(entries: int) -> bool:
+        return True
 
-Codec = Sparse | TwoBit  # each: encode, left, unsent, decode_sum, nbytes
+    def encode_fused(self, library, state: dict, entries: int, update, index_dtype):
+        return (library.two_bit_encode(**state, threshold=self.threshold),)
+
+    def decode_mean_fused(self, library, payload, shapes: list, workers) -> list[tf.Tensor]:
+        (words,) = payload
+        return library.two_bit_decode_mean(
+            words, self.threshold, workers, N=len(shapes), shapes=shapes
+        )
+
+
+Codec = Sparse | TwoBit  # each: encode, left, unsent, decode_sum, nbytes, and fused forms
 
 
 class CompressedAllreduce:
@@ -304,8 +362,9 @@ class CompressedAllreduce:
     worker, both are the identity. ``workers`` is a number, or a function that gives it as the
     step runs (Horovod's ``size_op``, in an elastic run whose workers come and go). ``updates``
     is the number of updates done (the optimizer's ``iterations``), read by the sparsity
-    warm-up and a ``momentum`` schedule. Call it with this worker's gradients, in the same
-    order every step; its state is created on the first call."""
+    warm-up and a ``momentum`` schedule. ``fused=False`` keeps to the TensorFlow ops where the
+    fused kernels would run (the oracle they are checked against). Call it with this worker's
+    gradients, in the same order every step; its state is created on the first call."""
 
     def __init__(
         self,
@@ -323,6 +382,7 @@ class CompressedAllreduce:
         fusion_threshold_bytes: int = 64 * 2**20,
         traffic: Traffic | None = None,
         on_dense_norms: Callable[[list[tf.Tensor]], None] | None = None,
+        fused: bool = True,
     ):
         if fusion_threshold_bytes < 1:
             raise ValueError(f"fusion threshold must be >= 1 byte, got {fusion_threshold_bytes}")
@@ -337,7 +397,7 @@ class CompressedAllreduce:
         self.residual, self.momentum, self.masking = residual, momentum, masking
         self.local_clipnorm, self.dense_1d = local_clipnorm, dense_1d
         self.fusion_threshold_bytes = fusion_threshold_bytes
-        self.traffic, self.on_dense_norms = traffic, on_dense_norms
+        self.traffic, self.on_dense_norms, self.fused = traffic, on_dense_norms, fused
         self.residuals: list[tf.Variable] | None = None
         self.velocities: list[tf.Variable] = []
         self._restored: list[np.ndarray] | None = None
@@ -352,13 +412,21 @@ class CompressedAllreduce:
         workers = self.workers() if callable(self.workers) else self.workers
         update = self.updates if self.updates is not None else tf.constant(0, tf.int64)
         grads = self._clipped(grads, workers)
-        inputs = self._with_momentum(grads, update)
         dense = [i for i, g in enumerate(grads) if self.dense_1d and g.shape.rank <= 1]
-        reduced = dict(zip(dense, self._dense_mean(inputs, dense, grads), strict=True))
         groups = self._buckets(grads, [i for i in range(len(grads)) if i not in dense])
-        largest = max((sum(grads[i].shape.num_elements() for i in g) for g in groups), default=0)
-        index_dtype = tf.int32 if largest < 2**31 else tf.int64  # one dtype: one allgather
-        payloads = [self._encode(inputs, group, update, index_dtype) for group in groups]
+        library = fused_codecs() if self.fused else None
+        entries = [sum(grads[i].shape.num_elements() for i in g) for g in groups]
+        fused = [library is not None and self.codec.fuses(n) for n in entries]
+        by_kernel = {i for group, f in zip(groups, fused, strict=True) if f for i in group}
+        inputs = self._with_momentum(grads, update, skip=by_kernel)
+        reduced = dict(zip(dense, self._dense_mean(inputs, dense, grads), strict=True))
+        index_dtype = tf.int32 if max(entries, default=0) < 2**31 else tf.int64  # one allgather
+        payloads = [
+            self._encode_fused(library, grads, group, n, update, index_dtype)
+            if f
+            else self._encode(inputs, group, update, index_dtype)
+            for group, n, f in zip(groups, entries, fused, strict=True)
+        ]
         gathered = [self.allgather(list(slot)) for slot in zip(*payloads, strict=True)]
         if self.traffic is not None:
             self.traffic.count_dense(grads)
@@ -367,11 +435,8 @@ class CompressedAllreduce:
             norms = len(grads) if self.on_dense_norms is not None else 0
             self.traffic.add(tf.add_n([tf.constant(4 * (dense_entries + norms), tf.int64), *own]))
         for group, payload in zip(groups, zip(*gathered, strict=True), strict=True):
-            sizes = [grads[i].shape.num_elements() for i in group]
-            total = self.codec.decode_sum(payload, sum(sizes))
-            mean = total / tf.cast(workers, total.dtype)
-            for i, part in zip(group, tf.split(mean, sizes), strict=True):
-                reduced[i] = tf.reshape(part, grads[i].shape)
+            means = self._decode_mean(library, payload, grads, group, workers)
+            reduced.update(zip(group, means, strict=True))
         return [reduced[i] for i in range(len(grads))]
 
     def state(self) -> list[np.ndarray]:
@@ -412,18 +477,19 @@ class CompressedAllreduce:
         limit = self.local_clipnorm / tf.sqrt(tf.cast(workers, tf.float32))
         return tf.clip_by_global_norm(grads, limit)[0]
 
-    def _with_momentum(self, grads, update) -> list[tf.Tensor]:
+    def _with_momentum(self, grads, update, skip: set[int]) -> list[tf.Tensor]:
         """What each gradient contributes to this update: itself, or under momentum correction
-        the new velocity ``u = m * u + g``."""
+        the new velocity ``u = m * u + g`` (except at ``skip``, where a fused kernel keeps the
+        velocity)."""
         if self.momentum is None:
             return grads
         m = value_at(self.momentum, update)
-        velocities = []
-        for velocity, g in zip(self.velocities, grads, strict=True):
-            u = tf.cast(m, g.dtype) * velocity + g
-            velocity.assign(u)
-            velocities.append(u)
-        return velocities
+        inputs = list(grads)
+        for i, (velocity, g) in enumerate(zip(self.velocities, grads, strict=True)):
+            if i not in skip:
+                inputs[i] = tf.cast(m, g.dtype) * velocity + g
+                velocity.assign(inputs[i])
+        return inputs
 
     def _dense_mean(self, inputs, dense: list[int], grads) -> list[tf.Tensor]:
         """The workers' mean of the dense variables' contributions; with ``on_dense_norms``,
@@ -454,6 +520,30 @@ class CompressedAllreduce:
                 [self.velocities[i] for i in group], self.codec.unsent(velocity, encoded)
             )
         return payload
+
+    def _encode_fused(self, library, grads, group: list[int], entries: int, update, index_dtype):
+        """:meth:`_encode`, with the momentum step, by the fused kernel."""
+        momentum = 0.0 if self.momentum is None else value_at(self.momentum, update)
+        state = {
+            "grads": [grads[i] for i in group],
+            "velocities": [self.velocities[i].handle for i in group] if self.velocities else [],
+            "residuals": [self.residuals[i].handle for i in group] if self.residual else [],
+            "momentum": tf.cast(momentum, tf.float32),
+            "masking": self.masking,
+        }
+        return self.codec.encode_fused(library, state, entries, update, index_dtype)
+
+    def _decode_mean(self, library, payload, grads, group: list[int], workers) -> list:
+        """The workers' mean of one bucket's gathered ``payload``, one tensor a gradient."""
+        shapes = [grads[i].shape for i in group]
+        if library is not None:
+            return self.codec.decode_mean_fused(
+                library, payload, shapes, tf.cast(workers, tf.int32)
+            )
+        sizes = [s.num_elements() for s in shapes]
+        total = self.codec.decode_sum(payload, sum(sizes))
+        mean = total / tf.cast(workers, total.dtype)
+        return [tf.reshape(p, s) for p, s in zip(tf.split(mean, sizes), shapes, strict=True)]
 
     @staticmethod
     def _assign_flat(variables: list[tf.Variable], flat: tf.Tensor) -> None:
