@@ -19,7 +19,8 @@ with float16 values, and Deep Gradient Compression's preset on sampled topk 0.1%
 correction and masking, local clipping, dense 1-D variables: the toolkit's SGD with momentum 0.9;
 past its warm-up), interleaved, ``--repeat`` rounds of a block of updates.
 The table gives the median time per update, its spread over rounds, and the ratio to the dense
-allreduce in the same round, with the bytes a worker sent. "selection alone" times only the
+allreduce in the same round, with the bytes a worker sent; the raw rounds go to
+``bench_allreduce[_LABEL].csv`` beside this script. "selection alone" times only the
 top-k (or threshold) selection over the flattened gradients, in one process: the number to set
 against the dense allreduce it replaces.
 """
@@ -37,7 +38,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from toolkit.launching import cluster  # noqa: E402  (after the path is set)
+from experiments import benchmark_csv  # noqa: E402  (after the path is set)
+from toolkit.launching import cluster  # noqa: E402
 from toolkit.launching import hosts as hosts_lib  # noqa: E402
 
 SHAPES = {"resnet20": ((32, 32, 3), 10), "resnet50": ((224, 224, 3), 1000)}
@@ -101,7 +103,7 @@ def at_least(flat, threshold: float):
     return tf.where(tf.abs(flat) >= threshold)
 
 
-def worker(names: list[str], repeat: int, block: int, where: str) -> None:
+def worker(names: list[str], repeat: int, block: int, where: str, label: str) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
@@ -111,7 +113,7 @@ def worker(names: list[str], repeat: int, block: int, where: str) -> None:
     from toolkit.training import models
 
     distributed.init()
-    rows = []
+    rows, raw = [], []
     for name in names:
         shape, classes = SHAPES[name]
         model = models.build(name, input_shape=shape, num_classes=classes, seed=0)
@@ -151,6 +153,12 @@ def worker(names: list[str], repeat: int, block: int, where: str) -> None:
         }
         dense = np.array(timings["dense"])
         for mode, values in timings.items():
+            raw += [
+                {"model": name, "mode": mode, "round": r, "ms": ms, "x_dense": ms / d}
+                | {"mb_sent": per_update[mode] / 1e6 if mode in per_update else None}
+                | {"link": where}
+                for r, (ms, d) in enumerate(zip(values, dense, strict=True))
+            ]
             values = np.array(values)
             rows.append(
                 (
@@ -169,6 +177,7 @@ def worker(names: list[str], repeat: int, block: int, where: str) -> None:
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for row in rows:
             print("| " + " | ".join(row) + " |")
+        benchmark_csv.save(__file__, raw, label)
 
 
 def where(hosts: str) -> str:
@@ -185,6 +194,9 @@ def main() -> int:
     parser.add_argument("--models", default="resnet20,resnet50")
     parser.add_argument("--repeat", type=int, default=5, help="rounds")
     parser.add_argument("--block", type=int, default=3, help="updates timed per round")
+    parser.add_argument(
+        "--label", default="", help="the raw CSV's suffix (bench_allreduce_LABEL.csv)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     names = args.models.split(",")
@@ -192,14 +204,14 @@ def main() -> int:
     if unknown:
         parser.error(f"--models: unknown {unknown}; choose from {sorted(SHAPES)}")
     if args.worker:
-        worker(names, args.repeat, args.block, args.where)
+        worker(names, args.repeat, args.block, args.where, args.label)
         return 0
     hosts = args.hosts or f"localhost:{args.np}"
     horovodrun = Path(sys.executable).with_name("horovodrun")
     command = [str(horovodrun), "--gloo", "-np", str(sum(hosts_lib.parse(hosts).values()))]
     command += ["-H", hosts, sys.executable, __file__, "--worker", "--models", args.models]
     command += ["--where", where(hosts)]
-    command += ["--repeat", str(args.repeat), "--block", str(args.block)]
+    command += ["--repeat", str(args.repeat), "--block", str(args.block), "--label", args.label]
     return subprocess.run(command, check=False).returncode
 
 
