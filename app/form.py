@@ -18,8 +18,10 @@ from toolkit import config as config_lib
 from toolkit import safe_yaml
 from toolkit.catalog import SCHEDULES
 from toolkit.optimizers import OPTIMIZERS
+from toolkit.parallel import cost
 from toolkit.plan import RunPlan
 from toolkit.training import data as datasets
+from toolkit.training import models
 from toolkit.training.experiment import schedule_preview
 
 # Streamlit collects garbage after every rerun; TensorFlow's ~450k long-lived objects, imported
@@ -255,3 +257,46 @@ def preview(config_yaml: str) -> tuple[pd.DataFrame, RunPlan]:
     dataset = config.dataset
     n = num_train(dataset.name, config.seed, json.dumps(dataset.params, sort_keys=True))
     return schedule_preview(config, n), RunPlan.of(config, n)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def trainable_entries(config_yaml: str) -> int:
+    """How many gradient entries the config's model averages each update."""
+    config = config_lib.from_yaml(config_yaml)
+    dataset = datasets.load(config.dataset.name, seed=config.seed, **config.dataset.params)
+    model = models.build(
+        config.model.name,
+        input_shape=dataset.input_shape,
+        num_classes=dataset.num_classes,
+        **config.model.params,
+    )
+    return sum(int(v.shape.num_elements()) for v in model.trainable_variables)
+
+
+def when_it_pays(config: config_lib.ExperimentConfig, gbit: float) -> str:
+    """One line: what averaging the config's gradients would cost an update on a ``gbit``
+    link with its workers, dense and in each encoded mode (the config's own first), from
+    :mod:`toolkit.parallel.cost`."""
+    entries = trainable_entries(config.to_yaml())
+    allreduce = config.allreduce
+    chosen = allreduce.compression
+    modes = {"dense": ("none", {}), "fp16": ("fp16", {})}
+    if chosen in ("topk", "threshold", "2bit"):
+        share = "" if chosen == "2bit" else f" {allreduce.ratio:.3g}"
+        label = f"{chosen}{share} (this config)"
+        modes[label] = (chosen, {"ratio": allreduce.ratio, "topk_sample": allreduce.topk_sample})
+    modes.setdefault("topk 1%, sampled", ("topk", {"ratio": 0.01, "topk_sample": 0.01}))
+    modes.setdefault("2bit", ("2bit", {}))
+    link = cost.Link(gbit)
+    times = {
+        label: cost.seconds_per_update(mode, entries, config.workers, link, **options)
+        for label, (mode, options) in modes.items()
+    }
+    best = min(times, key=times.get)
+    listed = " · ".join(f"{label} ≈ {t * 1e3:,.0f} ms" for label, t in times.items())
+    return (
+        f"On a {gbit:g} Gbit/s link with {config.workers} workers, averaging this model's "
+        f"{entries / 1e6:.2f}M gradients would take {listed} an update (this machine's "
+        f"memory speed and the link; the forward and backward pass come on top). "
+        f"Fastest: **{best}**."
+    )

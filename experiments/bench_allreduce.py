@@ -28,6 +28,7 @@ against the dense allreduce it replaces.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -103,6 +104,13 @@ def at_least(flat, threshold: float):
     return tf.where(tf.abs(flat) >= threshold)
 
 
+def timed(step) -> float:
+    """Milliseconds ``step()`` takes."""
+    start = time.perf_counter()
+    step()
+    return (time.perf_counter() - start) * 1e3
+
+
 def worker(names: list[str], repeat: int, block: int, where: str, label: str) -> None:
     import keras
     import numpy as np
@@ -141,7 +149,10 @@ def worker(names: list[str], repeat: int, block: int, where: str, label: str) ->
         for step in [*updates.values(), *selection.values()]:
             step()  # trace
         sent = {mode: float(t.sent.numpy()) for mode, t in traffic.items()}
+        copy_dense = functools.partial(np.copyto, np.zeros(flat.shape, np.float32), flat.numpy())
+        memcpy = []  # one pass over the dense bytes (toolkit.parallel.cost's unit): best of 5
         for _ in range(repeat):
+            memcpy.append(min(timed(copy_dense) for _ in range(5)))
             for mode, step in {**updates, **selection}.items():
                 start = time.perf_counter()
                 for _ in range(block):
@@ -156,8 +167,8 @@ def worker(names: list[str], repeat: int, block: int, where: str, label: str) ->
             raw += [
                 {"model": name, "mode": mode, "round": r, "ms": ms, "x_dense": ms / d}
                 | {"mb_sent": per_update[mode] / 1e6 if mode in per_update else None}
-                | {"link": where}
-                for r, (ms, d) in enumerate(zip(values, dense, strict=True))
+                | {"memcpy_ms": copy, "link": where}
+                for r, (ms, d, copy) in enumerate(zip(values, dense, memcpy, strict=True))
             ]
             values = np.array(values)
             rows.append(

@@ -39,6 +39,7 @@ def modes(threshold: float) -> dict[str, tuple]:
     """Each mode's codec and CompressedAllreduce options, as bench_allreduce.py runs them."""
     return {
         "topk 1%, sampled 1%": (Sparse("topk", ratio=0.01, topk_sample=0.01), {}),
+        "topk 1%, exact": (Sparse("topk", ratio=0.01), {}),
         "DGC: topk 0.1%, sampled 1%, momentum, masking": (
             Sparse("topk", ratio=0.001, topk_sample=0.01),
             {"momentum": 0.9, "masking": True},

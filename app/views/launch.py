@@ -455,6 +455,15 @@ with st.expander("Synchronisation: what the workers average, and what goes on th
         "dense_norm": dense_norm,
         "fusion_threshold_mb": fusion,
     }
+    link_gbit = st.number_input(
+        "When does it pay? Link between the hosts (Gbit/s)",
+        min_value=0.01,
+        value=1.0,
+        format="%g",
+        key="link_gbit",
+        help="the model below predicts each mode's time per update on this link",
+    )
+    pays = st.empty()  # filled once the config is valid
 
 with st.expander("Logging and checkpoints"):
     cells = st.columns(5)
@@ -523,6 +532,10 @@ elif config is not None:
     peak = float(preview["lr"].max()) if preview is not None and len(preview) else None
     for finding in advice.warnings(config, peak):
         st.warning(md_escape(finding))
+    try:
+        pays.markdown(form.when_it_pays(config, link_gbit))
+    except Exception as error:  # noqa: BLE001 -- e.g. a dataset that needs internet
+        pays.caption(md_escape(f"No cost prediction: {error}"))
     if preview is not None:
         figures[2].metric("Steps per epoch", f"{plan.steps_per_epoch:,}")
         figures[3].metric("Total steps", f"{plan.total_steps:,}")
