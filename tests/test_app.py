@@ -29,11 +29,14 @@ from app.fabricate import fake_run
 from toolkit import config as config_lib
 from toolkit import files
 from toolkit.launching import launch as launcher
+from toolkit.parallel import cost
 from toolkit.plan import Scale
 from toolkit.runs import processes, table, theme
 from toolkit.runs.curves import downsample
 from toolkit.runs.events import EventWriter, read_events
 from toolkit.runs.rundir import RunDir
+from toolkit.training import data as datasets
+from toolkit.training import models
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "app" / "main.py"
@@ -253,6 +256,32 @@ def test_launch_synchronisation_and_compression_fields(root, launches):
     ((config, _),) = launches
     assert config.allreduce.compression == "topk" and config.allreduce.ratio == 0.05
     assert config.allreduce.residual is False and config.sync.mode == "full"
+
+
+def test_launch_says_when_compression_pays_on_the_link_given(root, launches):
+    """The line under the synchronisation section is toolkit.parallel.cost's prediction for
+    the config's model (its trainable entries counted here), workers and the link given."""
+    at = page("launch")
+    by_label(at.number_input, "Workers").set_value(4)
+    by_label(at.selectbox, "Compression").set_value("topk")
+    by_label(at.number_input, "Top-k: ratio sent").set_value(0.05)
+    at.run()
+    line = next(m.value for m in at.markdown if "Gbit/s link" in m.value)
+    dataset = datasets.load("mnist1d", seed=0)  # the blank form's dataset and model
+    model = models.build("cnn1d", input_shape=dataset.input_shape, num_classes=dataset.num_classes)
+    entries = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
+    link = cost.Link(1.0)
+    dense = cost.seconds_per_update("none", entries, 4, link)
+    chosen = cost.seconds_per_update("topk", entries, 4, link, ratio=0.05, topk_sample=0.0)
+    assert line.startswith("On a 1 Gbit/s link with 4 workers")
+    assert f"{entries / 1e6:.2f}M gradients" in line
+    assert f"dense ≈ {dense * 1e3:,.0f} ms" in line
+    assert f"topk 0.05 (this config) ≈ {chosen * 1e3:,.0f} ms" in line
+    by_label(at.number_input, "When does it pay? Link between the hosts (Gbit/s)").set_value(10)
+    at.run()
+    line = next(m.value for m in at.markdown if "Gbit/s link" in m.value)
+    faster = cost.seconds_per_update("none", entries, 4, cost.Link(10.0))
+    assert line.startswith("On a 10 Gbit/s link") and f"dense ≈ {faster * 1e3:,.0f} ms" in line
 
 
 def test_launch_elastic_fields_need_a_global_batch_for_every_world(root, launches, tmp_path):

@@ -3,14 +3,15 @@
 An update's allreduce time is its local work plus its wire time (the model's forward and
 backward pass, the same in every mode, are left out):
 
-- **local work**, counted in *passes*: one pass is one ``memcpy`` of the gradients' dense
-  float32 bytes on this machine (:func:`memcpy_seconds_per_byte`, timed here), a unit that
-  carries from one machine to another better than milliseconds do. Each mode's passes are a
-  whole update as training runs it (encode, the collectives' copies and reductions, decode, the
-  optimizer's step), measured once by ``experiments/bench_allreduce.py`` with 2 workers on
-  localhost and kept in :data:`PASSES`. They were measured with the two workers sharing a
-  2-core machine, as on the namespace cluster; workers with hosts of their own do less work
-  each, and there the model overstates it.
+- **local work**: a fixed time per update (Horovod's negotiation, TensorFlow's per-variable
+  ops) plus *passes*, where one pass is one ``memcpy`` of the gradients' dense float32 bytes on
+  this machine (:func:`memcpy_seconds_per_byte`, timed here), a unit that carries from one
+  machine to another better than milliseconds do. Both are read off a whole update as
+  training runs it (encode, the collectives' copies and reductions, decode, the optimizer's
+  step) on two models, ResNet-20 and ResNet-50, by ``experiments/bench_allreduce.py`` with 2
+  workers on localhost, and kept in :data:`LOCAL_WORK`. They were measured with the two
+  workers sharing a 2-core machine, as on the namespace cluster; workers with hosts of their
+  own do less work each, and there the model overstates it.
 - **wire**, Horovod's ring collectives over ``W`` workers on a link of ``bandwidth`` each way
   and ``latency`` one way: a dense allreduce of ``B`` bytes sends ``2 (W - 1) / W * B`` in
   ``2 (W - 1)`` steps; an encoded mode allgathers each worker's ``p`` bytes, ``(W - 1) * p`` in
@@ -31,17 +32,18 @@ import time
 
 import numpy as np
 
-PASSES = {  # local work per update, in memcpy passes of the dense bytes (see the module doc)
-    "dense": 22.9,
-    "fp16": 53.3,
-    "topk": 11.7,  # sampled (topk_sample > 0), ratio 1%
-    "topk, exact 1%": 139.5,  # tf.math.top_k over every entry
-    "topk, exact 0.1%": 63.7,
-    "threshold": 8.8,
-    "2bit": 10.7,
+LOCAL_WORK = {  # mode: (fixed milliseconds, passes) per update (see the module doc)
+    "dense": (2.45, 45.27),
+    "fp16": (8.38, 47.23),
+    "topk": (5.78, 9.20),  # sampled (topk_sample > 0), ratio 1%
+    "topk, exact 1%": (0.0, 127.67),  # tf.math.top_k over every entry
+    "topk, exact 0.1%": (1.85, 50.11),
+    "threshold": (3.40, 6.78),
+    "2bit": (5.97, 8.64),
 }
-"""ResNet-50's medians in ``experiments/bench_allreduce_localhost.csv`` (``tests/test_cost.py``
-ties them)."""
+"""The line through each mode's medians on ResNet-20 and ResNet-50 in
+``experiments/bench_allreduce_localhost.csv`` (``tests/test_cost.py`` ties them; a negative
+fixed time is read as 0)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,15 +82,19 @@ def payload_bytes(compression: str, entries: int, ratio: float, value_bytes: int
     return max(1, math.ceil(ratio * entries)) * (value_bytes + 4)
 
 
-def passes(compression: str, topk_sample: float = 0.01, ratio: float = 0.01) -> float:
-    """The local work of ``compression`` mode, in passes (:data:`PASSES`). An exact top-k's
-    grows with ``k``: log-linear in ``ratio`` through its two measured points."""
-    if compression == "none":
-        return PASSES["dense"]
+def local_work(compression: str, topk_sample: float = 0.01, ratio: float = 0.01):
+    """``(fixed seconds, passes)`` of an update in ``compression`` mode (:data:`LOCAL_WORK`).
+    An exact top-k's grows with ``k``: log-linear in ``ratio`` through its two measured
+    points."""
     if compression == "topk" and not topk_sample:
-        low, high = PASSES["topk, exact 0.1%"], PASSES["topk, exact 1%"]
-        return low + (high - low) * math.log10(ratio / 0.001)
-    return PASSES[compression]
+        (low_ms, low), (high_ms, high) = (
+            LOCAL_WORK["topk, exact 0.1%"],
+            LOCAL_WORK["topk, exact 1%"],
+        )
+        along = math.log10(ratio / 0.001)
+        return (low_ms + (high_ms - low_ms) * along) / 1e3, low + (high - low) * along
+    fixed_ms, passes = LOCAL_WORK["dense" if compression == "none" else compression]
+    return fixed_ms / 1e3, passes
 
 
 def seconds_per_update(
@@ -107,7 +113,8 @@ def seconds_per_update(
     ``2bit``), on ``link``. ``memcpy_seconds``: one pass (default: timed on this machine)."""
     if memcpy_seconds is None:
         memcpy_seconds = memcpy_seconds_per_byte() * 4 * entries
-    local = passes(compression, topk_sample, ratio) * memcpy_seconds
+    fixed, passes = local_work(compression, topk_sample, ratio)
+    local = fixed + passes * memcpy_seconds
     if workers < 2:
         return local
     sent = payload_bytes(compression, entries, ratio, value_bytes)
