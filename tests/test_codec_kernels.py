@@ -153,3 +153,14 @@ def test_bad_payloads_are_refused_with_the_reason(library):
     state = {"grads": [tf.ones([4])], "velocities": [], "residuals": [], "momentum": 0.0}
     with pytest.raises(tf.errors.InvalidArgumentError, match="k must be"):
         library.sparse_encode(**state, threshold=0.0, k=9, stride=2)
+
+
+def test_a_gpu_keeps_to_the_tensorflow_ops(library, monkeypatch):
+    """The kernels are CPU kernels: where a GPU holds the gradients, the TensorFlow path runs."""
+    listed = tf.config.list_logical_devices
+    monkeypatch.setattr(
+        tf.config,
+        "list_logical_devices",
+        lambda kind=None: ["/GPU:0"] if kind == "GPU" else listed(kind),
+    )
+    assert compression.fused_codecs() is None
