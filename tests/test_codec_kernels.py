@@ -164,3 +164,17 @@ def test_a_gpu_keeps_to_the_tensorflow_ops(library, monkeypatch):
         lambda kind=None: ["/GPU:0"] if kind == "GPU" else listed(kind),
     )
     assert compression.fused_codecs() is None
+
+
+def test_float16_gradients_keep_to_the_tensorflow_encoder(library):
+    """The kernels take float32: a float16 bucket is encoded by the TensorFlow ops."""
+    grads = [tf.cast(g, tf.float16) for g in gradients(0, ((40, 30), (9,)))]
+    results = []
+    for fused in (True, False):
+        allreduce = CompressedAllreduce(TwoBit(0.7), same, same, 1, fused=fused)
+        step = tf.function(allreduce)
+        kinds = {op.type for op in step.get_concrete_function(grads).graph.get_operations()}
+        assert "TwoBitEncode" not in kinds
+        results.append([t.numpy() for t in step(grads)])
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -1,7 +1,7 @@
 // The compressed allreduce's codecs, fused (TensorFlow, CPU): what compression.py's Sparse and
 // TwoBit do for one bucket in a dozen passes over memory, done in one pass to encode and one to
 // decode. Built with fused_kernels.cc into toolkit/optimizers/fused_kernels.so by
-// scripts/setup.sh; used by codec_kernels.py.
+// scripts/setup.sh; used by compression.py.
 //
 // A bucket is the concatenation of N gradients (never materialised: the kernels walk the parts).
 // Per entry, in the order the plain TensorFlow path computes it (the tests check bit for bit):
@@ -28,7 +28,6 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"

@@ -338,6 +338,7 @@ class TwoBit:
 
     @staticmethod
     def fuses(entries: int) -> bool:
+        """Every bucket is encoded by the fused kernel."""
         return True
 
     def encode_fused(self, library, state: dict, entries: int, update, index_dtype):
@@ -416,7 +417,12 @@ class CompressedAllreduce:
         groups = self._buckets(grads, [i for i in range(len(grads)) if i not in dense])
         library = fused_codecs() if self.fused else None
         entries = [sum(grads[i].shape.num_elements() for i in g) for g in groups]
-        fused = [library is not None and self.codec.fuses(n) for n in entries]
+        fused = [
+            library is not None
+            and self.codec.fuses(n)
+            and all(grads[i].dtype == tf.float32 for i in group)  # the kernels' type
+            for group, n in zip(groups, entries, strict=True)
+        ]
         by_kernel = {i for group, f in zip(groups, fused, strict=True) if f for i in group}
         inputs = self._with_momentum(grads, update, skip=by_kernel)
         reduced = dict(zip(dense, self._dense_mean(inputs, dense, grads), strict=True))
