@@ -17,12 +17,12 @@ from app.data import md_escape
 from toolkit import config as config_lib
 from toolkit import safe_yaml
 from toolkit.catalog import SCHEDULES
+from toolkit.communication import COMPRESSED
 from toolkit.optimizers import OPTIMIZERS
 from toolkit.parallel import cost
 from toolkit.plan import RunPlan
 from toolkit.training import data as datasets
-from toolkit.training import models
-from toolkit.training.experiment import schedule_preview
+from toolkit.training.experiment import build_model, schedule_preview
 
 # Streamlit collects garbage after every rerun; TensorFlow's ~450k long-lived objects, imported
 # just above (once per server process, by the first page that builds configs), made each
@@ -264,13 +264,9 @@ def trainable_entries(config_yaml: str) -> int:
     """How many gradient entries the config's model averages each update."""
     config = config_lib.from_yaml(config_yaml)
     dataset = datasets.load(config.dataset.name, seed=config.seed, **config.dataset.params)
-    model = models.build(
-        config.model.name,
-        input_shape=dataset.input_shape,
-        num_classes=dataset.num_classes,
-        **config.model.params,
+    return sum(
+        int(v.shape.num_elements()) for v in build_model(config, dataset).trainable_variables
     )
-    return sum(int(v.shape.num_elements()) for v in model.trainable_variables)
 
 
 def when_it_pays(config: config_lib.ExperimentConfig, gbit: float) -> str:
@@ -281,7 +277,7 @@ def when_it_pays(config: config_lib.ExperimentConfig, gbit: float) -> str:
     allreduce = config.allreduce
     chosen = allreduce.compression
     modes = {"dense": ("none", {}), "fp16": ("fp16", {})}
-    if chosen in ("topk", "threshold", "2bit"):
+    if chosen in COMPRESSED:
         share = "" if chosen == "2bit" else f" {allreduce.ratio:.3g}"
         label = f"{chosen}{share} (this config)"
         modes[label] = (chosen, {"ratio": allreduce.ratio, "topk_sample": allreduce.topk_sample})

@@ -38,16 +38,20 @@ MODES = {  # bench_allreduce's modes as the model's arguments
 }
 
 
+def predicted_seconds(mode: str, entries: int, workers: int, gbit: float) -> float:
+    """The cost model's seconds per update for one of :data:`MODES`."""
+    options = dict(MODES[mode])
+    compression = options.pop("compression")
+    return cost.seconds_per_update(compression, entries, workers, cost.Link(gbit), **options)
+
+
 def main() -> int:
     rows = []
     for gbit in (1, 10):
         measured = pd.read_csv(HERE / f"bench_allreduce_{gbit}gbit.csv")
         medians = measured[measured.model == "resnet50"].groupby("mode").ms.median()
-        for mode, options in MODES.items():
-            options = dict(options)
-            predicted = cost.seconds_per_update(
-                options.pop("compression"), ENTRIES["resnet50"], 2, cost.Link(gbit), **options
-            )
+        for mode in MODES:
+            predicted = predicted_seconds(mode, ENTRIES["resnet50"], 2, gbit)
             ms = medians[mode]
             rows.append(
                 {"link_gbit": gbit, "mode": mode, "measured_ms": ms}
@@ -71,15 +75,12 @@ def main() -> int:
 
 
 def predict_for_four_workers() -> None:
-    modes = {k: MODES[k] for k in ("dense", "fp16", "topk 1%, sampled 1%", "2bit")}
+    modes = ("dense", "fp16", "topk 1%, sampled 1%", "2bit")
     rows = []
     for model, entries in ENTRIES.items():
         for gbit in (1, 10):
-            for mode, options in modes.items():
-                options = dict(options)
-                seconds = cost.seconds_per_update(
-                    options.pop("compression"), entries, 4, cost.Link(gbit), **options
-                )
+            for mode in modes:
+                seconds = predicted_seconds(mode, entries, 4, gbit)
                 rows.append(
                     {"model": model, "link_gbit": gbit, "mode": mode, "predicted_ms": seconds * 1e3}
                 )
