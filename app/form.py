@@ -271,8 +271,8 @@ def trainable_entries(config_yaml: str) -> int:
 
 def when_it_pays(config: config_lib.ExperimentConfig, gbit: float) -> str:
     """One line: what averaging the config's gradients would cost an update on a ``gbit``
-    link with its workers, dense and in each encoded mode (the config's own first), from
-    :mod:`toolkit.parallel.cost`."""
+    link with its workers: dense, fp16, the config's own encoded mode (with its values' width),
+    sampled top-k 1% and 2bit, from :mod:`toolkit.parallel.cost`."""
     entries = trainable_entries(config.to_yaml())
     allreduce = config.allreduce
     chosen = allreduce.compression
@@ -280,7 +280,12 @@ def when_it_pays(config: config_lib.ExperimentConfig, gbit: float) -> str:
     if chosen in COMPRESSED:
         share = "" if chosen == "2bit" else f" {allreduce.ratio:.3g}"
         label = f"{chosen}{share} (this config)"
-        modes[label] = (chosen, {"ratio": allreduce.ratio, "topk_sample": allreduce.topk_sample})
+        options = {
+            "ratio": allreduce.ratio,
+            "topk_sample": allreduce.topk_sample,
+            "value_bytes": 2 if allreduce.value_dtype == "float16" else 4,
+        }
+        modes[label] = (chosen, options)
     modes.setdefault("topk 1%, sampled", ("topk", {"ratio": 0.01, "topk_sample": 0.01}))
     modes.setdefault("2bit", ("2bit", {}))
     link = cost.Link(gbit)

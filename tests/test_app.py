@@ -282,6 +282,19 @@ def test_launch_says_when_compression_pays_on_the_link_given(root, launches):
     line = next(m.value for m in at.markdown if "Gbit/s link" in m.value)
     faster = cost.seconds_per_update("none", entries, 4, cost.Link(10.0))
     assert line.startswith("On a 10 Gbit/s link") and f"dense ≈ {faster * 1e3:,.0f} ms" in line
+    by_label(at.selectbox, "Sparse values on the wire").set_value("float16")
+    slow = by_label(at.number_input, "When does it pay? Link between the hosts (Gbit/s)")
+    slow.set_value(0.01)  # slow enough that 6 bytes an entry, not 8, show in the milliseconds
+    at.run()
+    line = next(m.value for m in at.markdown if "Gbit/s link" in m.value)
+    wide, narrow = (
+        cost.seconds_per_update(
+            "topk", entries, 4, cost.Link(0.01), ratio=0.05, topk_sample=0.0, value_bytes=width
+        )
+        for width in (4, 2)
+    )
+    assert round(wide * 1e3) != round(narrow * 1e3)
+    assert f"topk 0.05 (this config) ≈ {narrow * 1e3:,.0f} ms" in line
 
 
 def test_launch_elastic_fields_need_a_global_batch_for_every_world(root, launches, tmp_path):
