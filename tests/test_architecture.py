@@ -20,6 +20,8 @@ LAYERS = {  # bottom to top, as docs/architecture.md's table gives them (top fir
         "communication",
         "errors",
         "catalog",
+        "optimizer_rules",
+        "rates",
         "registry",
         "safe_yaml",
         "files",

@@ -20,6 +20,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from toolkit import optimizer_rules
+from toolkit.catalog import OPTIMIZERS
 from toolkit.errors import ConfigError
 
 if TYPE_CHECKING:  # the schema builds these objects, so they name its types only
@@ -181,33 +183,61 @@ class Communication:
         times the gradient, whose norm would cancel the momentum."""
         return self.allreduce.dense_norm or self.techniques.momentum_correction
 
-    def take_momentum(
-        self, optimizer: Any, name: str, params: Mapping[str, Any] | None = None
-    ) -> Any:
-        """Check that ``optimizer`` (``name``, built with ``params`` where a config gave them)
-        can do what this asks of it, and under momentum correction take its momentum into the
-        allreduce (returned; ``None`` otherwise). Momentum correction needs an optimizer
-        that can hand its momentum over (the toolkit's SGD, LARS or LBSGD, with momentum, no
-        Nesterov, no dampening, not built); ``dense_norm`` one that applies trust ratios.
-        Raises :class:`~toolkit.errors.ConfigError` naming the field and the optimizer."""
-        if self.allreduce.dense_norm and not getattr(optimizer, "applies_trust_ratios", False):
+    def check_optimizer(self, name: str, params: Mapping[str, Any]) -> None:
+        """Check that a config's optimizer ``name`` with ``params``, not built, can do what this
+        asks of it (:meth:`take_momentum`'s rules, asked of :mod:`toolkit.optimizer_rules`
+        without TensorFlow). Raises :class:`~toolkit.errors.ConfigError` naming the field and
+        the optimizer."""
+        self._check_capable(
+            name,
+            applies_trust_ratios=optimizer_rules.applies_trust_ratios(name, params),
+            hands_momentum_over=name in optimizer_rules.HANDS_MOMENTUM_OVER,
+        )
+        if not self.techniques.momentum_correction:
+            return
+        full = {**OPTIMIZERS.parameters(name), **params}
+        why = optimizer_rules.momentum_refusals(
+            full["momentum"], full.get("nesterov", False), full.get("dampening", 0.0)
+        )
+        if why:
+            raise _momentum_refused(
+                f"momentum correction needs {' and '.join(why)}",
+                f"optimizer {name!r} with params {dict(params)}",
+            )
+
+    def take_momentum(self, optimizer: Any, name: str) -> Any:
+        """Check that the built ``optimizer`` (called ``name``) can do what this asks of it,
+        and under momentum correction take its momentum into the allreduce (returned;
+        ``None`` otherwise). Momentum correction needs an optimizer that can hand its
+        momentum over (the toolkit's SGD, LARS or LBSGD, with momentum, no Nesterov, no
+        dampening, not built); ``dense_norm`` one that applies trust ratios. Raises
+        :class:`~toolkit.errors.ConfigError` naming the field and the optimizer."""
+        self._check_capable(
+            name,
+            applies_trust_ratios=getattr(optimizer, "applies_trust_ratios", False),
+            hands_momentum_over=hasattr(optimizer, "take_momentum"),
+        )
+        if not self.techniques.momentum_correction:
+            return None
+        try:
+            return optimizer.take_momentum()
+        except ValueError as error:
+            raise _momentum_refused(str(error), repr(name)) from None
+
+    def _check_capable(
+        self, name: str, *, applies_trust_ratios: bool, hands_momentum_over: bool
+    ) -> None:
+        if self.allreduce.dense_norm and not applies_trust_ratios:
             raise ConfigError(
                 "allreduce.dense_norm replaces the gradient norm of trust ratios: it needs "
                 f"optimizer.name lars, or lbsgd with warmup_strategy lars (got {name!r})"
             )
-        if not self.techniques.momentum_correction:
-            return None
-        if not hasattr(optimizer, "take_momentum"):
+        if self.techniques.momentum_correction and not hands_momentum_over:
             raise ConfigError(
                 "allreduce.momentum_correction moves the optimizer's momentum into the "
                 f"allreduce: it needs optimizer.name sgd, lars or lbsgd (got {name!r}), the "
                 "toolkit's SGD, LARS or LBSGD"
             )
-        try:
-            return optimizer.take_momentum()
-        except ValueError as error:
-            got = repr(name) if params is None else f"optimizer {name!r} with params {params}"
-            raise ConfigError(f"allreduce.momentum_correction: {error} (got {got})") from None
 
     def summary(self) -> str:
         """What goes on the wire, in a line: ``topk 1% (float16 values), DGC: momentum
@@ -229,3 +259,7 @@ class Communication:
             words += ", no residual"
         techniques = self.techniques.words() + ["LARS dense norm"] * allreduce.dense_norm
         return f"{words}; DGC: {', '.join(techniques)}" if techniques else words
+
+
+def _momentum_refused(why: str, got: str) -> ConfigError:
+    return ConfigError(f"allreduce.momentum_correction: {why} (got {got})")

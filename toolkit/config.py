@@ -35,8 +35,15 @@ from pydantic import (
     model_validator,
 )
 
-from toolkit import plan, safe_yaml
-from toolkit.catalog import DATASETS, MODELS, OPTIMIZERS, SCHEDULE_INPUTS, SCHEDULES
+from toolkit import optimizer_rules, plan, safe_yaml
+from toolkit.catalog import (
+    DATASETS,
+    MODELS,
+    OPTIMIZERS,
+    SCHEDULE_INPUTS,
+    SCHEDULES,
+    train_examples,
+)
 from toolkit.communication import MODES, SYNC_MODES, VALUE_DTYPES, Communication, check_encoding
 from toolkit.errors import ConfigError
 from toolkit.registry import Registry
@@ -68,17 +75,14 @@ SBATCH_ARG = r"^--[a-z][a-z-]*(=[^\x00-\x1f]{1,512})?$"
 def _check_component(
     info: ValidationInfo, registry: Registry, component: Component, reserved: tuple[str, ...]
 ) -> bool:
-    """Check ``component``'s name against ``registry`` and its parameters: in the first, cheap
-    pass of :func:`from_mapping` (``names_only``) only where the table declares them
-    (schedules'), since elsewhere that imports the constructor's module, TensorFlow. A config
-    read back from a run directory (``stored``) was checked when its run was created, so
-    readers such as the dashboard skip both. Returns whether the parameters were checked."""
+    """Check ``component``'s name against ``registry`` and its parameters against the table
+    (:mod:`toolkit.catalog`, without importing the constructor). A config read back from a
+    run directory (``stored``) was checked when its run was created, so readers such as the
+    dashboard skip both. Returns whether the parameters were checked."""
     context = info.context or {}
     if context.get("stored"):
         return False
     registry.check_name(component.name)
-    if context.get("names_only") and not registry.declares(component.name):
-        return False
     taken = sorted(set(component.params) & set(reserved))
     if taken:
         raise ValueError(f"{', '.join(map(repr, taken))} is set by the experiment, not in params")
@@ -135,6 +139,12 @@ class DatasetConfig(Component):
         _check_component(info, DATASETS, self, reserved=("seed",))
         return self
 
+    def train_examples(self) -> int:
+        """How many training examples it has, without loading it
+        (:func:`toolkit.catalog.train_examples`; ``ValueError`` for a size parameter its
+        loader would refuse)."""
+        return train_examples(self.name, self.params)
+
 
 class ModelConfig(Component):
     name: str = "cnn1d"
@@ -153,8 +163,10 @@ class OptimizerConfig(Component):
 
     @model_validator(mode="after")
     def _buildable(self, info: ValidationInfo):
+        """Its constructor would take the parameters: :func:`toolkit.optimizer_rules.check`
+        says so without building it (without TensorFlow)."""
         if _check_component(info, OPTIMIZERS, self, reserved=("learning_rate",)):
-            OPTIMIZERS.get(self.name, learning_rate=self.learning_rate, **self.params)
+            optimizer_rules.check(self.name, self.params)
         return self
 
 
@@ -552,17 +564,12 @@ class ExperimentConfig(_Section):
     def _fits(self, info: ValidationInfo):
         """The rules spanning sections: which allreduce and sync options go together
         (:class:`~toolkit.communication.Communication`), which batch, scaling, elastic and
-        host settings (:func:`toolkit.plan.check`), and, in the pass that builds the
-        optimizer, what the allreduce asks of it (momentum to take, trust ratios)."""
+        host settings (:func:`toolkit.plan.check`), and what the allreduce asks of the
+        optimizer (momentum to take, trust ratios)."""
         plan.check(self)
-        context = info.context or {}
-        if context.get("names_only") or context.get("stored"):
+        if (info.context or {}).get("stored"):
             return self
-        optimizer = self.optimizer
-        built = OPTIMIZERS.get(
-            optimizer.name, learning_rate=optimizer.learning_rate, **optimizer.params
-        )
-        self.communication().take_momentum(built, optimizer.name, optimizer.params)
+        self.communication().check_optimizer(self.optimizer.name, self.optimizer.params)
         return self
 
     def communication(self) -> Communication:
@@ -646,12 +653,9 @@ def from_mapping(
     raw = safe_yaml.load(yaml.safe_dump(raw or {}), "config")  # a deep copy of plain types
     for assignment in overrides:
         set_dotted(raw, assignment)
-    # A first pass checks everything but the registered constructors' parameters, without
-    # TensorFlow, so that most bad configs are refused at once; the second imports them.
-    passes = [{"stored": True}] if stored else [{"names_only": True}, {}]
+    # No check imports TensorFlow: names, parameters and values come from the catalog.
     try:
-        for context in passes:
-            config = ExperimentConfig.model_validate(raw, context=context)
+        config = ExperimentConfig.model_validate(raw, context={"stored": stored})
     except ValidationError as error:
         raise ConfigError(format_errors(error, root=ExperimentConfig)) from None
     return config

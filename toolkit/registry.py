@@ -5,7 +5,8 @@ errors list what is allowed: configs are validated with these messages before an
 An entry may be a ``"module:attribute"`` reference, imported when first needed, so that a
 registry's names can be checked without importing what its constructors need (TensorFlow). An
 :class:`Entry` also declares its parameters and their defaults, so they are checked without
-importing anything either: the table is then the one place that says them.
+importing anything either; :meth:`Registry.signature` reads them off the constructor, for the
+test that keeps the two equal.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ REQUIRED = inspect.Parameter.empty
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """A constructor (a ``"module:attribute"`` reference) and its parameters with their
-    defaults (:data:`REQUIRED`: none), which it is called with; its signature takes them
-    without defaults of its own."""
+    defaults (:data:`REQUIRED`: none), which :meth:`Registry.get` calls it with. A schedule
+    builder's signature has no defaults of its own; any other constructor's are these
+    (:meth:`Registry.signature`, tests/test_catalog.py)."""
 
     constructor: str
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -83,12 +85,18 @@ class Registry:
         (:data:`REQUIRED`: none)."""
         if self.declares(name):
             return list(self._entries[name].params.items())
+        return list(self.signature(name).items())
+
+    def signature(self, name: str) -> dict[str, Any]:
+        """``name``'s parameters and defaults (:data:`REQUIRED`: none) as its constructor's
+        signature gives them (importing its module): the first ``__init__`` that names a
+        parameter gives its default."""
         found: dict[str, Any] = {}
         for init in _init_chain(self.constructor(name)):
             for p in inspect.signature(init).parameters.values():
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
                     found.setdefault(p.name, p.default)
-        return list(found.items())
+        return found
 
     def check_params(
         self, name: str, params: Mapping[str, Any], supplied: tuple[str, ...] = ()
@@ -123,12 +131,20 @@ class Registry:
         try:
             return self.constructor(name)(*inputs, **params)
         except TypeError as error:
-            defaults = self.parameters(name)
-            odd = [k for k, v in params.items() if not _same_kind(v, defaults.get(k))]
-            named = ", ".join(f"{k}={params[k]!r:.80} (default {defaults[k]!r})" for k in odd)
+            self.check_kinds(name, params, because=f" ({error})")
             raise ValueError(
-                f"{self.kind} {name!r}: {named or 'a parameter'} has the wrong type ({error})"
+                f"{self.kind} {name!r}: a parameter has the wrong type ({error})"
             ) from None
+
+    def check_kinds(self, name: str, params: Mapping[str, Any], because: str = "") -> None:
+        """Raise ``ValueError`` naming each parameter whose value could not stand where its
+        default does (a string or a list where the default is a number, a number where it is
+        a boolean); ``because`` ends the message."""
+        defaults = self.parameters(name)
+        odd = [k for k, v in params.items() if not _same_kind(v, defaults.get(k))]
+        if odd:
+            named = ", ".join(f"{k}={params[k]!r:.80} (default {defaults[k]!r})" for k in odd)
+            raise ValueError(f"{self.kind} {name!r}: {named} has the wrong type{because}")
 
 
 def _same_kind(value: Any, default: Any) -> bool:

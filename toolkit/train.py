@@ -24,10 +24,10 @@ from toolkit import advice, backends, plan
 from toolkit import config as config_lib
 from toolkit.files import WriteError
 from toolkit.parallel import distributed
+from toolkit.rates import peak_learning_rate
 from toolkit.runs import checkpoints, monitor, processes, rundir, slurm_jobs
 from toolkit.runs.rundir import RunDir, RunError
 from toolkit.training import callbacks
-from toolkit.training.experiment import schedule_peak
 from toolkit.training.trainer import Trainer
 
 
@@ -148,7 +148,7 @@ def _fit(config, run, run_dir, resume, world, verbose, view, advise):
     issue :func:`toolkit.advice.warn`'s warnings for the config."""
     trainer = Trainer.build(config, world)
     if advise:
-        advice.warn(config, schedule_peak(config, trainer.plan.num_train), stacklevel=3)
+        advice.warn(config, peak_learning_rate(config, trainer.plan.num_train), stacklevel=3)
     if run:  # what a progress bar outside the run counts to, and the NaN guard's granularity
         run.update_meta(
             **trainer.plan.meta(), steps_per_execution=trainer.model.steps_per_execution

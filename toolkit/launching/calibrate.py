@@ -124,9 +124,7 @@ def largest_batch(config: ExperimentConfig) -> int:
 
 def train_size(config: ExperimentConfig) -> int:
     """The number of training examples of the config's dataset."""
-    from toolkit.training.experiment import load_dataset  # Keras: for the data's size
-
-    return len(load_dataset(config).x_train)
+    return config.dataset.train_examples()
 
 
 def rates_at(config: ExperimentConfig, batch: int, factors: Sequence[float]) -> list[float]:

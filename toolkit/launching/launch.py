@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from toolkit import advice, backends, files, plan
+from toolkit import advice, backends, files, plan, rates
 from toolkit import config as config_lib
 from toolkit.files import writing
 from toolkit.launching import failures, horovodrun, preflight, remote, slots, slurm
@@ -106,9 +106,7 @@ def launch(
         )
     plan.check_backend(config, backends.requested())
     num_train = check_fits_dataset(config)
-    from toolkit.training.experiment import schedule_peak  # loaded by the check already
-
-    findings = advice.warn(config, schedule_peak(config, num_train), stacklevel=2)
+    findings = advice.warn(config, rates.peak_learning_rate(config, num_train), stacklevel=2)
     _check_place(config, runs_root(runs_root_dir))
     run = (
         RunDir.create(runs_root_dir, run_id, config)
@@ -163,15 +161,13 @@ def check_fits_dataset(config: config_lib.ExperimentConfig) -> int:
     """Raise :class:`~toolkit.config.ConfigError` if the run's plan cannot be made on its
     dataset: a worker's shard smaller than one batch, or AdaScale's base batch or an adaptive
     batch larger than the training set (checked here so it fails before any process starts).
-    Returns the number of training examples."""
-    from toolkit.training.experiment import load_dataset
-
+    Returns the number of training examples (known without loading the dataset)."""
     try:
-        dataset = load_dataset(config)
-    except (RuntimeError, TypeError, ValueError) as error:  # offline, or a bad parameter
+        num_train = config.dataset.train_examples()
+    except ValueError as error:  # a size parameter its loader would refuse
         raise config_lib.ConfigError(f"dataset: {error}") from None
-    RunPlan.of(config, len(dataset.x_train))
-    return len(dataset.x_train)
+    RunPlan.of(config, num_train)
+    return num_train
 
 
 def horovodrun_argv(config: config_lib.ExperimentConfig, run: RunDir, resume: bool) -> list[str]:

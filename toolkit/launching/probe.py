@@ -163,7 +163,6 @@ def probe(
     ``meta.json`` (the Runs page hides probes unless asked)."""
     from toolkit import config as config_lib
     from toolkit.runs.events import read_events
-    from toolkit.training.experiment import load_dataset
 
     for name, value, high in (
         ("steps", steps, MAX_PROBE_STEPS),
@@ -172,7 +171,7 @@ def probe(
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
             span = f"from 1 to {high:,}"
             raise config_lib.ConfigError(f"probe: {name} must be an integer {span} (got {value!r})")
-    plan = RunPlan.of(config, len(load_dataset(config).x_train), np)
+    plan = RunPlan.of(config, config.dataset.train_examples(), np)
     batches, per_epoch = steps * plan.steps_per_update, plan.steps_per_epoch
     short = config_lib.from_mapping(
         {

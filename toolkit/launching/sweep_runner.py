@@ -59,21 +59,15 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     do that their author cannot want. Raises :class:`SweepError` naming every cell that could not
     launch: a batch larger than its workers' shards of the dataset, or more workers than the
     launch queue's slots (of the runs root ``root``)."""
-    from toolkit.training.experiment import load_dataset  # Keras: for the data's size
-
-    sizes: dict[str, int] = {}
     rows, problems = [], []
     for cell in sweep.cells:
         c = cell.config
-        dataset = json.dumps([c.dataset.name, c.dataset.params, c.seed], sort_keys=True)
         try:
-            if dataset not in sizes:
-                sizes[dataset] = len(load_dataset(c).x_train)
-            plan = RunPlan.of(c, sizes[dataset])
+            plan = RunPlan.of(c, c.dataset.train_examples())
             advice.warn(c)  # each finding once (Python shows a warning once per text)
             if c.slurm is None:  # Slurm's cells wait in Slurm's queue, not this machine's
                 check_fits(slots_of(c), root)
-        except (ValueError, RuntimeError) as error:  # ConfigError, RunError; offline data
+        except (ValueError, RuntimeError) as error:  # ConfigError, RunError
             problems.append(cell_problem(cell.coordinates, error))
             continue
         rows.append(

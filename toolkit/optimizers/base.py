@@ -8,19 +8,11 @@ from collections.abc import Callable
 
 import keras
 
+from toolkit.optimizer_rules import momentum_refusals, non_negative, uses_momentum
 from toolkit.optimizers.kernels import coupled, heavy_ball
 from toolkit.optimizers.schedules import value_at
 
 Hyperparameter = float | Callable  # a constant, or a schedule called with the optimizer step
-
-
-def check_non_negative(name: str, value: Hyperparameter) -> Hyperparameter:
-    """Constants must be >= 0 (as in PyTorch and SINGA); schedules are taken as given."""
-    if callable(value):
-        return value
-    if not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"`{name}` must be a non-negative float or a schedule, got {value!r}")
-    return float(value)
 
 
 def unwrapped(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
@@ -57,8 +49,8 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
 
     def __init__(self, learning_rate, momentum, weight_decay, name, **kwargs):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
-        self.momentum = check_non_negative("momentum", momentum)
-        self.weight_decay = check_non_negative("weight_decay", weight_decay)
+        self.momentum = non_negative("momentum", momentum)
+        self.weight_decay = non_negative("weight_decay", weight_decay)
 
     def _apply_weight_decay(self, variables):
         """Disabled: the decay is coupled into the gradient by ``update_step``."""
@@ -66,7 +58,7 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
     @property
     def uses_momentum(self) -> bool:
         """Whether a velocity slot is needed (a momentum schedule always needs one)."""
-        return callable(self.momentum) or self.momentum != 0.0
+        return uses_momentum(self.momentum)
 
     def build(self, variables):
         if self.built:
@@ -81,13 +73,12 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
         correction): return it, and apply later updates without momentum (the allreduce sends
         velocities ``u = m * u + g``). Refused (``ValueError``) where that velocity would not be
         this optimizer's: no momentum, Nesterov, dampening, or velocities already built."""
-        refusals = (
-            (not self.uses_momentum, "momentum > 0"),
-            (getattr(self, "nesterov", False), "nesterov off"),
-            (getattr(self, "dampening", 0.0) != 0.0, "dampening 0"),
-            (self.built, "an optimizer not built yet"),
+        why = momentum_refusals(
+            self.momentum, getattr(self, "nesterov", False), getattr(self, "dampening", 0.0)
         )
-        if why := [reason for refused, reason in refusals if refused]:
+        if self.built:
+            why.append("an optimizer not built yet")
+        if why:
             raise ValueError(f"momentum correction needs {' and '.join(why)}")
         self.moved_momentum, self.momentum = self.momentum, 0.0
         return self.moved_momentum

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import keras
 from keras import ops
 
+from toolkit.optimizer_rules import check_lars
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
 from toolkit.optimizers.trust_ratio import AppliedRatios, layer_trust_ratio
 
@@ -58,10 +59,7 @@ class LARS(CoupledDecayOptimizer):
         **kwargs,
     ):
         super().__init__(learning_rate, momentum, weight_decay, name, **kwargs)
-        if trust_coefficient <= 0:
-            raise ValueError(f"`trust_coefficient` must be > 0, got {trust_coefficient}")
-        if epsilon < 0:
-            raise ValueError(f"`epsilon` must be >= 0, got {epsilon}")
+        check_lars(trust_coefficient, epsilon)
         self.trust_coefficient = float(trust_coefficient)
         self.epsilon = float(epsilon)
         self.nesterov = bool(nesterov)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from toolkit.optimizer_rules import check_lbsgd
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
-from toolkit.optimizers.schedules import WARMUP_STRATEGIES, warmup_ramp
+from toolkit.optimizers.schedules import warmup_ramp
 from toolkit.optimizers.trust_ratio import AppliedRatios, layer_trust_ratio
-
-LBSGD_STRATEGIES = (*WARMUP_STRATEGIES, "lars")
 
 
 @keras.saving.register_keras_serializable(package="toolkit")
@@ -64,23 +63,14 @@ class LBSGD(CoupledDecayOptimizer):
         name: str = "LBSGD",
         **kwargs,
     ):
-        if kwargs.get("gradient_accumulation_steps"):
-            raise ValueError(
-                "LBSGD accumulates with `batch_scale`; do not pass `gradient_accumulation_steps`"
-            )
-        kwargs.pop("gradient_accumulation_steps", None)
-        if warmup_strategy not in LBSGD_STRATEGIES:
-            raise ValueError(
-                f"`warmup_strategy` must be one of {LBSGD_STRATEGIES}, got {warmup_strategy!r}"
-            )
-        for arg, value, least in (
-            ("warmup_epochs", warmup_epochs, 0),
-            ("updates_per_epoch", updates_per_epoch, 1),
-            ("batch_scale", batch_scale, 1),
-            ("begin_epoch", begin_epoch, 0),
-        ):
-            if int(value) != value or value < least:
-                raise ValueError(f"`{arg}` must be an integer >= {least}, got {value!r}")
+        check_lbsgd(
+            warmup_strategy,
+            warmup_epochs,
+            updates_per_epoch,
+            batch_scale,
+            begin_epoch,
+            kwargs.pop("gradient_accumulation_steps", None),
+        )
         super().__init__(
             learning_rate,
             momentum,

@@ -5,11 +5,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from toolkit.optimizers.base import (
-    CoupledDecayOptimizer,
-    Hyperparameter,
-    check_non_negative,
-)
+from toolkit.optimizer_rules import check_sgd, non_negative
+from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
 from toolkit.optimizers.kernels import buffered_momentum, coupled
 
 
@@ -52,10 +49,9 @@ class SGD(CoupledDecayOptimizer):
         **kwargs,
     ):
         super().__init__(learning_rate, momentum, weight_decay, name, **kwargs)
-        self.dampening = check_non_negative("dampening", dampening)
+        self.dampening = non_negative("dampening", dampening)
         self.nesterov = bool(nesterov)
-        if self.nesterov and (not self.uses_momentum or self.dampening != 0.0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        check_sgd(self.momentum, self.dampening, self.nesterov)
 
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype

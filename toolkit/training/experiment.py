@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import keras
-import numpy as np
 import pandas as pd
 import tensorflow as tf
 
@@ -20,6 +19,7 @@ from toolkit.config import ExperimentConfig
 from toolkit.optimizers import schedules
 from toolkit.optimizers.schedules import Warmup
 from toolkit.plan import RunPlan
+from toolkit.rates import PREVIEW_POINTS, preview_steps
 from toolkit.scaling.adascale import AdaScale
 from toolkit.training import data, models
 
@@ -155,10 +155,11 @@ def schedule_preview(
     config: ExperimentConfig,
     num_train: int,
     world_size: int | None = None,
-    points: int = 400,
+    points: int = PREVIEW_POINTS,
 ) -> pd.DataFrame:
     """Learning rate and momentum over the whole run, as training will see them: columns
-    ``step``, ``epoch``, ``lr``, ``momentum``; at most ``points`` rows. With AdaScale, the
+    ``step``, ``epoch``, ``lr``, ``momentum``; at most ``points`` rows
+    (:func:`toolkit.rates.preview_steps`). With AdaScale, the
     base schedule over the base run's updates: training reads it at its clock ``τ`` (``step``
     here) and multiplies it by the gain."""
     plan = RunPlan.of(config, num_train, world_size)
@@ -166,14 +167,7 @@ def schedule_preview(
     if adascale := adascale_of(optimizer):
         optimizer.learning_rate = adascale.schedule
     spe = plan.schedule_steps_per_epoch
-    total = plan.schedule_steps
-    steps = np.unique(np.linspace(0, total - 1, min(points, total)).round().astype(int))
+    steps = preview_steps(plan, points)
     rates = rates_at(optimizer)
     lr, momentum = zip(*(rates(int(s)) for s in steps), strict=True)
     return pd.DataFrame({"step": steps, "epoch": steps / spe, "lr": lr, "momentum": momentum})
-
-
-def schedule_peak(config: ExperimentConfig, num_train: int) -> float:
-    """The highest learning rate of :func:`schedule_preview`: where a warm-up cut short by the
-    decay leaves it below the scaled rate (:mod:`toolkit.advice`)."""
-    return float(schedule_preview(config, num_train)["lr"].max())
