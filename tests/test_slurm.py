@@ -8,6 +8,7 @@ the state mapping, the config's checks) are tested first, without one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -336,15 +337,27 @@ def test_slurms_signal_checkpoints_requeues_and_resumes_without_a_duplicate_step
 def test_a_lost_nodes_slurmd_fails_the_run_with_slurms_words_and_resume_completes_it(
     slurm_hosts, slurm_runs
 ):
-    run = launcher.launch(config_lib.from_mapping(TWO_NODES | {"epochs": 60}), run_id="lost")
-    wait_for_step(run, 300)
+    """A node lost mid-run: its slurmd killed and its worker stopped, as a failed machine's
+    would be, so the run cannot end before Slurm declares the node down (whatever the pace of
+    training); the node comes back rebooted (its stopped worker killed, slurmd started)."""
+    lost_after = TWO_NODES | {"lost_worker_after_s": 120}  # Gloo waits longer than Slurm
+    run = launcher.launch(config_lib.from_mapping(lost_after), run_id="lost")
+    wait_for_step(run, 200)  # three epochs' checkpoints written, 62 steps an epoch
     lost = hosts_of(run)[1]
+    (worker,) = [
+        p["pid"] for p in run.status()["processes"] if p["role"] == "worker" and p["host"] == lost
+    ]
     pid = int((cluster_slurm.STATE / f"slurmd-{lost}.pid").read_text())
-    os.kill(pid, signal.SIGKILL)
-    status = wait(run, TERMINAL, timeout=120)
+    try:
+        os.kill(worker, signal.SIGSTOP)
+        os.kill(pid, signal.SIGKILL)
+        status = wait(run, TERMINAL, timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+        cluster_slurm.start(cluster.hosts())  # the node's slurmd back: it returns to service
     assert status["state"] == "failed", status
     assert f"Slurm cancelled job {job_of(run)}: node failure on {lost}" in status["reason"]
-    cluster_slurm.start(cluster.hosts())  # the node's slurmd back: it returns to service
     *_, before, latest = sorted(p.name for p in run.checkpoints_path.glob("epoch-*"))
     said = truncate(run.checkpoints_path / latest)  # and the latest checkpoint is damaged
     launcher.resume(run)
@@ -352,7 +365,8 @@ def test_a_lost_nodes_slurmd_fails_the_run_with_slurms_words_and_resume_complete
     assert status["state"] == "completed", run.stdout_path.read_text()[-3000:]
     assert len(run.meta()["slurm_job_ids"]) == 2
     steps = train_steps(run)
-    assert len(steps) == len(set(steps)) and steps[-1] == 60 * 62
+    every = TWO_NODES["logging"]["every_steps"]
+    assert len(steps) == len(set(steps)) and steps[-1] == TWO_NODES["epochs"] * 62 // every * every
     events = read_events(run.events_path)
     (event,) = events[events.phase == "checkpoint"].to_dict("records")
     assert (event["checkpoint"], event["reason"], event["resumed_from"]) == (latest, said, before)
