@@ -1223,9 +1223,10 @@ def test_compare_csv_export_holds_the_selected_runs_events(compare_runs, monkeyp
 
 @pytest.mark.timeout(240)
 def test_launch_quickstart_for_real_through_the_form_on_two_hosts(cluster_hosts, root, monkeypatch):
-    """The quickstart preset, 2 Horovod workers, through the real toolkit.launching.launch.launch
-    on two hosts of the namespace cluster, each reached over ssh, one rank on each. (The same
-    launch on this host is tests/test_app_browser.py's, from the form in Chromium.)"""
+    """The quickstart preset (6 of its 20 epochs), 2 Horovod workers, through the real
+    toolkit.launching.launch.launch on two hosts of the namespace cluster, each reached over
+    ssh, one rank on each. (The same launch on this host is tests/test_app_browser.py's, from
+    the form in Chromium.)"""
     hosts = "lbl-h2:1,lbl-h3:1"
     bin_dir = str(Path(sys.executable).parent)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -1234,6 +1235,7 @@ def test_launch_quickstart_for_real_through_the_form_on_two_hosts(cluster_hosts,
     assert by_label(at.number_input, "Workers").value == 2
     by_label(at.radio, "Where").set_value("Hosts over ssh").run()
     by_label(at.text_input, "Hosts").set_value(hosts).run()
+    by_label(at.number_input, "Epochs").set_value(6).run()  # of the preset's 20: to its end
     by_label(at.button, "Launch").click().run(timeout=60)
     assert not at.exception and not at.error, [e.value for e in at.error]
     (run_dir,) = root.iterdir()
@@ -1243,7 +1245,7 @@ def test_launch_quickstart_for_real_through_the_form_on_two_hosts(cluster_hosts,
         assert time.time() < deadline, "the quickstart did not finish in time"
         time.sleep(1)
     assert state == "completed", files.tail(run.stdout_path)
-    expected = config_lib.load(ROOT / "experiments" / "quickstart.yaml")
+    expected = config_lib.load(ROOT / "experiments" / "quickstart.yaml", ["epochs=6"])
     assert run.config() == expected.model_copy(update={"hosts": hosts})
     ranks = {p["rank"]: p["host"] for p in run.status()["processes"] if p["role"] == "worker"}
     assert ranks == {0: "lbl-h2", 1: "lbl-h3"}  # neither is this machine: both by ssh

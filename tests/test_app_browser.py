@@ -44,11 +44,14 @@ def server(tmp_path):
         yield url, runs
 
 
+EPOCHS = 6  # the quickstart launched from the form: 62 steps an epoch, above 50% by the 4th
+
+
 @pytest.mark.timeout(300)
 def test_launch_follow_and_compare_in_chromium(server, tmp_path):
-    """The quickstart preset, launched from the form for real (2 Horovod workers on this host),
-    followed live to its end on Run detail, then in the runs table and Compare. (The AppTest
-    of the same launch on two cluster hosts is tests/test_app.py's.)"""
+    """The quickstart preset (6 of its 20 epochs), launched from the form for real (2 Horovod
+    workers on this host), followed live to its end on Run detail, then in the runs table and
+    Compare. (The AppTest of the same launch on two cluster hosts is tests/test_app.py's.)"""
     url, runs = server
     with sync_playwright() as playwright:
         browser = headless_chromium(playwright)
@@ -65,6 +68,11 @@ def test_launch_follow_and_compare_in_chromium(server, tmp_path):
         expect(page.locator(".js-plotly-plot").first).to_be_visible(
             timeout=30_000
         )  # schedule preview
+        epochs = page.get_by_label("Epochs", exact=True)  # 6 of the preset's 20: to its end
+        epochs.fill(str(EPOCHS))
+        epochs.press("Enter")
+        total = page.get_by_test_id("stMetric").filter(has_text="Total steps")
+        expect(total.get_by_test_id("stMetricValue")).to_have_text(f"{EPOCHS * 62}", timeout=60_000)
         page.get_by_role("button", name="Launch", exact=True).click()
         expect(page.get_by_text("Launched quickstart-")).to_be_visible(timeout=60_000)
         (run_dir,) = runs.iterdir()
@@ -99,7 +107,8 @@ def test_launch_follow_and_compare_in_chromium(server, tmp_path):
     assert (run_dir / "status.json").read_text().count('"completed"') == 1
     assert not errors, errors
     run = RunDir(run_dir)
-    assert run.config() == config_lib.load(ROOT / "experiments" / "quickstart.yaml")
+    quickstart = config_lib.load(ROOT / "experiments" / "quickstart.yaml", [f"epochs={EPOCHS}"])
+    assert run.config() == quickstart
     workers = [p["host"] for p in run.status()["processes"] if p["role"] == "worker"]
     assert workers == [socket.gethostname()] * 2
     row = summary(run)

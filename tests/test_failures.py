@@ -225,7 +225,7 @@ def test_after_a_stopped_worker_the_runs_page_resumes_past_a_damaged_checkpoint(
     """Rank 1 stopped after the second checkpoint: the run fails naming it; its latest
     checkpoint then truncated, the Runs page warns of it for the chosen run, and its Resume
     button continues from the one before to the end."""
-    run = launcher.launch(from_mapping({**SMALL, "epochs": 8, "lost_worker_after_s": 10}))
+    run = launcher.launch(from_mapping({**SMALL, "epochs": 4, "lost_worker_after_s": 10}))
     status, took = failed_after(run, stop_a_worker(run, 1, epoch=2))
     assert status["state"] == "failed" and took >= 10
     assert status["reason"].startswith(stopped_answering(1)), status["reason"]

@@ -179,7 +179,7 @@ def test_a_worker_stopped_on_host_2_is_named_and_the_run_resumes_past_a_damaged_
     """Rank 1 on lbl-h2 stopped (SIGSTOP) after the second checkpoint: the run fails after
     ``lost_worker_after_s`` naming it; its latest checkpoint then bit-flipped, resuming from
     Python passes over it to the one before and completes on both hosts."""
-    config = from_mapping({**SMALL, "epochs": 6, "lost_worker_after_s": 10})
+    config = from_mapping({**SMALL, "epochs": 4, "lost_worker_after_s": 10})
     run = launcher.launch(config, hosts="lbl-h1:1,lbl-h2:1", run_id="stopped-on-h2")
     status, took = failed_after(run, stop_a_worker(run, 1, epoch=2))
     assert status["state"] == "failed" and took >= 10
