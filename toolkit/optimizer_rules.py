@@ -17,7 +17,10 @@ from typing import Any
 
 from toolkit.catalog import OPTIMIZERS
 
-LBSGD_STRATEGIES = ("linear", "power2", "sqrt", "lars")
+WARMUP_STRATEGIES = ("linear", "power2", "sqrt")
+"""Goyal et al.'s warm-up ramps ``r(p)``: ``p``, ``p**2``, ``sqrt(p)`` (the schedule's
+``Warmup`` and MXNet LBSGD's)."""
+LBSGD_STRATEGIES = (*WARMUP_STRATEGIES, "lars")
 """LBSGD's warm-ups: Goyal et al.'s three ramps (the schedule's own strategies) and LARS's
 trust ratio."""
 HANDS_MOMENTUM_OVER = ("sgd", "lars", "lbsgd")

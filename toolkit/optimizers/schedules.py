@@ -29,8 +29,7 @@ from keras.optimizers.schedules import (
 )
 
 from toolkit.catalog import SCHEDULES
-
-WARMUP_STRATEGIES = ("linear", "power2", "sqrt")
+from toolkit.optimizer_rules import WARMUP_STRATEGIES
 
 
 def warmup_ramp(strategy: str, progress):
