@@ -15,6 +15,7 @@ RUN_COLUMNS = {
     "optimizer": st.column_config.TextColumn("optimizer"),
     "global_batch": st.column_config.NumberColumn("global batch", format="%d"),
     "workers": st.column_config.NumberColumn("workers", format="%d"),
+    "where": st.column_config.TextColumn("where"),
     "tags": st.column_config.ListColumn("tags"),
     "started": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm:ss"),
     "duration_s": st.column_config.NumberColumn("duration (s)", format="%.0f"),

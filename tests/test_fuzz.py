@@ -3,7 +3,7 @@ negative, huge, empty, unicode and path-like arguments; experiment configs and s
 mutated at every depth; and the app's pages given generated query parameters.
 
 A command runs in this process through ``toolkit.__main__.main``, the code path of the real
-command, up to the point where a process would start: the seams below (``launch._start``,
+command, up to the point where a process would start: the seams below (the executors' ``start``,
 in-process ``train``, ``jupyter``'s exec, the cluster's changes, ``--wait``) raise
 :class:`Started` instead. Every case must end with exit 0 or 2 (1 only where the command's own
 contract says so), print no traceback, write nothing outside its temporary runs root and
@@ -33,6 +33,8 @@ from toolkit import __main__ as cli
 from toolkit import safe_yaml
 from toolkit.config import ExperimentConfig
 from toolkit.launching import cluster, jupyter, launch
+from toolkit.launching.executors.local import LocalExecutor
+from toolkit.launching.executors.slurm import SlurmExecutor
 from toolkit.runs import tensorboard_export
 
 BUDGET_S = 5.0
@@ -176,7 +178,9 @@ def run_command(argv: list[str], work: Path, runs: Path, monkeypatch) -> tuple[i
     """``python -m toolkit ARGV`` in this process, in ``work``, with the seams in place:
     (exit code, stdout + stderr); a command that got as far as starting a process is 0."""
     for target, name in (
-        (launch, "_start"),
+        (LocalExecutor, "start"),
+        (SlurmExecutor, "start"),
+        (SlurmExecutor, "start_all"),
         (jupyter, "install_kernel"),
         (os, "execve"),
         (os, "execvp"),

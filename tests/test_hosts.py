@@ -82,7 +82,7 @@ def test_auto_outside_slurm_and_a_bad_hostfile_exit_2_before_anything_starts(
 
 
 def test_ssh_fields_are_validated_and_reach_horovodrun(tmp_path):
-    from toolkit.launching.launch import horovodrun_argv
+    from toolkit.launching.executors.local import horovodrun_argv
     from toolkit.runs.rundir import RunDir
 
     config = from_mapping(
@@ -146,7 +146,7 @@ def test_elastic_discovery_reads_a_hosts_file_or_runs_a_script(tmp_path):
 
 
 def test_an_elastic_run_reaches_horovodrun_through_its_discovery_script(tmp_path):
-    from toolkit.launching.launch import horovodrun_argv
+    from toolkit.launching.executors.local import horovodrun_argv
     from toolkit.runs.rundir import RunDir
 
     listed = tmp_path / "hosts"

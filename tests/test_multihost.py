@@ -28,6 +28,7 @@ from test_train import wait
 from toolkit.config import from_mapping
 from toolkit.launching import cluster, slots
 from toolkit.launching import launch as launcher
+from toolkit.launching.executors.local import horovodrun_argv
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import TERMINAL, RunDir
 
@@ -129,7 +130,7 @@ def test_a_run_on_one_other_host_names_the_interface_it_is_reached_through(clust
     toolkit.launching.remote.network_interface); the launcher names the interface instead."""
     config = from_mapping({**SMALL, "epochs": 1})
     run = launcher.launch(config, hosts="lbl-h3:2", run_id="one-other")
-    argv = launcher.horovodrun_argv(run.config(), run, resume=False)
+    argv = horovodrun_argv(run.config(), run, resume=False)
     assert argv[argv.index("--network-interfaces") + 1] == cluster.INTERFACE
     assert wait(run, TERMINAL)["state"] == "completed", run.stdout_path.read_text()
     assert hosts_of(run) == {0: "lbl-h3", 1: "lbl-h3"}

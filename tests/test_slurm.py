@@ -25,7 +25,7 @@ from test_multihost import SMALL, hosts_of, in_host
 from test_train import wait
 
 from toolkit import config as config_lib
-from toolkit.launching import cluster, cluster_slurm, slurm, sweep, sweep_runner
+from toolkit.launching import cluster, cluster_slurm, slurm, supervisor, sweep, sweep_runner
 from toolkit.launching import launch as launcher
 from toolkit.runs import slurm_jobs
 from toolkit.runs.events import read_events
@@ -144,7 +144,7 @@ def test_a_job_that_ended_badly_leaves_the_run_failed_in_slurms_words(tmp_path, 
     me = {"role": "supervisor", "pid": 1, "started": 0.0, "host": "n1"}
     run.set_status("running", slurm_job_id="2", processes=[me])
     run.stdout_path.write_text(f"Epoch 1/3\nslurmstepd-n1: error: {said}")
-    launcher.record_exit(run, me, 143 if "CANCELLED" in said else 1)
+    supervisor.record_exit(run, me, 143 if "CANCELLED" in said else 1)
     status = run.recorded_status()
     assert status["state"] == "failed" and status["reason"].startswith(reason), status
 
@@ -242,7 +242,7 @@ def two_nodes_and_one_host(slurm_hosts, tmp_path_factory, subprocess_env):
 def test_a_two_node_slurm_run_completes_with_one_rank_per_node(two_nodes_and_one_host):
     cli, run, _, _ = two_nodes_and_one_host
     assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]
-    assert "submitted to Slurm as job" in cli.stdout and "two-nodes: completed" in cli.stdout
+    assert "where: Slurm job" in cli.stdout and "two-nodes: completed" in cli.stdout
     status = run.status()
     assert status["state"] == "completed" and status["exit_code"] == 0
     assert len(set(hosts_of(run).values())) == 2  # one rank on each of two nodes
@@ -490,7 +490,7 @@ def test_the_launch_form_submits_the_quickstart_to_slurm_on_two_nodes(slurm_host
     assert not at.exception and not at.error, [e.value for e in at.error]
     (run_dir,) = [p for p in slurm_runs.iterdir() if not p.name.startswith(".")]
     run = RunDir(run_dir)
-    assert f"as Slurm job {job_of(run)}" in at.success[0].value
+    assert f"(where: Slurm job {job_of(run)})" in at.success[0].value
     status = wait(run, TERMINAL, timeout=240)
     assert status["state"] == "completed", run.stdout_path.read_text()[-3000:]
     assert run.config().slurm.nodes == 2 and len(set(hosts_of(run).values())) == 2
@@ -498,7 +498,7 @@ def test_the_launch_form_submits_the_quickstart_to_slurm_on_two_nodes(slurm_host
     row = at.dataframe[0].value.iloc[0]
     assert row["run_id"] == run.run_id and row["state"] == "completed"
     at.switch_page("views/detail.py").run()
-    assert any(f"slurm_job_id: {job_of(run)}" in text.value for text in at.text)
+    assert any(f"where: Slurm job {job_of(run)}" in text.value for text in at.text)
 
 
 def test_the_sweep_page_runs_its_cells_as_a_slurm_job_array(slurm_hosts, slurm_runs, monkeypatch):

@@ -45,6 +45,7 @@ from toolkit.launching import cluster, cluster_slurm, jupyter, slots
 from toolkit.launching import launch as launcher
 from toolkit.launching import probe as probe_lib
 from toolkit.launching.cluster import ClusterError
+from toolkit.runs import placement
 from toolkit.runs.monitor import follow
 from toolkit.runs.rundir import LIVE, complete_id, list_runs, resolve, runs_root
 from toolkit.runs.table import matches, outcome_text, progress_text, summary
@@ -237,8 +238,7 @@ def _command(argv: list[str] | None) -> int:
                 slurm=_slurm_fields(args),
             )
             print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
-            if job := run.recorded_status().get("slurm_job_id"):
-                print(f"submitted to Slurm as job {job} ({run.path / 'job.sbatch'})")
+            print(f"where: {placement.where(run.recorded_status())}")
             if place := slots.positions(args.runs).get(run.run_id):
                 print(f"queued: number {place} in line for slots (python -m toolkit queue)")
             if args.wait:
@@ -370,6 +370,7 @@ TABLE_COLUMNS = [
     "optimizer",
     "global_batch",
     "workers",
+    "where",
     "started (UTC)",
     "duration_s",
     "last_step",

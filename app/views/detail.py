@@ -14,7 +14,7 @@ from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
 from toolkit.plan import Scale
 from toolkit.runs import curves as curves_lib
-from toolkit.runs import table
+from toolkit.runs import placement, table
 from toolkit.runs.rundir import LIVE
 
 REFRESH_S = 2.0
@@ -268,9 +268,9 @@ def panel() -> None:
     if live and state not in LIVE:
         st.rerun()  # it just ended: redraw the page once more, without the timer
     frame = data.live_events(run)
-    details = [f"state: {state}"] + [
+    details = [f"state: {state}", f"where: {placement.where(status)}"] + [
         f"{key}: {status[key]}"
-        for key in ("slurm_job_id", "pid", "exit_code", "reason")
+        for key in ("pid", "exit_code", "reason")
         if status.get(key) is not None
     ]
     st.text("    ".join(details))

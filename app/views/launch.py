@@ -15,6 +15,7 @@ from toolkit.launching import launch as launcher
 from toolkit.launching import probe as probe_lib
 from toolkit.optimizers import OPTIMIZERS
 from toolkit.plan import Scale
+from toolkit.runs import placement
 from toolkit.training.data import DATASETS
 from toolkit.training.models import MODELS
 
@@ -574,7 +575,6 @@ if st.button("Launch", type="primary"):
             st.error(md_escape(f"Nothing was launched: {error}"))
         else:
             st.session_state.current_run = run.run_id
-            job = run.recorded_status().get("slurm_job_id")
-            where = f" as Slurm job {job}" if job else ""
-            st.success(md_escape(f"Launched {run.run_id} in {run.path}{where}"))
+            where = placement.where(run.recorded_status())
+            st.success(md_escape(f"Launched {run.run_id} in {run.path} (where: {where})"))
             st.page_link("views/detail.py", label="Follow it live", icon=":material/monitoring:")

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from toolkit import files
 from toolkit.launching import remote
 from toolkit.parallel.collective_errors import collective_failed
-from toolkit.runs import processes
+from toolkit.runs import placement, processes
 from toolkit.runs.rundir import RunDir
 
 TAIL_BYTES = 65536
@@ -65,8 +65,7 @@ def overrides(failure: Failure, recorded: dict) -> bool:
 
 def explain(run: RunDir, status: dict, code: int) -> Failure:
     """Why the run's launcher exited with ``code`` (see the module's docstring)."""
-    launcher = "srun" if status.get("slurm_job_id") else "horovodrun"
-    said = f"{launcher} exited with code {code}; see stdout.log"
+    said = f"{placement.launcher(status)} exited with code {code}; see stdout.log"
     if code == 0:
         return Failure("training exited without finishing")
     tail = files.tail(run.stdout_path, TAIL_BYTES)

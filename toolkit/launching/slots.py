@@ -25,7 +25,7 @@ The rules:
 - **Nothing stale.** A waiting entry whose run is gone, or has ended with no live process left,
   is dropped by the next reader.
 
-The waiting itself is done by the run's supervisor (:mod:`toolkit.launching.launch`), in its own
+The waiting itself is done by the run's supervisor (:mod:`toolkit.launching.supervisor`), in its own
 session: a queued run starts even when nothing that launched it is still running, and stopping
 it ends the supervisor before it ever starts ``horovodrun``.
 """

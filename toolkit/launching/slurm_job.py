@@ -19,7 +19,7 @@
    (``requeue_step`` in the status); the job then requeues itself, whatever srun's exit code
    (a rank that ends first may have srun end the others);
 5. otherwise records the run's end as the local supervisor does
-   (:func:`toolkit.launching.launch.record_exit`), srun's words naming a failed rank.
+   (:func:`toolkit.launching.supervisor.record_exit`), srun's words naming a failed rank.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 import psutil
 
 from toolkit.launching import hosts as hosts_lib
-from toolkit.launching import launch, remote, slurm
+from toolkit.launching import remote, slurm, supervisor
 from toolkit.runs import checkpoints, processes, slurm_jobs
 from toolkit.runs.rundir import RunDir
 
@@ -77,7 +77,7 @@ def drive(run: RunDir) -> int:
         PLAN_ENV: json.dumps(plan),
         slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV: "1",
     }
-    train = launch.train_argv(run, resume=checkpoints.latest(run.checkpoints_path) is not None)
+    train = supervisor.train_argv(run, resume=checkpoints.latest(run.checkpoints_path) is not None)
     gpus = [f"--gpus-per-task={config.slurm.gpus_per_task}"] if config.slurm.gpus_per_task else []
     ranks = [sys.executable, "-m", "toolkit.launching.slurm_job", "rank", "--", *train]
     step = subprocess.Popen(
@@ -95,7 +95,7 @@ def drive(run: RunDir) -> int:
         heartbeat.stop()
         slurm.requeue(job_id)
         return 0
-    launch.record_exit(run, me, code)
+    supervisor.record_exit(run, me, code)
     heartbeat.stop()
     return code
 

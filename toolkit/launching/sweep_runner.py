@@ -1,7 +1,7 @@
 """Running a sweep (:mod:`toolkit.launching.sweep`): every cell that has not completed, through
-:mod:`toolkit.launching.launch` and its slot-aware queue, at most ``max_parallel`` at a time; or,
-for cells with a ``slurm`` section (:func:`on_slurm`), all at once as Slurm job arrays whose
-``%max_parallel`` Slurm enforces (:func:`toolkit.launching.launch.launch_array`).
+:mod:`toolkit.launching.launch`, at most ``max_parallel`` at a time; or, for cells whose executor
+starts a sweep's runs at once (Slurm's job arrays, whose ``%max_parallel`` Slurm enforces), all
+at once (:func:`toolkit.launching.launch.launch_all`).
 
 A sweep resumes by looking, not by remembering: :func:`run` skips completed cells, waits for
 cells already queued or running (launched by an earlier runner that was killed), reports failed
@@ -30,6 +30,7 @@ import pandas as pd
 from toolkit import advice, files, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig, from_mapping
 from toolkit.launching import launch, remote
+from toolkit.launching.executors import registry
 from toolkit.launching.slots import capacity, check_fits, positions, slots_of
 from toolkit.launching.sweep import (
     SWEEPS_DIR,
@@ -43,6 +44,7 @@ from toolkit.launching.sweep import (
 )
 from toolkit.launching.sweep_results import cell_runs, results
 from toolkit.plan import RunPlan, Scale
+from toolkit.runs import placement
 from toolkit.runs.rundir import LIVE, RunDir, list_runs, runs_root
 from toolkit.runs.table import summary
 
@@ -65,7 +67,7 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
         try:
             plan = RunPlan.of(c, c.dataset.train_examples())
             advice.warn(c)  # each finding once (Python shows a warning once per text)
-            if c.slurm is None:  # Slurm's cells wait in Slurm's queue, not this machine's
+            if registry.choose(c).queues_here:  # else they wait in their executor's queue
                 check_fits(slots_of(c), root)
         except (ValueError, RuntimeError) as error:  # ConfigError, RunError
             problems.append(cell_problem(cell.coordinates, error))
@@ -246,15 +248,14 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
         f"sweep {sweep.name}: {total} cells, {done} ended, {len(in_flight)} in flight, "
         f"{len(todo)} to launch, {limit} at a time"
     )
-    on_slurm = [cell for cell in todo if cell.config.slurm is not None]
-    if on_slurm:  # Slurm runs them, max_parallel at a time: every one is submitted now
-        todo = [cell for cell in todo if cell.config.slurm is None]
-        cells = [(c.config, _free_id(c.run_id, base), c.meta()) for c in on_slurm]
-        for cell, run_dir in zip(
-            on_slurm, launch.launch_array(cells, sweep.name, base, max_parallel), strict=True
-        ):
+    at_once = [cell for cell in todo if registry.choose(cell.config).starts_sweeps_at_once]
+    if at_once:  # their executor paces them, max_parallel at a time: all go now
+        todo = [cell for cell in todo if cell not in at_once]
+        cells = [(c.config, _free_id(c.run_id, base), c.meta()) for c in at_once]
+        started = launch.launch_all(cells, sweep.name, base, max_parallel)
+        for cell, run_dir in zip(at_once, started, strict=True):
             in_flight[cell.key] = (cell, run_dir)
-        log(f"submitted {len(on_slurm)} cells to Slurm as job arrays")
+        log(f"submitted {len(at_once)} cells at once ({placement.where(started[0].status())}...)")
     while todo or in_flight:
         while todo and len(in_flight) < limit:
             cell = todo.pop(0)

@@ -57,7 +57,7 @@ from typing_extensions import TypedDict  # pydantic needs this one on Python 3.1
 from toolkit import files, safe_yaml
 from toolkit.config import ExperimentConfig, from_yaml, run_name_problem
 from toolkit.plan import Scale
-from toolkit.runs import processes, slurm_jobs
+from toolkit.runs import placement, processes
 
 STATES = ("queued", "starting", "running", "completed", "failed", "stopped")
 TERMINAL = ("completed", "failed", "stopped")
@@ -113,6 +113,9 @@ STATUS_FIELDS = _fields(
     released=float,
     slots=dict[str, int],
     slurm_job_id=str,
+    executor=str,
+    where=str,
+    launcher=str,
     requeue_step=int,
     paused_s=float,
 )
@@ -380,27 +383,15 @@ class RunDir:
         """The run's state, checked against its processes: a live run none of
         whose recorded processes is alive (on this host, or by its heartbeat on another:
         :func:`toolkit.runs.processes.running`) is ``failed`` (a run that has recorded none is given
-        :data:`STARTUP_GRACE_S` to start one). A Slurm run's is Slurm's where Slurm still
-        knows its job (:mod:`toolkit.runs.slurm_jobs`): queued while pending, starting once the
-        job runs until its workers train, and ended with
-        Slurm's words if the job ended without the run recording it. Never raises."""
+        :data:`STARTUP_GRACE_S` to start one). A run in a scheduler's queue is as the
+        scheduler says (:func:`toolkit.runs.placement.live_state`). Never raises."""
         status = self.recorded_status()
         if not status:  # no status.json: a directory being created, or abandoned
             status = {"state": "queued", "updated": _mtime(self.path)}
         if status["state"] not in LIVE:
             return status
-        if status.get("slurm_job_id"):
-            job = slurm_jobs.job(status["slurm_job_id"])
-            if job is not None:
-                state, said = slurm_jobs.lab_state(job)
-                if state == "running":  # the run says whether it is training yet
-                    started = status["state"] != "queued"
-                    return status if started else {**status, "state": "starting"}
-                if state != "queued":
-                    said = f"{said}; the run did not record its end: see stdout.log"
-                return {**status, "state": state, "reason": said}
-            if not slurm_jobs.answers():  # Slurm is out of reach: as the run recorded it
-                return status
+        if (scheduled := placement.live_state(status)) is not None:
+            return scheduled
         entries = self.process_records(status)
         if any(processes.running(self.path, entry) for entry in entries):
             return status

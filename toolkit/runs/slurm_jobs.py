@@ -99,6 +99,22 @@ def lab_state(job: Job) -> tuple[str, str]:
     return "failed", said
 
 
+def live_state(status: dict) -> dict | None:
+    """A live run's ``status`` as Slurm knows its job (``slurm_job_id``): queued while pending,
+    starting once the job runs until its workers train, and ended with Slurm's words if the job
+    ended without the run recording it; as recorded if Slurm is out of reach; ``None`` if Slurm
+    no longer knows the job (the run's processes tell)."""
+    found = job(status["slurm_job_id"])
+    if found is None:
+        return None if answers() else status
+    state, said = lab_state(found)
+    if state == "running":  # the run says whether it is training yet
+        return status if status["state"] != "queued" else {**status, "state": "starting"}
+    if state != "queued":
+        said = f"{said}; the run did not record its end: see stdout.log"
+    return {**status, "state": state, "reason": said}
+
+
 def _squeue() -> dict[str, Job] | None:
     try:
         answer = subprocess.run(

@@ -13,7 +13,7 @@ import pandas as pd
 
 from toolkit.config import ConfigError
 from toolkit.plan import Scale
-from toolkit.runs import checkpoints
+from toolkit.runs import checkpoints, placement
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import LIVE, RunDir, short_error
 
@@ -65,6 +65,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
     row = {
         "run_id": run.run_id,
         "state": status.get("state"),
+        "where": placement.where(status),
         "optimizer": None,
         "global_batch": meta.get("global_batch"),
         "workers": meta.get("world_size"),
