@@ -3,7 +3,7 @@
     .venv/bin/python experiments/bench_compare_page.py [--runs 100] [--events 50000]
         [--repeat 5] [--root DIR]
 
-Fabricates the runs with the toolkit's own writer (app/fabricate.py), in ``--root`` if given
+Fabricates the runs with the toolkit's own writer (tests/fabricate.py), in ``--root`` if given
 (kept, and reused by a later call: fabricating 100 x 50,000 events takes minutes) or else in a
 temporary directory. Then renders the Compare page with all of them selected through
 Streamlit's AppTest (the page script end to end: reading, figures, table, serialising the
@@ -34,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # fabricate.py: the tests' synthetic runs
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import benchmark_csv  # noqa: E402
@@ -41,7 +42,7 @@ import benchmark_csv  # noqa: E402
 
 def fabricate(root: Path, runs: int, events: int) -> list[str]:
     """Run ids of ``runs`` fabricated runs under ``root`` (those already there are kept)."""
-    from app.fabricate import fake_run
+    from fabricate import fake_run
 
     ids = [f"bench-{i:03d}" for i in range(runs)]
     started = time.perf_counter()

@@ -2,7 +2,7 @@
 
     .venv/bin/python experiments/bench_first_page.py [--runs 10] [--repeat 5]
 
-Fabricates ``--runs`` finished runs (app/fabricate.py) in a temporary runs root, then, for each
+Fabricates ``--runs`` finished runs (tests/fabricate.py) in a temporary runs root, then, for each
 repeat, starts a new ``streamlit run app/main.py`` server (a new process: nothing imported,
 nothing cached) and opens it in Debian's headless Chromium (Playwright). Prints, per repeat and
 as the median with the spread:
@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # fabricate.py: the tests' synthetic runs
 
 import benchmark_csv  # noqa: E402
 
@@ -98,9 +99,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
+    from fabricate import fake_run
     from playwright.sync_api import sync_playwright
-
-    from app.fabricate import fake_run
 
     root = Path(tempfile.mkdtemp(prefix="lbl-first-page-"))
     for i in range(args.runs):

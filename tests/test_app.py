@@ -1,6 +1,6 @@
 """The dashboard (app/), page by page, through Streamlit's AppTest.
 
-Runs are fabricated with app.fabricate (the toolkit's own event writer and run directory), and
+Runs are fabricated with tests/fabricate.py (the toolkit's own event writer and run directory), and
 launches go through a fake ``toolkit.launching.launch.launch`` except in the one real-launch test.
 """
 
@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import run_cli
+from fabricate import fake_run
 from streamlit.testing.v1 import AppTest
 
 from app import charts, data
 from app.data import md_escape
-from app.fabricate import fake_run
 from toolkit import config as config_lib
 from toolkit import files
 from toolkit.launching import launch as launcher

@@ -120,7 +120,8 @@ def test_every_page_in_chromium_with_a_live_runs_table_and_screenshots(server, t
     """Each page as a browser draws it, from ``/runs`` (an address of its own) to Sweep, with a
     screenshot of each in ``screenshots/`` for review; the Runs table follows a live run with no
     click, and no page shows an exception or a page-not-found dialog."""
-    from app.fabricate import fake_run
+    from fabricate import fake_run
+
     from toolkit.runs.events import EventWriter
 
     url, runs = server

@@ -11,11 +11,11 @@ import os
 import pandas as pd
 import pytest
 from conftest import ROOT, run_cli
+from fabricate import fake_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from streamlit.testing.v1 import AppTest
 
-from app.fabricate import fake_run
 from toolkit.__main__ import runs_table
 from toolkit.runs.events import TEXT_KEYS, read_events
 from toolkit.runs.rundir import STATES, UNREADABLE, RunDir, list_runs

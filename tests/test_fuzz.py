@@ -383,7 +383,7 @@ def test_the_pages_take_any_query_parameters(app_runs, view, values):
 
 @pytest.fixture(scope="module")
 def app_runs(tmp_path_factory):
-    from app.fabricate import fake_run
+    from fabricate import fake_run
 
     root = tmp_path_factory.mktemp("app-runs")
     fake_run(root, "done", events=50)

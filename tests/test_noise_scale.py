@@ -235,10 +235,10 @@ def test_bad_noise_scale_settings_are_config_errors_naming_the_field(override, m
 @pytest.mark.parametrize("with_gns", [True, False])
 def test_run_detail_shows_the_noise_scale_against_the_batch(with_gns, tmp_path, monkeypatch):
     from conftest import ROOT
+    from fabricate import fake_run
     from streamlit.testing.v1 import AppTest
 
     from app.data import md_escape
-    from app.fabricate import fake_run
 
     monkeypatch.setenv("LBL_RUNS", str(tmp_path))
     fake_run(tmp_path, "gns", events=400, gns_every=20 if with_gns else None)

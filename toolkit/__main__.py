@@ -48,6 +48,7 @@ from toolkit.launching.cluster import ClusterError
 from toolkit.runs import placement
 from toolkit.runs.monitor import follow
 from toolkit.runs.rundir import LIVE, complete_id, list_runs, resolve, runs_root
+from toolkit.runs.states import State
 from toolkit.runs.table import matches, outcome_text, progress_text, summary
 
 RUN_HELP = "the run's id (toolkit runs lists them)"
@@ -450,7 +451,7 @@ def _sweep(args) -> int:
     if args.csv:
         table.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")
-    return 0 if (table["state"] == "completed").all() else 1
+    return 0 if (table["state"] == State.COMPLETED).all() else 1
 
 
 def _print_plan(grid, root: str | None, max_parallel: int | None) -> None:
@@ -573,13 +574,13 @@ def _wait(run) -> int:
     status = follow(run)
     state, row = status["state"], summary(run)
     said = f"{run.run_id}: {state}"
-    if state == "completed":
+    if state == State.COMPLETED:
         print(f"{said} · {outcome_text(row)}")
     else:
         print(f"{said}: {status.get('reason') or 'no reason recorded'}")
     print(f"  its files: {run.path} (stdout.log, events.jsonl, checkpoints/)")
     print("  to compare: python -m toolkit runs, or ./lab start (Runs, Run detail, Compare)")
-    return 0 if state == "completed" else 1
+    return 0 if state == State.COMPLETED else 1
 
 
 if __name__ == "__main__":

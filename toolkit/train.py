@@ -27,6 +27,7 @@ from toolkit.parallel import distributed
 from toolkit.rates import peak_learning_rate
 from toolkit.runs import checkpoints, monitor, processes, rundir, slurm_jobs
 from toolkit.runs.rundir import RunDir, RunError
+from toolkit.runs.states import State
 from toolkit.training import callbacks
 from toolkit.training.trainer import Trainer
 
@@ -92,7 +93,7 @@ def train(
             # the time it lay stopped is not the run's; trained afresh, it has none
             again["paused_s"] = rundir.paused_s(run.recorded_status()) if resume else 0.0
             again = again if role == processes.IN_PROCESS else {}
-            run.set_status("running", world_size=world, started=started or time.time(), **again)
+            run.set_status(State.RUNNING, world_size=world, started=started or time.time(), **again)
             run.update_meta(run_id=run.run_id, **_meta(config, world), **(meta or {}))
         previous_policy = keras.config.dtype_policy()
         keras.config.set_dtype_policy(config.precision)
@@ -115,14 +116,16 @@ def train(
                 else "".join(traceback.format_exception_only(type(error), error)).strip()
             )
             try:
-                run.finish("stopped" if stopped else "failed", reason=reason, finished=time.time())
+                run.finish(
+                    State.STOPPED if stopped else State.FAILED, reason=reason, finished=time.time()
+                )
             except (OSError, RunError):  # unrecordable: it reads failed once its processes end
                 pass
         raise
     else:
         run = _recorder(run, run_dir)
         if run:
-            run.finish("completed", exit_code=0, finished=time.time())
+            run.finish(State.COMPLETED, exit_code=0, finished=time.time())
     finally:
         if heartbeat:
             heartbeat.stop()

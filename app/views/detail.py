@@ -16,6 +16,7 @@ from toolkit.plan import Scale
 from toolkit.runs import curves as curves_lib
 from toolkit.runs import placement, table
 from toolkit.runs.rundir import LIVE
+from toolkit.runs.states import State
 
 REFRESH_S = 2.0
 BAND_READINGS = 10  # B_simple's band: the spread of its last readings
@@ -282,12 +283,14 @@ def panel() -> None:
         st.caption(md_escape(reading))
     if adascale_run() and (total := run.meta().get("total_steps")):
         taus = data.phase(frame, "train").get("tau", frame.index[:0]).dropna()
-        tau = total if state == "completed" else float(taus.iloc[-1] if len(taus) else 0)
+        tau = total if state == State.COMPLETED else float(taus.iloc[-1] if len(taus) else 0)
         st.progress(min(1.0, tau / total), text=f"τ {tau:,.0f} of {total:,} base-run updates")
     elif config is not None:
         epochs = data.phase(frame, "train").get("epoch", frame.index[:0]).dropna()
         epoch = (
-            config.epochs if state == "completed" else float(epochs.iloc[-1] if len(epochs) else 0)
+            config.epochs
+            if state == State.COMPLETED
+            else float(epochs.iloc[-1] if len(epochs) else 0)
         )
         done = min(1.0, max(0.0, epoch / config.epochs))
         st.progress(done, text=f"epoch {round(epoch, 2):g} of {config.epochs}")

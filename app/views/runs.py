@@ -16,6 +16,7 @@ from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
 from toolkit.launching import slots
 from toolkit.runs.rundir import LIVE
+from toolkit.runs.states import RESUMABLE
 from toolkit.runs.table import matches, progress_text
 
 REFRESH_S = 2.0
@@ -201,7 +202,7 @@ if rerun.button("Rerun with the same config", disabled=config is None, width="st
     st.session_state.current_run = new.run_id
     del st.session_state.runs_run  # select the new run on the next draw
     done(f"Started {new.run_id} with the config of {run_id}.")
-if resume.button("Resume", disabled=state not in ("stopped", "failed"), width="stretch"):
+if resume.button("Resume", disabled=state not in RESUMABLE, width="stretch"):
     act(lambda: launcher.resume(run_id, data.root()))
     done(f"Resumed {run_id}.")
 if delete.button("Delete…", disabled=state in LIVE, width="stretch"):

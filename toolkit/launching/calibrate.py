@@ -37,6 +37,7 @@ from toolkit.launching.sweep_results import cell_runs
 from toolkit.plan import RunPlan, Scale
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import runs_root
+from toolkit.runs.states import State
 from toolkit.scaling import critical_batch
 from toolkit.scaling.critical_batch import Calibration, TargetFit
 
@@ -144,7 +145,7 @@ def runs_table(sweep: sweep_lib.Sweep, root: str | Path | None = None) -> pd.Dat
     found, rows = cell_runs(sweep, root), []
     for cell in sweep.cells:
         run = found.get(cell.key)
-        if run is None or run.status().get("state") != "completed":
+        if run is None or run.status().get("state") != State.COMPLETED:
             continue
         events = read_events(run.events_path)
         per_update = Scale.of(cell.config).steps_per_update

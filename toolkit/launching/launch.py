@@ -34,6 +34,7 @@ from toolkit.launching.executors.base import Cells
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints, rundir
 from toolkit.runs.rundir import LIVE, RUN_FILES, RunDir, RunError, resolve, runs_root
+from toolkit.runs.states import RESUMABLE, State
 
 
 def launch(
@@ -116,7 +117,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
     run = _as_run(run, runs_root_dir)
     with run.lock():
         state = run.status()["state"]
-        if state not in ("stopped", "failed"):
+        if state not in RESUMABLE:
             raise RunError(f"run {run.run_id} is {state}: only a stopped or failed run resumes")
         intact, damaged = checkpoints.latest_intact(run.checkpoints_path)
         if intact is None:
@@ -192,7 +193,7 @@ def stop(
         if survivors:
             raise RunError(f"run {run.run_id}: {'; '.join(survivors)}; still running")
         reason = f"stopped on request from {by} by {getpass.getuser()}@{socket.gethostname()}"
-        run.finish("stopped", finished=time.time(), reason=reason)
+        run.finish(State.STOPPED, finished=time.time(), reason=reason)
         _say_in_log(run, f"{reason}; resume it with: python -m toolkit resume {run.run_id}")
     slots.leave_line(run)
     return run

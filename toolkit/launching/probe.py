@@ -15,6 +15,7 @@ import numpy as np
 
 from toolkit.plan import RunPlan, Scale
 from toolkit.runs.rundir import runs_root as runs_root_of
+from toolkit.runs.states import State
 from toolkit.scaling import critical_batch
 from toolkit.scaling.critical_batch import Calibration
 
@@ -202,7 +203,7 @@ def probe(
 
         run = launch.launch(short, runs_root_dir=runs_root, meta={"probe": True})
         state = monitor.follow(run, progress=False)["state"]
-        if state != "completed":
+        if state != State.COMPLETED:
             raise RuntimeError(f"probe run {run.run_id} {state}: see {run.stdout_path}")
     events = read_events(run.events_path)
     gns = events[events["phase"] == "gns"] if "phase" in events else events

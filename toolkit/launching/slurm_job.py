@@ -41,6 +41,7 @@ from toolkit.launching import hosts as hosts_lib
 from toolkit.launching import remote, slurm, supervisor
 from toolkit.runs import checkpoints, processes, slurm_jobs
 from toolkit.runs.rundir import RunDir
+from toolkit.runs.states import State
 
 PLAN_ENV = "LBL_SLURM_PLAN"
 RESIGNAL_S = 30.0
@@ -60,7 +61,7 @@ def drive(run: RunDir) -> int:
     heartbeat = processes.Heartbeat(run.path, me)
     heartbeat.start()
     run.record_processes(me, replacing="supervisor", reason=None, requeue_step=None)
-    run.set_status("starting")  # until train.py says its workers are training
+    run.set_status(State.STARTING)  # until train.py says its workers are training
     config = run.config()
     allocation = hosts_lib.from_slurm()
     slots = get_host_assignments(parse_hosts(allocation), config.workers)
@@ -91,7 +92,7 @@ def drive(run: RunDir) -> int:
     if run.recorded_status().get("requeue_step") is not None:  # whatever srun's code
         said = f"checkpointed on Slurm's signal ahead of the job's end; job {job_id} requeued"
         print(f"[lab] {said}", flush=True)
-        run.set_status("queued", reason=said)
+        run.set_status(State.QUEUED, reason=said)
         heartbeat.stop()
         slurm.requeue(job_id)
         return 0

@@ -20,6 +20,7 @@ from pathlib import Path
 from toolkit.launching import failures, slots
 from toolkit.runs import processes
 from toolkit.runs.rundir import RunDir, RunError
+from toolkit.runs.states import State
 
 
 def train_argv(run: RunDir, resume: bool) -> list[str]:
@@ -78,7 +79,7 @@ def _start_when_free(run: RunDir, argv: list[str]) -> subprocess.Popen | None:
             child = subprocess.Popen(argv)
             record = processes.record(status.get("launcher") or "launcher", child.pid)
             run.record_processes(record, launched=launched, slots=need)
-            run.set_status("starting")  # until train.py says its workers are training
+            run.set_status(State.STARTING)  # until train.py says its workers are training
         return child
     finally:
         slots.leave_line(run)
@@ -93,14 +94,18 @@ def record_exit(run: RunDir, me: dict, code: int) -> None:
             return
         finished = time.time()  # the launcher has exited: its slots are free too
         if status.get("stop_requested"):
-            run.finish("stopped", exit_code=code, finished=finished, released=finished)
+            run.finish(State.STOPPED, exit_code=code, finished=finished, released=finished)
             return
         failure = failures.explain(run, status, code)
-        if status.get("state") == "failed" and failures.overrides(failure, status):
-            run.set_status("failed", exit_code=code, finished=finished, reason=failure.reason)
+        if status.get("state") == State.FAILED and failures.overrides(failure, status):
+            run.set_status(State.FAILED, exit_code=code, finished=finished, reason=failure.reason)
         # otherwise training's own reason, if it wrote one, wins (the first final state)
         run.finish(
-            "failed", exit_code=code, finished=finished, reason=failure.reason, released=finished
+            State.FAILED,
+            exit_code=code,
+            finished=finished,
+            reason=failure.reason,
+            released=finished,
         )
 
 

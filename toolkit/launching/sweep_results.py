@@ -17,6 +17,7 @@ from toolkit.plan import Scale
 from toolkit.runs.curves import updates_by_epoch, wide
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import LIVE, RunDir, list_runs
+from toolkit.runs.states import State
 from toolkit.runs.table import summary
 
 METRICS = (
@@ -67,7 +68,7 @@ def _measure(cell: Cell, run_dir: RunDir | None, events) -> dict[str, Any]:
         }
     history = (events or _read_events)(run_dir)
     row = summary(run_dir, history)
-    completed = row["state"] == "completed"
+    completed = row["state"] == State.COMPLETED
     evals = history[history["phase"] == "eval"] if "phase" in history else history.iloc[0:0]
     losses = evals["loss"].dropna() if "loss" in evals else evals.iloc[0:0]
     steps = run_dir.meta().get("total_steps")
@@ -124,12 +125,14 @@ def aggregate(
     by = axes_of(table) if by is None else by
     rows = []
     for values, group in table.groupby(by, sort=False, dropna=False) if by else [((), table)]:
-        ok = group[group["state"] == "completed"]
+        ok = group[group["state"] == State.COMPLETED]
         row = dict(zip(by, values if isinstance(values, tuple) else (values,), strict=True))
         row |= {
             "cells": len(group),
             "completed": len(ok),
-            "failed": int(group["state"].isin(["failed", "stopped", "unreadable"]).sum()),
+            "failed": int(
+                group["state"].isin([State.FAILED, State.STOPPED, State.UNREADABLE]).sum()
+            ),
             "diverged": int(group["diverged"].sum()),
             "pending": int(group["state"].isin(["pending", *LIVE]).sum()),
         }

@@ -46,6 +46,7 @@ from toolkit.launching.sweep_results import cell_runs, results
 from toolkit.plan import RunPlan, Scale
 from toolkit.runs import placement
 from toolkit.runs.rundir import LIVE, RunDir, list_runs, runs_root
+from toolkit.runs.states import State
 from toolkit.runs.table import summary
 
 POLL_S = 1.0
@@ -94,7 +95,7 @@ def throughputs(root: str | Path | None = None, summarize=summary) -> dict[tuple
     measured = collections.defaultdict(list)
     for run in list_runs(root):
         row = summarize(run)
-        if row["state"] != "completed" or not row["samples_per_sec"]:
+        if row["state"] != State.COMPLETED or not row["samples_per_sec"]:
             continue
         try:
             measured[_speed_key(run.config())].append(row["samples_per_sec"])
@@ -111,7 +112,7 @@ def startup(root: str | Path | None = None) -> float | None:
     for run in list_runs(root):
         status = run.recorded_status()
         launched, started = status.get("launched"), status.get("started")
-        if status.get("state") == "completed" and launched and started:
+        if status.get("state") == State.COMPLETED and launched and started:
             waits.append(max(0.0, started - launched))
     return float(pd.Series(waits).median()) if waits else None
 
@@ -239,9 +240,9 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
         state = run_dir.status()["state"] if run_dir else None
         if state in LIVE:
             in_flight[cell.key] = (cell, run_dir)
-        elif state is None or (retry_failed and state != "completed"):
+        elif state is None or (retry_failed and state != State.COMPLETED):
             todo.append(cell)
-        elif state != "completed":
+        elif state != State.COMPLETED:
             log(f"{_label(cell)}: {state} ({run_dir.run_id}); --retry-failed reruns it")
     done = total - len(todo) - len(in_flight)
     log(
@@ -385,7 +386,7 @@ def _label(cell: Cell) -> str:
 
 
 def _outcome(run_dir: RunDir, status: dict) -> str:
-    if status["state"] != "completed":
+    if status["state"] != State.COMPLETED:
         return f" ({status.get('reason') or 'no reason recorded'})"
     accuracy = summary(run_dir).get("last_eval_accuracy")
     return "" if accuracy is None else f", test accuracy {accuracy:.4f}"

@@ -26,6 +26,7 @@ import pandas as pd
 from toolkit.runs import curves as curves_lib
 from toolkit.runs.events import EventTail
 from toolkit.runs.rundir import LIVE, RunDir
+from toolkit.runs.states import State
 
 # (label on the bar, phase of the event, column): the newest value of each is shown.
 SHOWN = (("epoch", None, "epoch"), ("loss", "train", "loss"), ("test_acc", "eval", "accuracy"))
@@ -160,7 +161,7 @@ class ProgressBar:
     def close(self, status: dict) -> None:
         """End the bar's line: full if the run completed, else where it stopped."""
         if self.bar is not None and self.step < self.bar.target:
-            done = status["state"] == "completed"
+            done = status["state"] == State.COMPLETED
             self.bar.update(self.bar.target if done else self.step, finalize=True)
 
 
@@ -387,8 +388,8 @@ class LiveView:
             parts.append(html.escape(str(status["reason"])))
         self.line = " · ".join(parts)
         if total:
-            self.done = 1.0 if state == "completed" else min(1.0, (step or 0) / total)
-        self.outcome = {"completed": "success", "failed": "danger"}.get(state, "")
+            self.done = 1.0 if state == State.COMPLETED else min(1.0, (step or 0) / total)
+        self.outcome = {State.COMPLETED: "success", State.FAILED: "danger"}.get(state, "")
 
 
 def _axis(kind: str, at: int) -> str:

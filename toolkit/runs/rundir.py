@@ -5,7 +5,8 @@
     runs/<run_id>/
       config.yaml    the resolved config, exactly what ran
       meta.json      run id, created time, argv, world size, versions, git commit, seed
-      status.json    state (queued | starting | running | completed | failed | stopped): queued
+      status.json    state (toolkit.runs.states: queued | starting | running | completed |
+                     failed | stopped): queued
                      while it waits for slots (or for Slurm), starting once it has them
                      until its workers begin training; the run's
                      processes (toolkit.runs.processes), exit code, reason; launched,
@@ -58,11 +59,9 @@ from toolkit import files, safe_yaml
 from toolkit.config import ExperimentConfig, from_yaml, run_name_problem
 from toolkit.plan import Scale
 from toolkit.runs import placement, processes
+from toolkit.runs.states import LIVE, STATES, TERMINAL, State
 
-STATES = ("queued", "starting", "running", "completed", "failed", "stopped")
-TERMINAL = ("completed", "failed", "stopped")
-LIVE = ("queued", "starting", "running")
-UNREADABLE = "unreadable"
+UNREADABLE = State.UNREADABLE
 RUNS_ENV = "LBL_RUNS"
 STARTUP_GRACE_S = 30.0
 """A run with no recorded process yet counts as starting for this long after its last status."""
@@ -237,7 +236,7 @@ class RunDir:
             run = cls(staging)
             if config is not None:
                 run.write_config(config)
-            files.write_json(run.status_path, {"state": "queued", "updated": time.time()})
+            files.write_json(run.status_path, {"state": State.QUEUED, "updated": time.time()})
             os.rename(staging, final)  # fails if another creator got there first
         except OSError as error:
             shutil.rmtree(staging, ignore_errors=True)
@@ -387,7 +386,7 @@ class RunDir:
         scheduler says (:func:`toolkit.runs.placement.live_state`). Never raises."""
         status = self.recorded_status()
         if not status:  # no status.json: a directory being created, or abandoned
-            status = {"state": "queued", "updated": _mtime(self.path)}
+            status = {"state": State.QUEUED, "updated": _mtime(self.path)}
         if status["state"] not in LIVE:
             return status
         if (scheduled := placement.live_state(status)) is not None:
@@ -399,7 +398,7 @@ class RunDir:
             return status
         return {
             **status,
-            "state": "failed",
+            "state": State.FAILED,
             "reason": "its processes exited without writing a final status",
         }
 
@@ -420,8 +419,8 @@ class RunDir:
             previous = self.recorded_status()
             if previous.get("state") == UNREADABLE:
                 previous = {}
-            if state == "completed" and previous.get("stop_requested"):
-                state = "stopped"
+            if state == State.COMPLETED and previous.get("stop_requested"):
+                state = State.STOPPED
                 fields.setdefault("reason", "stopped on request")
             files.write_json(
                 self.status_path, {**previous, **fields, "state": state, "updated": time.time()}
@@ -454,7 +453,7 @@ class RunDir:
                 if (e["host"], e["pid"]) not in new and e.get("role") != replacing
             ]
             state = status.get("state")
-            state = state if state in STATES else "queued"
+            state = state if state in STATES else State.QUEUED
             self.set_status(state, processes=kept + [*entries], **fields)
 
 

@@ -21,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from toolkit.runs.states import State
+
 CACHE_S = 3.0
 CHECKPOINT_ON_SIGNAL_ENV = "LBL_CHECKPOINT_ON_USR1"
 """Set (to ``1``) by a Slurm job's driver for its ranks: on ``SIGUSR1`` they checkpoint where
@@ -91,12 +93,12 @@ def lab_state(job: Job) -> tuple[str, str]:
     """The lab's state for ``job`` and a reason in Slurm's words."""
     said = f"Slurm job {job.job_id} {job.state}" + (f" ({job.reason})" if job.reason else "")
     if job.state in QUEUED:
-        return "queued", said
+        return State.QUEUED, said
     if job.state in RUNNING:
-        return "running", said
+        return State.RUNNING, said
     if job.state == "CANCELLED":
-        return "stopped", said
-    return "failed", said
+        return State.STOPPED, said
+    return State.FAILED, said
 
 
 def live_state(status: dict) -> dict | None:
@@ -108,9 +110,9 @@ def live_state(status: dict) -> dict | None:
     if found is None:
         return None if answers() else status
     state, said = lab_state(found)
-    if state == "running":  # the run says whether it is training yet
-        return status if status["state"] != "queued" else {**status, "state": "starting"}
-    if state != "queued":
+    if state == State.RUNNING:  # the run says whether it is training yet
+        return status if status["state"] != State.QUEUED else {**status, "state": State.STARTING}
+    if state != State.QUEUED:
         said = f"{said}; the run did not record its end: see stdout.log"
     return {**status, "state": state, "reason": said}
 

@@ -16,6 +16,7 @@ from toolkit.plan import Scale
 from toolkit.runs import checkpoints, placement
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import LIVE, RunDir, short_error
+from toolkit.runs.states import State
 
 
 def matches(row: dict[str, Any], text: str | None) -> bool:
@@ -34,7 +35,7 @@ def progress_text(row: dict[str, Any]) -> str | None:
         return None
     if row.get("adascale"):  # its epochs are an outcome; its progress is its clock's
         return f"{round(row['epoch'], 2):g} epochs, τ {row['progress'] or 0:.0%}"
-    epoch = row["epochs"] if row["state"] == "completed" else row["epoch"]
+    epoch = row["epochs"] if row["state"] == State.COMPLETED else row["epoch"]
     return f"{round(epoch, 2):g} of {row['epochs']}"
 
 
@@ -105,17 +106,17 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         return float(getattr(values, how)() if how != "last" else values.iloc[-1])
 
     epoch = column(train, "epoch", "last") or 0.0
-    if status.get("state") == "completed" and row["epochs"] and not row["adascale"]:
+    if status.get("state") == State.COMPLETED and row["epochs"] and not row["adascale"]:
         epoch = float(row["epochs"])  # all of them, not where its last train event fell
     tau, total = column(train, "tau", "last"), meta.get("total_steps")
-    if status.get("state") == "completed":
+    if status.get("state") == State.COMPLETED:
         progress = 1.0
     elif row["adascale"]:  # on AdaScale's clock: base-run updates done
         progress = min(1.0, tau / total) if tau is not None and total else 0.0
     else:
         progress = min(1.0, epoch / row["epochs"]) if row["epochs"] else None
     reasons = [status.get("reason")] if status.get("reason") else []
-    if problems and status.get("state") != "queued":
+    if problems and status.get("state") != State.QUEUED:
         reasons.append("unreadable: " + "; ".join(problems))
     # an ended run's, by the files' sizes (a stat each): what a resume would meet
     damaged = None if not ended else checkpoints.damaged_latest(run.checkpoints_path, False)

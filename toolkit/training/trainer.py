@@ -33,6 +33,7 @@ from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints, processes, slurm_jobs
 from toolkit.runs.events import EventWriter, read_events, truncate_after
 from toolkit.runs.rundir import RunDir
+from toolkit.runs.states import State
 from toolkit.scaling import adaptive_batch
 from toolkit.scaling.adaptive_batch import Accumulation
 from toolkit.scaling.adascale import AdaScale
@@ -260,7 +261,7 @@ class Trainer:
                 ),
                 starts_update=accumulation.starts_update,
                 on_requeue=(
-                    (lambda it: run.set_status("queued", requeue_step=it.step, reason=str(it)))
+                    (lambda it: run.set_status(State.QUEUED, requeue_step=it.step, reason=str(it)))
                     if run
                     else None
                 ),

@@ -22,6 +22,7 @@ from typing import ClassVar
 
 from toolkit.config import ExperimentConfig
 from toolkit.runs.rundir import RunDir
+from toolkit.runs.states import State
 
 Cells = list[tuple[ExperimentConfig, str, dict]]
 """A sweep's runs to start: each a validated config, its run id and its meta."""
@@ -72,7 +73,7 @@ class Executor(ABC):
         """Record ``run`` queued here afresh: where it goes, and nothing left of a previous
         attempt (a resume's): no stop asked, no exit, reason, end or processes; and ``fields``."""
         run.set_status(
-            "queued",
+            State.QUEUED,
             executor=self.kind,
             where=self.where(config, job),
             launcher=self.launcher,

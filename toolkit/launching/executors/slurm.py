@@ -14,6 +14,7 @@ from toolkit.config import ExperimentConfig
 from toolkit.launching import slurm
 from toolkit.launching.executors.base import Cells, Executor
 from toolkit.runs.rundir import RunDir, RunError
+from toolkit.runs.states import State
 
 
 class SlurmExecutor(Executor):
@@ -71,7 +72,7 @@ class SlurmExecutor(Executor):
 
     def _submitted(self, run: RunDir, config: ExperimentConfig, job: str, meta: dict) -> None:
         where = self.where(config, job)
-        run.set_status("queued", slurm_job_id=job, where=where, reason=f"submitted as {where}")
+        run.set_status(State.QUEUED, slurm_job_id=job, where=where, reason=f"submitted as {where}")
         command = ["sbatch", str((run.path / slurm.JOB_SCRIPT).resolve())]
         job_ids = [*run.meta().get("slurm_job_ids", []), job]
         self.record_launch(run, config, command, {**meta, "slurm_job_ids": job_ids})

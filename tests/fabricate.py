@@ -1,5 +1,5 @@
-"""Synthetic run directories (for the dashboard's tests, its benchmark, or a demo without
-training): a config, a status and an events file with train, eval and trust-ratio rows, written
+"""Synthetic run directories, for tests and the dashboard's benchmarks (a fixture, not part of
+the app): a config, a status and an events file with train, eval and trust-ratio rows, written
 with the toolkit's own writers."""
 
 from __future__ import annotations
