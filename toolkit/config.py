@@ -169,6 +169,15 @@ class OptimizerConfig(Component):
             optimizer_rules.check(self.name, self.params)
         return self
 
+    def applies_trust_ratios(self) -> bool:
+        """Whether the built optimizer applies per-layer trust ratios (a run logs them)."""
+        return optimizer_rules.applies_trust_ratios(self.name, self.params)
+
+    def accumulated_batches(self) -> int | None:
+        """The batches the built optimizer sums itself per update (``None``: it leaves
+        accumulation to ``batch.accumulation``)."""
+        return optimizer_rules.accumulated_batches(self.name, self.params)
+
 
 class WarmupConfig(_Section):
     """Goyal et al.'s gradual warmup in front of the schedule (0 epochs: none). It starts at
@@ -505,7 +514,8 @@ class ExperimentConfig(_Section):
         grows); it is resolved here, and the stored config holds the number."""
         try:
             optimizer, batch = data["optimizer"], data.get("batch") or {}
-            if optimizer.get("name") != "lbsgd" or optimizer["params"]["batch_scale"] != "auto":
+            field = optimizer_rules.ACCUMULATES_WITH.get(optimizer.get("name"))
+            if field is None or optimizer["params"][field] != "auto":
                 return data
         except (KeyError, TypeError, AttributeError):
             return data
@@ -513,11 +523,11 @@ class ExperimentConfig(_Section):
         splits = per_worker * data.get("workers", 1) * batch.get("accumulation", 1)
         if not isinstance(size, int) or not isinstance(splits, int) or size % splits:
             raise ValueError(
-                "optimizer.params.batch_scale: 'auto' needs batch.global_size, a multiple of "
+                f"optimizer.params.{field}: 'auto' needs batch.global_size, a multiple of "
                 f"batch.per_worker x workers (got global_size={size!r}, {splits!r} examples per "
                 "step)"
             )
-        params = {**optimizer["params"], "batch_scale": size // splits}
+        params = {**optimizer["params"], field: size // splits}
         return {**data, "optimizer": {**optimizer, "params": params}}
 
     @model_validator(mode="before")

@@ -15,14 +15,25 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from toolkit.catalog import OPTIMIZERS
 
-WARMUP_STRATEGIES = ("linear", "power2", "sqrt")
-"""Goyal et al.'s warm-up ramps ``r(p)``: ``p``, ``p**2``, ``sqrt(p)`` (the schedule's
-``Warmup`` and MXNet LBSGD's)."""
+RAMPS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "linear": lambda progress: progress,
+    "power2": lambda progress: progress**2,
+    "sqrt": np.sqrt,
+}
+"""Goyal et al.'s warm-up ramps ``r(p)`` at progress ``p`` in [0, 1] (the schedule's ``Warmup``
+and MXNet LBSGD's), in numpy; training's are Keras ops
+(:func:`toolkit.optimizers.schedules.warmup_ramp`)."""
+WARMUP_STRATEGIES = tuple(RAMPS)
 LBSGD_STRATEGIES = (*WARMUP_STRATEGIES, "lars")
 """LBSGD's warm-ups: Goyal et al.'s three ramps (the schedule's own strategies) and LARS's
 trust ratio."""
+ACCUMULATES_WITH = {"lbsgd": "batch_scale"}
+"""The optimizers that sum batches themselves before an update, and the parameter that says
+how many (MXNet LBSGD's ``batch_scale``): their runs leave ``batch.accumulation`` at 1."""
 HANDS_MOMENTUM_OVER = ("sgd", "lars", "lbsgd")
 """The optimizers that can hand their momentum to the allreduce (DGC's momentum correction):
 the toolkit's, whose velocity is ``u = m * u + g``."""
@@ -93,6 +104,46 @@ def momentum_refusals(momentum: Any, nesterov: bool = False, dampening: Any = 0.
         (dampening != 0.0, "dampening 0"),
     )
     return [reason for refused, reason in refusals if refused]
+
+
+def ramp(strategy: str, progress: np.ndarray) -> np.ndarray:
+    """Warm-up ramp ``strategy`` (:data:`RAMPS`) at ``progress``."""
+    return RAMPS[strategy](progress)
+
+
+def rate_multiplier(
+    name: str, params: Mapping[str, Any], updates_per_epoch: int
+) -> Callable[[np.ndarray], np.ndarray] | None:
+    """The multiplier optimizer ``name`` puts on its learning rate itself, as a function of
+    its 1-based update count (``None``: it puts none): MXNet LBSGD's warm-up, ``1 + (batch_scale
+    - 1) r(p)`` over its ``warmup_epochs`` (its ``lars`` strategy is per layer, not one factor)."""
+    if name != "lbsgd":
+        return None
+    p = {**OPTIMIZERS.parameters(name), "updates_per_epoch": updates_per_epoch, **params}
+    total = p["warmup_epochs"] * p["updates_per_epoch"]
+    if p["warmup_strategy"] == "lars":
+        return np.ones_like
+    if total <= 1:
+        return lambda calls: np.full_like(calls, float(p["batch_scale"]))
+
+    def multiplier(calls: np.ndarray) -> np.ndarray:
+        progress = np.minimum((calls + p["begin_epoch"] * p["updates_per_epoch"]) / total, 1.0)
+        return 1.0 + (p["batch_scale"] - 1.0) * ramp(p["warmup_strategy"], progress)
+
+    return multiplier
+
+
+def accumulated_batches(name: str, params: Mapping[str, Any]) -> int | None:
+    """How many batches optimizer ``name`` with ``params`` sums itself per update (as the built
+    optimizer's ``accumulates_batches`` says); ``None`` if it leaves that to the trainer."""
+    field = ACCUMULATES_WITH.get(name)
+    return None if field is None else int({**OPTIMIZERS.parameters(name), **params}[field])
+
+
+def own_accumulation_words() -> str:
+    """``x batch_scale for lbsgd``: the factor an optimizer's own accumulation puts on the
+    batches of an update, for messages about dividing a global batch."""
+    return ", ".join(f"x {field} for {name}" for name, field in ACCUMULATES_WITH.items())
 
 
 def applies_trust_ratios(name: str, params: Mapping[str, Any]) -> bool:

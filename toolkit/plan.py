@@ -35,7 +35,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from toolkit import safe_yaml
+from toolkit import optimizer_rules, safe_yaml
 from toolkit.errors import ConfigError
 
 if TYPE_CHECKING:  # the schema asks the plan, so the plan names its types only
@@ -257,15 +257,12 @@ class RunPlan(Scale):
 
 def _batches_per_update(config: ExperimentConfig, world_size: int) -> int:
     """Per-worker batches in one update over all workers: the workers times the local
-    accumulation, times LBSGD's ``batch_scale`` (the steps it sums itself); an adaptive
+    accumulation, times the optimizer's own (LBSGD's ``batch_scale``); an adaptive
     batch's first, ``batch.adaptive.min``, in per-worker batches."""
     batch = config.batch
     if batch.adaptive is not None:
         return batch.adaptive.min // batch.per_worker
-    count = world_size * batch.accumulation
-    if config.optimizer.name == "lbsgd":
-        count *= int(config.optimizer.params.get("batch_scale", 1))
-    return count
+    return world_size * batch.accumulation * (config.optimizer.accumulated_batches() or 1)
 
 
 def _scale_fields(config: ExperimentConfig, world_size: int) -> dict[str, Any]:
@@ -276,7 +273,7 @@ def _scale_fields(config: ExperimentConfig, world_size: int) -> dict[str, Any]:
         if batch.global_size % splits:
             raise ConfigError(
                 f"batch.global_size={batch.global_size} must be a multiple of workers x "
-                f"accumulation (x batch_scale for lbsgd) = {splits}"
+                f"accumulation ({optimizer_rules.own_accumulation_words()}) = {splits}"
             )
         per_worker = batch.global_size // splits
     steps = splits // world_size
@@ -417,10 +414,10 @@ def _noise_batch_fits(config: ExperimentConfig) -> None:
 
 
 def _one_accumulation(config: ExperimentConfig) -> None:
-    if config.optimizer.name == "lbsgd" and config.batch.accumulation > 1:
-        raise ConfigError(
-            "batch.accumulation must be 1 with lbsgd: use optimizer.params.batch_scale"
-        )
+    name = config.optimizer.name
+    if name in optimizer_rules.ACCUMULATES_WITH and config.batch.accumulation > 1:
+        field = optimizer_rules.ACCUMULATES_WITH[name]
+        raise ConfigError(f"batch.accumulation must be 1 with {name}: use optimizer.params.{field}")
 
 
 def _adaptive_fits(config: ExperimentConfig) -> None:
@@ -446,8 +443,10 @@ def _adaptive_fits(config: ExperimentConfig) -> None:
                 "batch.adaptive.min",
             ),
             (
-                config.optimizer.name == "lbsgd",
-                "an optimizer other than lbsgd, whose batch_scale fixes the accumulation",
+                config.optimizer.accumulated_batches() is not None,
+                f"an optimizer other than {config.optimizer.name}, whose "
+                f"{optimizer_rules.ACCUMULATES_WITH.get(config.optimizer.name)} fixes the "
+                "accumulation",
             ),
             (
                 config.precision != "float32",
@@ -469,10 +468,11 @@ def _averaging_fits(config: ExperimentConfig) -> None:
     optimizer's updates one for one, has one batch per update."""
     config.communication()
     mode = config.sync.mode
-    if mode != "full" and (config.batch.accumulation > 1 or config.optimizer.name == "lbsgd"):
+    own = config.optimizer.accumulated_batches() is not None
+    if mode != "full" and (config.batch.accumulation > 1 or own):
         raise ConfigError(
-            f"sync.mode={mode!r} needs one batch per update: "
-            "batch.accumulation must be 1, and the optimizer not lbsgd"
+            f"sync.mode={mode!r} needs one batch per update: batch.accumulation must be 1, "
+            f"and the optimizer one that does not accumulate itself (got {config.optimizer.name})"
         )
 
 
@@ -501,7 +501,8 @@ def _elastic_fits(config: ExperimentConfig) -> None:
         fits = math.lcm(*splits.values())
         raise ConfigError(
             f"elastic: batch.global_size={global_size} does not divide evenly among "
-            f"{', '.join(map(str, misfits))} workers (x accumulation, x batch_scale for lbsgd); "
+            f"{', '.join(map(str, misfits))} workers (x accumulation, "
+            f"{optimizer_rules.own_accumulation_words()}); "
             f"a multiple of {fits} fits every world size from {elastic.min_workers} to "
             f"{elastic.max_workers}"
         )

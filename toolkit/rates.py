@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from toolkit.catalog import OPTIMIZERS, SCHEDULES
+from toolkit import optimizer_rules
+from toolkit.catalog import SCHEDULES
 from toolkit.plan import RunPlan
 
 if TYPE_CHECKING:
@@ -22,10 +23,6 @@ if TYPE_CHECKING:
 
 PREVIEW_POINTS = 400
 """The steps a schedule preview samples (``experiment.schedule_preview``'s default)."""
-
-
-def _ramp(strategy: str, progress: np.ndarray) -> np.ndarray:
-    return {"linear": progress, "power2": progress**2, "sqrt": np.sqrt(progress)}[strategy]
 
 
 def _schedule(name: str, base: float, total: int, per_epoch: int, n: np.ndarray, **p):
@@ -52,8 +49,8 @@ def _schedule(name: str, base: float, total: int, per_epoch: int, n: np.ndarray,
 def learning_rates(config: ExperimentConfig, plan: RunPlan, steps: np.ndarray) -> np.ndarray:
     """The rate at each 0-based optimizer step in ``steps``, as training applies it: the
     config's schedule over the plan's schedule steps (AdaScale's base run, under AdaScale:
-    its clock's rate, before the gain), the warm-up in front, LBSGD's own warm-up multiplier
-    after (except its ``lars`` strategy, which is per layer)."""
+    its clock's rate, before the gain), the warm-up in front, the optimizer's own warm-up
+    multiplier after (:func:`toolkit.optimizer_rules.rate_multiplier`: LBSGD's)."""
     n = np.asarray(steps, dtype=float)
     schedule = config.schedule
     rate = _schedule(
@@ -66,24 +63,13 @@ def learning_rates(config: ExperimentConfig, plan: RunPlan, steps: np.ndarray) -
     )
     if plan.warmup_steps:
         m0 = plan.warmup_multiplier
-        ramp = _ramp(schedule.warmup.strategy, np.minimum(n / plan.warmup_steps, 1.0))
+        ramp = optimizer_rules.ramp(
+            schedule.warmup.strategy, np.minimum(n / plan.warmup_steps, 1.0)
+        )
         rate = rate * (m0 + (1.0 - m0) * ramp)
-    if config.optimizer.name == "lbsgd":
-        rate = rate * _lbsgd_multiplier(config, plan, n + 1)
-    return rate
-
-
-def _lbsgd_multiplier(config: ExperimentConfig, plan: RunPlan, calls: np.ndarray) -> np.ndarray:
-    """``LBSGD.warmup_multiplier`` after ``calls`` calls (1-based)."""
-    p = {**OPTIMIZERS.parameters("lbsgd"), "updates_per_epoch": plan.steps_per_epoch}
-    p.update(config.optimizer.params)
-    if p["warmup_strategy"] == "lars":
-        return np.ones_like(calls)
-    total = p["warmup_epochs"] * p["updates_per_epoch"]
-    if total <= 1:
-        return np.full_like(calls, float(p["batch_scale"]))
-    progress = np.minimum((calls + p["begin_epoch"] * p["updates_per_epoch"]) / total, 1.0)
-    return 1.0 + (p["batch_scale"] - 1.0) * _ramp(p["warmup_strategy"], progress)
+    optimizer = config.optimizer
+    own = optimizer_rules.rate_multiplier(optimizer.name, optimizer.params, plan.steps_per_epoch)
+    return rate if own is None else rate * own(n + 1)
 
 
 def preview_steps(plan: RunPlan, points: int = PREVIEW_POINTS) -> np.ndarray:

@@ -310,7 +310,7 @@ def panel() -> None:
     noise_scale(frame)
     system_metrics(frame)
     ratios = data.phase(frame, "trust_ratio")
-    if not ratios.empty or (config and config.optimizer.name in ("lars", "lbsgd")):
+    if not ratios.empty or (config and config.optimizer.applies_trust_ratios()):
         figure = charts.trust_heatmap(ratios)
         if figure is None:
             st.text("Per-layer trust ratio: no trust_ratio events yet")

@@ -30,13 +30,30 @@ def applies_trust_ratios(optimizer: keras.optimizers.Optimizer) -> bool:
     return bool(getattr(unwrapped(optimizer), "applies_trust_ratios", False))
 
 
+def accumulates_batches(optimizer: keras.optimizers.Optimizer) -> int | None:
+    """How many batches ``optimizer`` (or the one a ``LossScaleOptimizer`` wraps) sums itself
+    per update (LBSGD's ``batch_scale``); ``None`` if it leaves accumulation to the trainer.
+    Asked of the optimizer, as :func:`toolkit.optimizer_rules.accumulated_batches` asks the
+    catalog of a config's."""
+    return getattr(unwrapped(optimizer), "accumulates_batches", None)
+
+
+def rate_multiplier(optimizer: keras.optimizers.Optimizer, calls):
+    """The factor ``optimizer`` puts on its scheduled rate itself after ``calls`` calls
+    (LBSGD's warm-up; 1 for Keras's own optimizers)."""
+    own = getattr(unwrapped(optimizer), "rate_multiplier", None)
+    return 1.0 if own is None else own(calls)
+
+
 __all__ = [
     "LARS",
     "LBSGD",
     "OPTIMIZERS",
     "SGD",
+    "accumulates_batches",
     "applies_trust_ratios",
     "get",
+    "rate_multiplier",
     "trust_ratio",
     "unwrapped",
 ]

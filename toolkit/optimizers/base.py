@@ -44,6 +44,13 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
     _hyperparameters: tuple[str, ...] = ("momentum", "weight_decay")
     _applied_ratios = None  # set by LARS and LBSGD's lars warmup: a trust_ratio.AppliedRatios
     applies_trust_ratios = False  # LARS, LBSGD's lars warmup
+    accumulates_batches: int | None = None  # LBSGD's batch_scale: batches it sums itself
+
+    def rate_multiplier(self, calls):
+        """The factor this optimizer puts on its learning rate itself after ``calls`` calls
+        (1-based): none here (LBSGD's warm-up)."""
+        return 1.0
+
     moved_momentum: Hyperparameter | None = None  # see take_momentum
     _gradient_norms = None  # see use_gradient_norms
 

@@ -85,6 +85,12 @@ class LBSGD(CoupledDecayOptimizer):
         self.batch_scale = int(batch_scale)
         self.begin_epoch = int(begin_epoch)
 
+    @property
+    def accumulates_batches(self) -> int:
+        """The batches it sums itself per update: ``batch_scale`` (whatever the trainer's own
+        accumulation would be, it must stay 1)."""
+        return self.batch_scale
+
     def build(self, variables):
         if self.built:
             return
@@ -100,6 +106,11 @@ class LBSGD(CoupledDecayOptimizer):
             return ops.cast(self.batch_scale, "float32")
         ramp = warmup_ramp(self.warmup_strategy, ops.minimum(n / total, 1.0))
         return 1.0 + (self.batch_scale - 1.0) * ramp
+
+    def rate_multiplier(self, calls):
+        """The factor it puts on its learning rate itself after ``calls`` calls (1-based):
+        :meth:`warmup_multiplier`; 1 with the ``lars`` warm-up, which is per layer."""
+        return 1.0 if self.warmup_strategy == "lars" else self.warmup_multiplier(calls)
 
     @property
     def applies_trust_ratios(self) -> bool:

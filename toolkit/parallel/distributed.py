@@ -56,7 +56,7 @@ import tensorflow as tf
 
 from toolkit import config as config_lib
 from toolkit.communication import Communication
-from toolkit.optimizers import applies_trust_ratios, unwrapped
+from toolkit.optimizers import accumulates_batches, applies_trust_ratios, unwrapped
 from toolkit.parallel import compression as compression_lib
 from toolkit.parallel import sync as sync_lib
 
@@ -362,7 +362,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         _accumulate(optimizer, int(backward_passes_per_step))
     compressed = reduce if isinstance(reduce, compression_lib.CompressedAllreduce) else None
     if communication.averages_parameters:
-        if hasattr(optimizer, "batch_scale"):
+        if accumulates_batches(optimizer) is not None:
             raise ValueError(f"sync={mode!r}: {type(optimizer).__name__} accumulates gradients")
         if many:
             _average_after_update(optimizer, communication, traffic)
@@ -465,7 +465,7 @@ def _dense_reducer(
 
 def _accumulate(optimizer: keras.optimizers.Optimizer, steps: int) -> None:
     current = optimizer.gradient_accumulation_steps
-    if hasattr(optimizer, "batch_scale") or current not in (None, steps):
+    if accumulates_batches(optimizer) is not None or current not in (None, steps):
         raise ValueError(
             f"{type(optimizer).__name__} accumulates gradients itself; use its own setting "
             "(batch_scale / gradient_accumulation_steps), not backward_passes_per_step"

@@ -146,9 +146,7 @@ def _rate(optimizer, step):
     rate = optimizer.learning_rate
     if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
         rate = optimizer._learning_rate(step)
-    if isinstance(optimizer, optimizers.LBSGD) and optimizer.warmup_strategy != "lars":
-        rate = rate * optimizer.warmup_multiplier(step + 1)
-    return rate
+    return rate * optimizers.rate_multiplier(optimizer, step + 1)
 
 
 def schedule_preview(
