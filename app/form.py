@@ -14,10 +14,9 @@ import streamlit as st
 import yaml
 
 from app.data import md_escape
+from toolkit import codecs, safe_yaml
 from toolkit import config as config_lib
-from toolkit import safe_yaml
 from toolkit.catalog import SCHEDULES
-from toolkit.communication import COMPRESSED
 from toolkit.optimizers import OPTIMIZERS
 from toolkit.parallel import cost
 from toolkit.plan import RunPlan
@@ -276,9 +275,9 @@ def when_it_pays(config: config_lib.ExperimentConfig, gbit: float) -> str:
     entries = trainable_entries(config.to_yaml())
     allreduce = config.allreduce
     chosen = allreduce.compression
-    modes = {"dense": ("none", {}), "fp16": ("fp16", {})}
-    if chosen in COMPRESSED:
-        share = "" if chosen == "2bit" else f" {allreduce.ratio:.3g}"
+    modes = {"dense": (codecs.DENSE.name, {}), codecs.FP16.name: (codecs.FP16.name, {})}
+    if allreduce.codec.encoded:
+        share = f" {allreduce.ratio:.3g}" if allreduce.codec.sparse else ""
         label = f"{chosen}{share} (this config)"
         options = {
             "ratio": allreduce.ratio,
@@ -286,8 +285,9 @@ def when_it_pays(config: config_lib.ExperimentConfig, gbit: float) -> str:
             "value_bytes": 2 if allreduce.value_dtype == "float16" else 4,
         }
         modes[label] = (chosen, options)
-    modes.setdefault("topk 1%, sampled", ("topk", {"ratio": 0.01, "topk_sample": 0.01}))
-    modes.setdefault("2bit", ("2bit", {}))
+    sampled = {"ratio": 0.01, "topk_sample": 0.01}
+    modes.setdefault(f"{codecs.TOPK.name} 1%, sampled", (codecs.TOPK.name, sampled))
+    modes.setdefault(codecs.TWO_BIT.name, (codecs.TWO_BIT.name, {}))
     link = cost.Link(gbit)
     times = {
         label: cost.seconds_per_update(mode, entries, config.workers, link, **options)

@@ -21,6 +21,7 @@ LAYERS = {  # bottom to top, as docs/architecture.md's table gives them (top fir
         "errors",
         "catalog",
         "optimizer_rules",
+        "codecs",
         "rates",
         "registry",
         "safe_yaml",

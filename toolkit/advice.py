@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings as python_warnings
 
-from toolkit.communication import COMPRESSED, Techniques
+from toolkit.communication import Techniques
 from toolkit.config import ExperimentConfig
 from toolkit.plan import Scale
 
@@ -48,7 +48,7 @@ def _sparsity_warmup_outlasts_the_run(config: ExperimentConfig) -> str | None:
     more than ``W`` epochs never sends as little as ``ratio``."""
     allreduce = config.allreduce
     warmup = Techniques.of(allreduce).sparsity_warmup_epochs
-    if allreduce.compression != "topk" or not warmup or warmup < config.epochs:
+    if not allreduce.codec.warms_up or not warmup or warmup < config.epochs:
         return None
     last = allreduce.ratio ** (config.epochs / (warmup + 1))
     return (
@@ -89,7 +89,7 @@ def _compression_on_the_small_cnn(config: ExperimentConfig) -> str | None:
     about a point with either (the cross of :data:`COMMUNICATION_V2`); trained three times
     longer the gap narrowed to 1.4 and 3.1 points (:data:`MEASURED_LONGER`)."""
     mode = config.allreduce.compression
-    if config.model.name != "cnn1d" or mode not in COMPRESSED:
+    if config.model.name != "cnn1d" or not config.allreduce.codec.encoded:
         return None
     measured = MEASURED_ON_THE_CNN.get(config.optimizer.name)
     runs = (

@@ -20,17 +20,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from toolkit import optimizer_rules
+from toolkit import codecs, optimizer_rules
 from toolkit.catalog import OPTIMIZERS
 from toolkit.errors import ConfigError
 
 if TYPE_CHECKING:  # the schema builds these objects, so they name its types only
     from toolkit.config import AllreduceConfig, SyncConfig
 
-SPARSE = ("topk", "threshold")
-COMPRESSED = (*SPARSE, "2bit")
-"""The encoded modes: allgathered, with error feedback and DGC's techniques."""
-MODES = ("none", "fp16", *COMPRESSED)
 VALUE_DTYPES = ("float32", "float16")
 SYNC_MODES = ("full", "partial", "local_sgd")
 
@@ -53,7 +49,8 @@ class Techniques:
         options = allreduce if isinstance(allreduce, Mapping) else allreduce.model_dump()
         default = OFF
         if options.get("dgc"):
-            default = PRESET if options.get("compression") == "topk" else PRESET_UNWARMED
+            warms_up = codecs.of(options.get("compression", codecs.DENSE.name)).warms_up
+            default = PRESET if warms_up else PRESET_UNWARMED
         return cls(
             **{
                 name: getattr(default, name) if options.get(name) is None else options[name]
@@ -89,23 +86,23 @@ def check_encoding(allreduce: AllreduceConfig) -> None:
     """Raise :class:`~toolkit.errors.ConfigError` if the ``allreduce:`` section's options do not
     fit its mode: each
     option names the modes it serves, and the option it builds on."""
-    mode = allreduce.compression
+    mode, codec = allreduce.compression, codecs.of(allreduce.compression)
     on = Techniques.of(allreduce)
     asked = [name for name in ("dgc", "dense_norm") if getattr(allreduce, name)]
     asked += [name for name in NAMES if getattr(on, name) and name not in asked]
-    if mode not in COMPRESSED and asked:
+    if not codec.encoded and asked:
         raise ConfigError(
-            f"allreduce.{asked[0]} needs allreduce.compression one of {COMPRESSED} (got "
+            f"allreduce.{asked[0]} needs allreduce.compression one of {codecs.ENCODED} (got "
             f"{mode!r}): DGC's techniques and the dense norm act on a compressed mode"
         )
     refusals = (
         (
-            allreduce.value_dtype != "float32" and mode not in SPARSE,
-            f"allreduce.value_dtype={allreduce.value_dtype!r} needs allreduce.compression topk "
-            f"or threshold (got {mode!r})",
+            allreduce.value_dtype != "float32" and not codec.sparse,
+            f"allreduce.value_dtype={allreduce.value_dtype!r} needs allreduce.compression "
+            f"{' or '.join(codecs.SPARSE)} (got {mode!r})",
         ),
         (
-            on.sparsity_warmup_epochs and mode != "topk",
+            on.sparsity_warmup_epochs and not codec.warms_up,
             "allreduce.sparsity_warmup_epochs warms topk's ratio up: it needs "
             f"allreduce.compression topk (got {mode!r})",
         ),
@@ -139,18 +136,23 @@ class Communication:
     def __post_init__(self):
         check_encoding(self.allreduce)
         mode, compression = self.sync.mode, self.allreduce.compression
-        if self.averages_parameters and compression != "none":
+        if self.averages_parameters and self.codec is not codecs.DENSE:
             raise ConfigError(
                 f"sync.mode={mode!r} averages parameters, not gradients: "
-                f"allreduce.compression must be 'none' (got {compression!r})"
+                f"allreduce.compression must be {codecs.DENSE.name!r} (got {compression!r})"
             )
         object.__setattr__(self, "techniques", Techniques.of(self.allreduce))
+
+    @property
+    def codec(self) -> codecs.Codec:
+        """What the allreduce sends (:mod:`toolkit.codecs`)."""
+        return codecs.of(self.allreduce.compression)
 
     @property
     def encoded(self) -> bool:
         """Whether each worker sends an encoding (top-k, threshold, 2-bit) that is allgathered,
         rather than a tensor Horovod can sum."""
-        return self.allreduce.compression in COMPRESSED
+        return self.codec.encoded
 
     @property
     def averages_parameters(self) -> bool:
@@ -167,7 +169,7 @@ class Communication:
     def survives_resets(self) -> bool:
         """Whether an elastic run can carry it across a change of its workers: gradients
         averaged every update, not in fp16 (whose clip depends on the number of workers)."""
-        return not self.averages_parameters and self.allreduce.compression != "fp16"
+        return not self.averages_parameters and self.codec.survives_resets
 
     @property
     def fusion_bytes(self) -> int:
@@ -243,16 +245,7 @@ class Communication:
         """What goes on the wire, in a line: ``topk 1% (float16 values), DGC: momentum
         correction, masking, local clip 5, warm-up 4 epochs, 1-D dense``."""
         allreduce = self.allreduce
-        mode = allreduce.compression
-        words = {
-            "none": "dense float32",
-            "fp16": "dense float16",
-            "topk": f"topk {100 * allreduce.ratio:g}%",
-            "threshold": f"threshold {allreduce.threshold:g}",
-            "2bit": f"2bit at ±{allreduce.threshold:g}",
-        }[mode]
-        if mode == "topk" and allreduce.topk_sample:
-            words += f" (k-th from a {100 * allreduce.topk_sample:g}% sample)"
+        words = self.codec.describe(allreduce)
         if allreduce.value_dtype != "float32":
             words += f", {allreduce.value_dtype} values"
         if self.encoded and not allreduce.residual:

@@ -44,7 +44,9 @@ from toolkit.catalog import (
     SCHEDULES,
     train_examples,
 )
-from toolkit.communication import MODES, SYNC_MODES, VALUE_DTYPES, Communication, check_encoding
+from toolkit.codecs import DENSE, MODES, Codec
+from toolkit.codecs import of as codec_of
+from toolkit.communication import SYNC_MODES, VALUE_DTYPES, Communication, check_encoding
 from toolkit.errors import ConfigError
 from toolkit.registry import Registry
 
@@ -332,7 +334,7 @@ class AllreduceConfig(_Section):
     ``sparsity_warmup_epochs``, ``dense_1d``); ``false``/``0`` turns one off. ``dense_norm``:
     LARS's trust ratio from the dense gradients' norms."""
 
-    compression: Literal[MODES] = "none"
+    compression: Literal[MODES] = DENSE.name
     ratio: float = Field(0.01, gt=0, le=1, description="topk: fraction of entries sent")
     topk_sample: float = Field(
         0.0, ge=0, lt=1, description="topk: k-th magnitude from this sample (0: exact top-k)"
@@ -368,6 +370,11 @@ class AllreduceConfig(_Section):
     def _options_fit_the_mode(self):
         check_encoding(self)
         return self
+
+    @property
+    def codec(self) -> Codec:
+        """What ``compression`` sends (:mod:`toolkit.codecs`)."""
+        return codec_of(self.compression)
 
 
 class SyncConfig(_Section):

@@ -35,7 +35,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from toolkit import optimizer_rules, safe_yaml
+from toolkit import codecs, optimizer_rules, safe_yaml
 from toolkit.errors import ConfigError
 
 if TYPE_CHECKING:  # the schema asks the plan, so the plan names its types only
@@ -381,7 +381,10 @@ def check_backend(config: ExperimentConfig, backend: str) -> None:
         (
             (config.workers > 1, f"workers 1, got {config.workers}"),
             (config.elastic is not None, "no elastic section"),
-            (config.allreduce.compression != "none", "allreduce.compression 'none'"),
+            (
+                config.allreduce.codec is not codecs.DENSE,
+                f"allreduce.compression {codecs.DENSE.name!r}",
+            ),
             (config.sync.mode != "full", "sync.mode 'full'"),
             (config.batch.adaptive is not None, "no batch.adaptive section"),
             (config.lr_scaling.rule == "adascale", "lr_scaling.rule other than 'adascale'"),
@@ -510,7 +513,7 @@ def _elastic_fits(config: ExperimentConfig) -> None:
     if config.precision != "float32" or not communication.survives_resets:
         raise ConfigError(
             "elastic: needs precision='float32', sync.mode='full' and an "
-            "allreduce.compression other than 'fp16' (got "
+            f"allreduce.compression other than {codecs.FP16.name!r} (got "
             f"precision={config.precision!r}, sync.mode={config.sync.mode!r}, "
             f"allreduce.compression={config.allreduce.compression!r}): "
             "loss scaling, fp16 clipping per world size and local updates are not carried "
@@ -579,8 +582,9 @@ def _adascale_fits(config: ExperimentConfig) -> None:
                 "gradient of every update",
             ),
             (
-                compression not in ("none", "fp16"),
-                f"allreduce.compression 'none' or 'fp16' (got {compression!r}): measuring the "
+                config.allreduce.codec.encoded,
+                f"allreduce.compression {codecs.DENSE.name!r} or {codecs.FP16.name!r} (got "
+                f"{compression!r}): measuring the "
                 "noise every update would send the dense gradient anyway",
             ),
             (

@@ -82,7 +82,8 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from toolkit.communication import SPARSE, VALUE_DTYPES
+from toolkit import codecs
+from toolkit.communication import VALUE_DTYPES
 from toolkit.optimizers import kernels
 from toolkit.optimizers.schedules import value_at
 
@@ -173,8 +174,8 @@ class Sparse:
         warmup_epochs: int = 0,
         updates_per_epoch: int | None = None,
     ):
-        if mode not in SPARSE:
-            raise ValueError(f"sparse mode must be one of {SPARSE}, got {mode!r}")
+        if mode not in codecs.SPARSE:
+            raise ValueError(f"sparse mode must be one of {codecs.SPARSE}, got {mode!r}")
         if not 0 < ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
         if not 0 <= topk_sample < 1:
@@ -183,7 +184,7 @@ class Sparse:
             raise ValueError(f"threshold must be > 0, got {threshold!r}")
         if value_dtype not in VALUE_DTYPES:
             raise ValueError(f"value_dtype must be one of {VALUE_DTYPES}, got {value_dtype!r}")
-        if warmup_epochs and (mode != "topk" or not updates_per_epoch):
+        if warmup_epochs and (not codecs.of(mode).warms_up or not updates_per_epoch):
             raise ValueError(
                 "a sparsity warm-up needs mode 'topk' and updates_per_epoch, got "
                 f"mode={mode!r}, updates_per_epoch={updates_per_epoch!r}"
@@ -235,12 +236,12 @@ class Sparse:
     def fuses(self, entries: int) -> bool:
         """Whether a bucket of ``entries`` is encoded by the fused kernel: a threshold, or a
         top-k read off a sample (exact top-k keeps ``tf.math.top_k``)."""
-        return self.mode == "threshold" or 1 < self.stride <= entries
+        return self.mode == codecs.THRESHOLD.name or 1 < self.stride <= entries
 
     def encode_fused(self, library, state: dict, entries: int, update, index_dtype):
         """The payload of :meth:`encode` for the bucket ``state`` describes, from the fused
         kernel, which also updates the bucket's velocities and residuals."""
-        sampled = self.mode == "topk"
+        sampled = self.mode == codecs.TOPK.name
         k = self._k(-(-entries // self.stride), update) if sampled else 0
         return tuple(
             library.sparse_encode(
@@ -262,7 +263,7 @@ class Sparse:
     def _select(self, flat, update):
         """The positions of ``flat`` this worker sends."""
         magnitude = tf.abs(flat)
-        if self.mode == "threshold":
+        if self.mode == codecs.THRESHOLD.name:
             return tf.where(magnitude >= self.threshold)[:, 0]
         if self.stride > 1 and flat.shape.num_elements() >= self.stride:
             sample = magnitude[:: self.stride]

@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from toolkit import codecs
+
 LOCAL_WORK = {  # mode: (fixed milliseconds, passes) per update (see the module doc)
     "dense": (2.45, 45.27),
     "fp16": (8.38, 47.23),
@@ -72,28 +74,24 @@ def memcpy_seconds_per_byte() -> float:
 
 
 def payload_bytes(compression: str, entries: int, ratio: float, value_bytes: int = 4) -> int:
-    """What one worker sends per update in ``compression`` mode for ``entries`` gradients."""
-    if compression == "none":
-        return 4 * entries
-    if compression == "fp16":
-        return 2 * entries
-    if compression == "2bit":
-        return 4 * math.ceil(entries / 16)
-    return max(1, math.ceil(ratio * entries)) * (value_bytes + 4)
+    """What one worker sends per update in ``compression`` mode for ``entries`` gradients
+    (:meth:`toolkit.codecs.Codec.payload_bytes`)."""
+    return codecs.of(compression).payload_bytes(entries, ratio, value_bytes)
 
 
 def local_work(compression: str, topk_sample: float = 0.01, ratio: float = 0.01):
     """``(fixed seconds, passes)`` of an update in ``compression`` mode (:data:`LOCAL_WORK`).
     An exact top-k's grows with ``k``: log-linear in ``ratio`` through its two measured
     points."""
-    if compression == "topk" and not topk_sample:
+    codec = codecs.of(compression)
+    if codec is codecs.TOPK and not topk_sample:
         (low_ms, low), (high_ms, high) = (
             LOCAL_WORK["topk, exact 0.1%"],
             LOCAL_WORK["topk, exact 1%"],
         )
         along = math.log10(ratio / 0.001)
         return (low_ms + (high_ms - low_ms) * along) / 1e3, low + (high - low) * along
-    fixed_ms, passes = LOCAL_WORK["dense" if compression == "none" else compression]
+    fixed_ms, passes = LOCAL_WORK[codec.work_row]
     return fixed_ms / 1e3, passes
 
 
@@ -118,7 +116,7 @@ def seconds_per_update(
     if workers < 2:
         return local
     sent = payload_bytes(compression, entries, ratio, value_bytes)
-    if compression in ("none", "fp16"):  # ring allreduce
+    if not codecs.of(compression).encoded:  # ring allreduce
         wire = link.seconds(2 * (workers - 1) / workers * sent, 2 * (workers - 1))
     else:  # allgather of the sizes, then of the payloads
         wire = link.seconds((workers - 1) * sent, 2 * (workers - 1))

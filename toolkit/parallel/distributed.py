@@ -54,6 +54,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from toolkit import codecs
 from toolkit import config as config_lib
 from toolkit.communication import Communication
 from toolkit.optimizers import accumulates_batches, applies_trust_ratios, unwrapped
@@ -411,9 +412,9 @@ def _reducer(
     momentum under momentum correction."""
     allreduce, techniques = communication.allreduce, communication.techniques
     if not communication.encoded:
-        return _dense_reducer(allreduce.compression, allreduce.fp16_clip, traffic)
+        return _dense_reducer(communication.codec, allreduce.fp16_clip, traffic)
     momentum = communication.take_momentum(optimizer, type(optimizer).__name__)
-    if allreduce.compression == "2bit":
+    if communication.codec is codecs.TWO_BIT:
         codec = compression_lib.TwoBit(allreduce.threshold)
     else:
         codec = compression_lib.Sparse(
@@ -445,15 +446,15 @@ def _reducer(
 
 
 def _dense_reducer(
-    compression: str, fp16_clip: float | None, traffic: compression_lib.Traffic
+    codec: codecs.Codec, fp16_clip: float | None, traffic: compression_lib.Traffic
 ) -> Callable[[list[tf.Tensor]], list[tf.Tensor]]:
     """One ``grouped_allreduce`` (average) in float32, or in float16 (``fp16``)."""
-    if compression == "fp16":
+    if codec is codecs.FP16:
         clip = fp16_clip if fp16_clip is not None else compression_lib.FLOAT16_MAX / size()
         wire = compression_lib.Float16(clip)
     else:
         wire = hvd.Compression.none if hvd is not None else None
-    element = 2 if compression == "fp16" else 4
+    element = codec.element_bytes
 
     def allreduce(grads: list[tf.Tensor]) -> list[tf.Tensor]:
         traffic.count_dense(grads)
