@@ -25,10 +25,10 @@ from toolkit import config as config_lib
 from toolkit.files import WriteError
 from toolkit.parallel import distributed
 from toolkit.rates import peak_learning_rate
-from toolkit.runs import checkpoints, monitor, processes, rundir, slurm_jobs
+from toolkit.runs import checkpoints, monitor, processes, rundir
 from toolkit.runs.rundir import RunDir, RunError
 from toolkit.runs.states import State
-from toolkit.training import callbacks
+from toolkit.training import callbacks, requeue
 from toolkit.training.trainer import Trainer
 
 
@@ -58,8 +58,8 @@ def train(
     ``elastic`` section and ``run_dir``, where every worker, a late one included, writes once
     it is rank 0.
     """
-    if os.environ.get(slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV) == "1":
-        callbacks.listen_for_slurm_signal()  # before anything slow: the signal may come early
+    if requeue.asked():
+        requeue.listen()  # before anything slow: the signal may come early
     plan.check_backend(config, backends.name())
     fusion_bytes = config.communication().fusion_bytes
     os.environ["HOROVOD_FUSION_THRESHOLD"] = str(fusion_bytes)  # read when Horovod starts
@@ -104,7 +104,7 @@ def train(
             _fit(config, run, directory, resume, world, verbose, view, advise)
         finally:
             keras.config.set_dtype_policy(previous_policy)
-    except callbacks.Requeue:  # not an end: the job's driver requeues it
+    except requeue.Requeue:  # not an end: the job's driver requeues it
         raise
     except BaseException as error:
         run = _recorder(run, run_dir)
@@ -244,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     except (callbacks.NonFiniteLoss, WriteError) as error:
         print(f"training failed: {error}", file=sys.stderr)
         return 1
-    except callbacks.Requeue as requeue:  # this worker's part is done: 0, so that srun ends no
-        print(requeue, flush=True)  # other worker; rank 0 recorded it for the job's driver
+    except requeue.Requeue as ended:  # this worker's part is done: 0, so that srun ends no
+        print(ended, flush=True)  # other worker; rank 0 recorded it for the job's driver
         return 0
     return 0
 

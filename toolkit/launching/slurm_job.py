@@ -15,9 +15,8 @@
    becomes ``python -m toolkit.train`` (``--resume`` when the run has a checkpoint: a requeued
    job, or a resubmitted one, goes on from it);
 4. on Slurm's ``USR1`` (the time limit or a preemption ahead, ``--signal=B:USR1@...``) passes
-   the signal to the ranks, which checkpoint and end, rank 0 having recorded the step
-   (``requeue_step`` in the status); the job then requeues itself, whatever srun's exit code
-   (a rank that ends first may have srun end the others);
+   the signal to the ranks, which checkpoint and end, and requeues the job
+   (:mod:`toolkit.training.requeue`: the protocol, step by step);
 5. otherwise records the run's end as the local supervisor does
    (:func:`toolkit.launching.supervisor.record_exit`), srun's words naming a failed rank.
 """
@@ -32,19 +31,18 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
 
 from toolkit.launching import hosts as hosts_lib
 from toolkit.launching import remote, slurm, supervisor
-from toolkit.runs import checkpoints, processes, slurm_jobs
+from toolkit.runs import checkpoints, processes
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.states import State
+from toolkit.training import requeue
 
 PLAN_ENV = "LBL_SLURM_PLAN"
-RESIGNAL_S = 30.0
 SLOT_FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 
 
@@ -76,7 +74,7 @@ def drive(run: RunDir) -> int:
         **{name: str(value) for name, value in gloo.items()},
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(config.lost_worker_after_s),  # horovodrun's option
         PLAN_ENV: json.dumps(plan),
-        slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV: "1",
+        requeue.ENV: "1",
     }
     train = supervisor.train_argv(run, resume=checkpoints.latest(run.checkpoints_path) is not None)
     gpus = [f"--gpus-per-task={config.slurm.gpus_per_task}"] if config.slurm.gpus_per_task else []
@@ -86,10 +84,10 @@ def drive(run: RunDir) -> int:
         env=env,
         stdin=subprocess.DEVNULL,
     )
-    code = _pass_signal_on(step, signalled)
+    code = requeue.pass_on(step, signalled)
     rendezvous.stop()
     job_id = os.environ["SLURM_JOB_ID"]
-    if run.recorded_status().get("requeue_step") is not None:  # whatever srun's code
+    if requeue.checkpointed(run.recorded_status()):  # whatever srun's code
         said = f"checkpointed on Slurm's signal ahead of the job's end; job {job_id} requeued"
         print(f"[lab] {said}", flush=True)
         run.set_status(State.QUEUED, reason=said)
@@ -142,19 +140,6 @@ def _address(interface: str) -> str:
         if address.family == socket.AF_INET:
             return address.address
     raise OSError(f"this node has no IPv4 address on {interface!r} for the rendezvous")
-
-
-def _pass_signal_on(step: subprocess.Popen, signalled: threading.Event) -> int:
-    """Wait for ``step`` to end, passing Slurm's signal on to it (srun passes it to every task)
-    once it has come, and again every :data:`RESIGNAL_S` seconds: a rank still starting
-    ignores it until training listens for it. Returns the step's exit code."""
-    passed = -float("inf")
-    while step.poll() is None:
-        if signalled.is_set() and time.monotonic() - passed > RESIGNAL_S:
-            step.send_signal(signal.SIGUSR1)
-            passed = time.monotonic()
-        time.sleep(0.5)
-    return step.returncode
 
 
 if __name__ == "__main__":

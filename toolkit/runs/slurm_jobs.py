@@ -24,9 +24,6 @@ from dataclasses import dataclass
 from toolkit.runs.states import State
 
 CACHE_S = 3.0
-CHECKPOINT_ON_SIGNAL_ENV = "LBL_CHECKPOINT_ON_USR1"
-"""Set (to ``1``) by a Slurm job's driver for its ranks: on ``SIGUSR1`` they checkpoint where
-they are, rank 0 records the step in the run's status (``requeue_step``), and they end."""
 QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED")
 RUNNING = ("RUNNING", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT")
 

@@ -15,8 +15,6 @@ collective callback left out on one worker hangs the others.
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import time
 
 import keras
@@ -25,12 +23,13 @@ import tensorflow as tf
 
 from toolkit import backends
 from toolkit.optimizers import unwrapped
-from toolkit.parallel.distributed import allgather_rows, allreduce_mean
+from toolkit.parallel.distributed import allgather_rows
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints
 from toolkit.runs.events import EventWriter
 from toolkit.scaling.adaptive_batch import Accumulation
 from toolkit.scaling.noise_scale import Smoother, estimate
+from toolkit.training import requeue as requeue_lib
 from toolkit.training import system
 from toolkit.training.experiment import rates_at
 
@@ -395,27 +394,6 @@ class AdaScaleProgress(keras.callbacks.Callback):
         )
 
 
-_signalled = threading.Event()
-
-
-def listen_for_slurm_signal() -> None:
-    """From now on, a ``SIGUSR1`` to this process is noted for :class:`Checkpointer` (instead
-    of ending it, the signal's default), however early in start-up it comes."""
-    signal.signal(signal.SIGUSR1, lambda *_: _signalled.set())
-
-
-class Requeue(Exception):
-    """Training checkpointed at ``step`` on Slurm's signal (the job's time limit or a preemption
-    ahead) and ends, so that its job requeues and resumes from there."""
-
-    def __init__(self, step: int):
-        super().__init__(
-            f"checkpointed at step {step} on Slurm's signal ahead of the job's end; the job "
-            "requeues to go on from there"
-        )
-        self.step = step
-
-
 class Checkpointer(keras.callbacks.Callback):
     """Saves a checkpoint every ``checkpoint_every`` epochs of the ``plan`` and after its last
     epoch, into ``directory`` (rank 0; ``None`` on the other workers). ``gather``, if given, is
@@ -424,12 +402,9 @@ class Checkpointer(keras.callbacks.Callback):
     with it (AdaScale's); ``finished``, if given, says the run ends at this epoch's end before
     its last (AdaScale's clock ran out), which is checkpointed too.
 
-    With ``on_signal`` (a Slurm job's ranks, :data:`toolkit.runs.slurm_jobs.
-    CHECKPOINT_ON_SIGNAL_ENV`), a ``SIGUSR1`` to any worker is looked for every ``event_every``
-    steps of the plan where an update begins (``starts_update``), all workers agreeing through
-    one allreduce; at the first such step after it, a checkpoint of that step is saved (in the
-    middle of an epoch: ``epoch-NNNN-step-SSSSSSSSS``), ``on_requeue`` (rank 0's) records the
-    step for the job's driver, every worker waits for both, and :class:`Requeue` is raised."""
+    With ``requeue`` (a Slurm job's ranks), at the step every rank agrees on after the
+    scheduler's signal a checkpoint of that step is saved and training ends to be requeued
+    (:mod:`toolkit.training.requeue`)."""
 
     def __init__(
         self,
@@ -440,29 +415,20 @@ class Checkpointer(keras.callbacks.Callback):
         gather=None,
         state: list = (),
         finished=None,
-        on_signal: bool = False,
-        starts_update=None,
-        on_requeue=None,
+        requeue: requeue_lib.OnSignal | None = None,
     ):
         super().__init__()
         self.directory, self.counter, self.gather = directory, counter, gather
         self.every_epochs, self.last_epoch = plan.checkpoint_every, plan.last_epoch
-        self.steps_per_epoch, self.look_every = plan.steps_per_epoch, plan.event_every
-        self.state, self.finished = state, finished
-        self.on_signal, self.starts_update, self.on_requeue = on_signal, starts_update, on_requeue
+        self.steps_per_epoch = plan.steps_per_epoch
+        self.state, self.finished, self.requeue = state, finished, requeue
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.counter.step
-        if not self.on_signal or step % self.look_every or not self.starts_update(step):
-            return
-        if allreduce_mean(float(_signalled.is_set())) == 0:
+        if self.requeue is None or not self.requeue.due(step):
             return
         self._save(checkpoints.Position(step // self.steps_per_epoch, step), mid_epoch=True)
-        requeue = Requeue(step)
-        if self.on_requeue is not None:  # rank 0: the job's driver reads it and requeues
-            self.on_requeue(requeue)
-        allreduce_mean(0.0)  # every worker waits for rank 0's checkpoint and record
-        raise requeue
+        self.requeue.stop(step)
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1

@@ -18,7 +18,6 @@ rank 0 has a run directory to write events and checkpoints into.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from toolkit.config import ExperimentConfig
 from toolkit.optimizers import applies_trust_ratios
 from toolkit.parallel import distributed, elastic
 from toolkit.plan import RunPlan
-from toolkit.runs import checkpoints, processes, slurm_jobs
+from toolkit.runs import checkpoints, processes
 from toolkit.runs.events import EventWriter, read_events, truncate_after
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.states import State
@@ -38,7 +37,7 @@ from toolkit.scaling import adaptive_batch
 from toolkit.scaling.adaptive_batch import Accumulation
 from toolkit.scaling.adascale import AdaScale
 from toolkit.scaling.noise_scale import Smoother
-from toolkit.training import callbacks, data
+from toolkit.training import callbacks, data, requeue
 from toolkit.training.experiment import (
     adascale_of,
     build_model,
@@ -254,17 +253,7 @@ class Trainer:
                 ),
                 state=self.state,
                 finished=(lambda: self.ended(counter.step)) if self.adascale else None,
-                # a Slurm job's ranks; an adaptive batch's stretches start only at epochs
-                on_signal=(
-                    os.environ.get(slurm_jobs.CHECKPOINT_ON_SIGNAL_ENV) == "1"
-                    and self.config.batch.adaptive is None
-                ),
-                starts_update=accumulation.starts_update,
-                on_requeue=(
-                    (lambda it: run.set_status(State.QUEUED, requeue_step=it.step, reason=str(it)))
-                    if run
-                    else None
-                ),
+                requeue=self._requeue(run, plan, accumulation),
             )
         )
         # the noise scale: from the meter's norms (the allreduce hook's with several workers, so
@@ -292,6 +281,22 @@ class Trainer:
             hooks.append(callbacks.SystemLogger(writer, counter, plan, traffic=traffic))
         hooks.append(callbacks.StopOnNonFiniteLoss(counter))  # after the logger: the NaN is logged
         return hooks, writer
+
+    def _requeue(
+        self, run: RunDir | None, plan: RunPlan, accumulation: Accumulation
+    ) -> requeue.OnSignal | None:
+        """Checkpoint and requeue on the scheduler's signal, for a Slurm job's ranks
+        (:mod:`toolkit.training.requeue`); not with an adaptive batch, whose stretches start
+        only at epochs."""
+        if not requeue.asked() or self.config.batch.adaptive is not None:
+            return None
+
+        def record(it: requeue.Requeue) -> None:
+            run.set_status(State.QUEUED, requeue_step=it.step, reason=str(it))
+
+        return requeue.OnSignal(
+            plan.event_every, accumulation.starts_update, record if run else None
+        )
 
     def _half_batches(self, plan: RunPlan) -> callbacks.HalfBatchNorms:
         """One worker's noise measurement: two halves of a fresh batch of
