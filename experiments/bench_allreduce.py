@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from experiments import benchmark_csv  # noqa: E402  (after the path is set)
+from toolkit import host_list  # noqa: E402
 from toolkit.launching import cluster  # noqa: E402
-from toolkit.launching import hosts as hosts_lib  # noqa: E402
 
 SHAPES = {"resnet20": ((32, 32, 3), 10), "resnet50": ((224, 224, 3), 1000)}
 
@@ -193,7 +193,7 @@ def worker(names: list[str], repeat: int, block: int, where: str, label: str) ->
 
 def where(hosts: str) -> str:
     """Where the workers run, with the namespace cluster's links if they run on it."""
-    on_cluster = set(hosts_lib.parse(hosts)) <= {h.name for h in cluster.hosts()}
+    on_cluster = set(host_list.parse(hosts)) <= {h.name for h in cluster.hosts()}
     return f"{hosts}, {cluster.links()}" if on_cluster else hosts
 
 
@@ -219,7 +219,7 @@ def main() -> int:
         return 0
     hosts = args.hosts or f"localhost:{args.np}"
     horovodrun = Path(sys.executable).with_name("horovodrun")
-    command = [str(horovodrun), "--gloo", "-np", str(sum(hosts_lib.parse(hosts).values()))]
+    command = [str(horovodrun), "--gloo", "-np", str(sum(host_list.parse(hosts).values()))]
     command += ["-H", hosts, sys.executable, __file__, "--worker", "--models", args.models]
     command += ["--where", where(hosts)]
     command += ["--repeat", str(args.repeat), "--block", str(args.block), "--label", args.label]

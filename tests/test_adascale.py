@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_adascale_gain import numpy_adascale
 
-from toolkit import config as config_lib
+from toolkit import sections
 from toolkit.config import ConfigError, from_mapping
 from toolkit.plan import Scale
 from toolkit.runs.events import read_events
@@ -211,7 +211,7 @@ def test_what_adascale_cannot_do_is_refused_naming_the_field(change, field):
 
 def test_the_noise_scale_interval_is_auto_by_default():
     config = from_mapping(ADASCALE, ["logging.noise_scale_every_steps=auto"])
-    assert config_lib.LoggingConfig().noise_scale_every_steps == "auto"
+    assert sections.LoggingConfig().noise_scale_every_steps == "auto"
     assert Scale.of(config, 1).noise_every == 100  # an extra gradient each
     assert Scale.of(config, 2).noise_every == 25  # free in the allreduce
     assert Scale.of(from_mapping(ADASCALE), 1).noise_every == 1  # a number means that number

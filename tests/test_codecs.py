@@ -11,7 +11,7 @@ import pytest
 
 from toolkit import codecs
 from toolkit.communication import Communication
-from toolkit.config import AllreduceConfig, SyncConfig
+from toolkit.sections import AllreduceConfig, SyncConfig
 
 
 def test_every_mode_a_config_can_give_is_a_codec():

@@ -32,7 +32,7 @@ from scenarios import (
 )
 
 from toolkit.optimizers import LBSGD, SGD
-from toolkit.parallel import distributed
+from toolkit.parallel import distributed, noise_meter
 
 
 def reference(steps: int, rows_per_step: int, embedding: bool = False):
@@ -601,7 +601,7 @@ def test_a_compressed_update_with_the_noise_meter_never_calls_back_into_python(m
     in the step would cost a host round trip on every update of a GPU."""
     distributed.init()
     monkeypatch.setattr(distributed, "size", lambda: 2)  # installs the hook over real Horovod
-    meter = distributed.GradientNoiseMeter(every=2)
+    meter = noise_meter.GradientNoiseMeter(every=2)
     optimizer = distributed.DistributedOptimizer(
         SGD(0.1, momentum=0.9),
         compression="topk",

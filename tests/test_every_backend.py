@@ -151,7 +151,7 @@ def test_a_one_worker_run_writes_the_run_the_dashboard_reads(
 )
 def test_what_needs_tensorflow_is_refused_naming_the_field_and_the_backend(change, field):
     from toolkit.config import ConfigError, load
-    from toolkit.plan import check_backend
+    from toolkit.config_rules import check_backend
 
     config = load(ROOT / "experiments/quickstart.yaml", ["workers=1", change])
     check_backend(config, "tensorflow")

@@ -10,17 +10,18 @@ import time
 import pytest
 from conftest import run_cli
 
+from toolkit import host_list
 from toolkit.config import ConfigError, from_mapping
 from toolkit.launching import horovodrun, hosts
 
 
 def test_a_host_list_parses_and_joins_back():
-    assert hosts.parse("lbl-h1:2,lbl-h2:1") == {"lbl-h1": 2, "lbl-h2": 1}
-    assert hosts.parse("a:1,b:2,a:3") == {"a": 4, "b": 2}  # named twice: the slots add up
-    assert hosts.join({"a": 1, "b.example.org": 16}) == "a:1,b.example.org:16"
+    assert host_list.parse("lbl-h1:2,lbl-h2:1") == {"lbl-h1": 2, "lbl-h2": 1}
+    assert host_list.parse("a:1,b:2,a:3") == {"a": 4, "b": 2}  # named twice: the slots add up
+    assert host_list.join({"a": 1, "b.example.org": 16}) == "a:1,b.example.org:16"
     for bad in ("a", "a:0", "a:1,", ":1", "a:-1", "a b:1", ""):
         with pytest.raises(ConfigError, match="name:slots"):
-            hosts.parse(bad)
+            host_list.parse(bad)
 
 
 @pytest.mark.parametrize(

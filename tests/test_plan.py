@@ -11,7 +11,7 @@ import dataclasses
 import keras
 import pytest
 
-from toolkit import catalog
+from toolkit import catalog, sections
 from toolkit import config as config_lib
 from toolkit.config import ConfigError, from_mapping
 from toolkit.optimizers import LARS
@@ -132,10 +132,10 @@ def test_the_config_and_the_python_door_refuse_a_combination_in_the_same_words(o
 def test_the_python_door_takes_every_option_the_config_has():
     """``DistributedOptimizer``'s keywords are the config sections' fields, not a copy of
     them: a field added to ``allreduce:`` is an option in Python at once."""
-    allreduce = config_lib.AllreduceConfig.model_fields
+    allreduce = sections.AllreduceConfig.model_fields
     defaults = {name: field.default for name, field in allreduce.items()}
     communication = config_lib.communication(**defaults, sync="local_sgd", period=3)
-    assert communication.allreduce == config_lib.AllreduceConfig()
+    assert communication.allreduce == sections.AllreduceConfig()
     assert (communication.sync.mode, communication.sync.period) == ("local_sgd", 3)
     with pytest.raises(ConfigError, match="ratio: Input should be less than or equal to 1"):
         distributed.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="topk", ratio=2)

@@ -20,12 +20,13 @@ import yaml
 from conftest import ROOT, run_cli
 
 from app.data import md_escape
-from toolkit.config import ConfigError, load, run_name_problem
+from toolkit.config import ConfigError, load
 from toolkit.launching import slots, sweep, sweep_results, sweep_runner
 from toolkit.plan import Scale
 from toolkit.runs import table
 from toolkit.runs.events import EventWriter
 from toolkit.runs.rundir import RunDir, list_runs
+from toolkit.sections import run_name_problem
 
 QUICK = str(ROOT / "experiments" / "quickstart.yaml")
 METHODS = {

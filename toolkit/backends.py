@@ -5,7 +5,7 @@ The optimizers, schedules and AdaScale are written with ``keras.ops`` and run on
 (``KERAS_BACKEND``: ``tensorflow``, ``jax`` or ``torch``), and so does a one-worker run, whose
 input pipeline is ``tf.data``, which Keras feeds to any backend. Horovod's allreduce is
 TensorFlow's: what needs it is refused on the others before anything starts
-(:func:`toolkit.plan.check_backend`). Importing this module imports no Keras, so that a
+(:func:`toolkit.config_rules.check_backend`). Importing this module imports no Keras, so that a
 launcher can ask which backend its workers will get (:func:`requested`).
 """
 

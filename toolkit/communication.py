@@ -25,7 +25,7 @@ from toolkit.catalog import OPTIMIZERS
 from toolkit.errors import ConfigError
 
 if TYPE_CHECKING:  # the schema builds these objects, so they name its types only
-    from toolkit.config import AllreduceConfig, SyncConfig
+    from toolkit.sections import AllreduceConfig, SyncConfig
 
 VALUE_DTYPES = ("float32", "float16")
 SYNC_MODES = ("full", "partial", "local_sgd")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import keras
 
-from toolkit import advice, backends, plan
+from toolkit import advice, backends, config_rules
 from toolkit import config as config_lib
 from toolkit.files import WriteError
 from toolkit.parallel import distributed
@@ -60,7 +60,7 @@ def train(
     """
     if requeue.asked():
         requeue.listen()  # before anything slow: the signal may come early
-    plan.check_backend(config, backends.name())
+    config_rules.check_backend(config, backends.name())
     fusion_bytes = config.communication().fusion_bytes
     os.environ["HOROVOD_FUSION_THRESHOLD"] = str(fusion_bytes)  # read when Horovod starts
     distributed.init()

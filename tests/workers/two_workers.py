@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from toolkit.optimizers import SGD
-from toolkit.parallel import distributed
+from toolkit.parallel import distributed, noise_meter
 from toolkit.parallel.elastic import TrainingState
 from toolkit.scaling.noise_scale import Smoother
 
@@ -139,7 +139,7 @@ def main(out: Path) -> None:
         ("noise_mixed", keras.optimizers.LossScaleOptimizer(sgd()), 1, {}),
         ("noise_topk", sgd(), 1, {"compression": "topk", "ratio": 0.2}),
     ]:
-        meter = distributed.GradientNoiseMeter(every=1)
+        meter = noise_meter.GradientNoiseMeter(every=1)
         optimizer = distributed.DistributedOptimizer(optimizer, noise_meter=meter, **wrap)
         variables = [keras.Variable(np.zeros(shape, "float32")) for shape in ((5, 3), (3,))]
         rng = np.random.default_rng(7 + rank)
@@ -214,7 +214,7 @@ def main(out: Path) -> None:
     # The elastic state (toolkit.parallel.elastic): sync from rank 0, commit, train on, restore, and
     # train the same steps again. Momentum, sparsified residuals and the noise meter's counters
     # all differ per rank before the sync, and the residuals after it.
-    meter = distributed.GradientNoiseMeter(every=3)
+    meter = noise_meter.GradientNoiseMeter(every=3)
     model = make_model(
         100 + rank, SGD(0.1, momentum=0.9), compression="topk", ratio=0.1, noise_meter=meter
     )

@@ -28,29 +28,12 @@ from pathlib import Path
 import hostlist
 
 from toolkit import files
-from toolkit.config import HOSTS, ConfigError
+from toolkit.errors import ConfigError
+from toolkit.host_list import join, parse
 
 AUTO = "auto"
 HOSTFILE_LINE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(\s+slots\s*=\s*(?P<slots>[1-9][0-9]*))?$")
 MAX_HOSTFILE_BYTES = 1 << 20
-
-
-def parse(hosts: str) -> dict[str, int]:
-    """``"h1:2,h2:2"`` as ``{"h1": 2, "h2": 2}``; a host named twice has the sum of its slots."""
-    if not HOSTS.match(hosts):
-        raise ConfigError(
-            f"hosts must be name:slots[,name:slots...], e.g. h1:2,h2:2 (got {hosts[:200]!r})"
-        )
-    slots: dict[str, int] = {}
-    for item in hosts.split(","):
-        name, count = item.rsplit(":", 1)
-        slots[name] = slots.get(name, 0) + int(count)
-    return slots
-
-
-def join(slots: Mapping[str, int]) -> str:
-    """``{"h1": 2, "h2": 2}`` as ``"h1:2,h2:2"``."""
-    return ",".join(f"{name}:{count}" for name, count in slots.items())
 
 
 def read_hostfile(path: str | Path) -> str:

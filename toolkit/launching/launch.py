@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from toolkit import advice, backends, files, plan, rates
+from toolkit import advice, backends, config_rules, files, rates
 from toolkit import config as config_lib
 from toolkit.launching import hosts as hosts_lib
 from toolkit.launching import slots
@@ -90,7 +90,7 @@ def launch(
         config = config.model_copy(
             update={"elastic": config.elastic.model_copy(update={"discovery": discovery})}
         )
-    plan.check_backend(config, backends.requested())
+    config_rules.check_backend(config, backends.requested())
     num_train = check_fits_dataset(config)
     findings = advice.warn(config, rates.peak_learning_rate(config, num_train), stacklevel=2)
     executor = registry.choose(config)
@@ -124,7 +124,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
             where = checkpoints.none_intact(run.checkpoints_path, damaged)
             raise RunError(f"run {run.run_id} cannot resume: {where}")
         config = config_lib.from_mapping(run.config().model_dump(mode="json"))  # checked again
-        plan.check_backend(config, backends.requested())
+        config_rules.check_backend(config, backends.requested())
         executor = registry.choose(config)
         executor.check(config, run.path.parent)
         run.set_status(state, paused_s=rundir.paused_s(run.recorded_status()))

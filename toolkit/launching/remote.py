@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from toolkit.launching import hosts as hosts_lib
+from toolkit import host_list
 
 CONNECT_TIMEOUT_S = 5
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout that holds toolkit/
@@ -86,7 +86,7 @@ def network_interface(config) -> str | None:
     (``HTTP request failed``)."""
     if config.network_interface:
         return config.network_interface
-    names = list(hosts_lib.parse(config.hosts)) if config.hosts else ["localhost"]
+    names = list(host_list.parse(config.hosts)) if config.hosts else ["localhost"]
     if len(names) != 1 or is_local(names[0]):
         return None
     return interface_towards(names[0])

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from toolkit import files
+from toolkit import files, host_list
 from toolkit.config import ExperimentConfig
 from toolkit.launching import hosts as hosts_lib
 from toolkit.runs import processes
@@ -59,8 +59,8 @@ def slots_of(config: ExperimentConfig) -> dict[str, int]:
     """The slots a run takes on each host: its ``hosts``, an elastic run's discovered hosts
     now (where it starts), or ``localhost: workers``."""
     if config.elastic is not None:
-        return hosts_lib.parse(hosts_lib.discover(config.elastic.discovery))
-    return hosts_lib.parse(config.hosts or f"localhost:{config.workers}")
+        return host_list.parse(hosts_lib.discover(config.elastic.discovery))
+    return host_list.parse(config.hosts or f"localhost:{config.workers}")
 
 
 @functools.cache
@@ -89,7 +89,7 @@ def _capacity(state: dict[str, Any]) -> dict[str, int]:
 def set_capacity(hosts: str | None, root: str | Path | None = None) -> dict[str, int]:
     """Set the queue's capacity (``name:slots,...``; ``None``: back to this machine's default);
     waiting runs that now fit start on their supervisors' next look."""
-    chosen = hosts_lib.parse(hosts) if hosts else None
+    chosen = host_list.parse(hosts) if hosts else None
     with _locked(runs_root(root)) as (state, write):
         state.pop("capacity", None)
         write({**state, "capacity": chosen} if chosen else state)

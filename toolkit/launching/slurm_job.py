@@ -35,6 +35,7 @@ from pathlib import Path
 
 import psutil
 
+from toolkit import host_list
 from toolkit.launching import hosts as hosts_lib
 from toolkit.launching import remote, slurm, supervisor
 from toolkit.runs import checkpoints, processes
@@ -63,7 +64,7 @@ def drive(run: RunDir) -> int:
     config = run.config()
     allocation = hosts_lib.from_slurm()
     slots = get_host_assignments(parse_hosts(allocation), config.workers)
-    interface = _interface(config, list(hosts_lib.parse(allocation)))
+    interface = _interface(config, list(host_list.parse(allocation)))
     rendezvous = RendezvousServer()
     port = rendezvous.start()
     rendezvous.init(slots)

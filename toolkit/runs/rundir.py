@@ -56,10 +56,11 @@ from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic needs this one on Python 3.11
 
 from toolkit import files, safe_yaml
-from toolkit.config import ExperimentConfig, from_yaml, run_name_problem
+from toolkit.config import ExperimentConfig, from_yaml
 from toolkit.plan import Scale
 from toolkit.runs import placement, processes
 from toolkit.runs.states import LIVE, STATES, TERMINAL, State
+from toolkit.sections import run_name_problem
 
 UNREADABLE = State.UNREADABLE
 RUNS_ENV = "LBL_RUNS"

@@ -14,7 +14,7 @@ gives unbiased estimates of both. One step's estimates are noisy (either may be 
 :class:`Smoother` keeps bias-corrected exponential averages of each and reports their ratio;
 the ratio of noisy numbers is never averaged. Data-parallel training measures both norms almost
 for free: each worker's gradient is a ``b_small`` gradient and the allreduced one a ``b_big``
-gradient (:class:`toolkit.parallel.distributed.GradientNoiseMeter`).
+gradient (:class:`toolkit.parallel.noise_meter.GradientNoiseMeter`).
 
 Nothing here imports Keras or TensorFlow; the probe that trains a config to measure it is
 :mod:`toolkit.launching.probe`.

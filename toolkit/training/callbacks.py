@@ -224,7 +224,7 @@ class NoiseScaleLogger(keras.callbacks.Callback):
     ``big_sq`` and their batch sizes ``b_small`` and ``b_big`` (the ``accumulation``'s, as
     measured: :meth:`~toolkit.scaling.adaptive_batch.Accumulation.noise_batches`).
 
-    The norms come from ``meter`` (a :class:`~toolkit.parallel.distributed.GradientNoiseMeter` in
+    The norms come from ``meter`` (a :class:`~toolkit.parallel.noise_meter.GradientNoiseMeter` in
     the allreduce hook, with more than one worker), which measures inside the compiled step at
     its update, and is read here once a multiple of the interval has passed; or, with one
     worker, from ``halves`` (:class:`HalfBatchNorms`), measured here at the end of the Keras
@@ -331,7 +331,7 @@ class HalfBatchMeter(keras.callbacks.Callback):
     """One worker's noise meter for AdaScale, which needs a measurement at every update: before
     each update (its first batch), ``halves`` measured at the weights the update starts from,
     handed to ``adascale`` before the update reads its rate. Read like a
-    :class:`~toolkit.parallel.distributed.GradientNoiseMeter` (:meth:`read`), so the ``gns`` events
+    :class:`~toolkit.parallel.noise_meter.GradientNoiseMeter` (:meth:`read`), so the ``gns`` events
     come from the same measurements. Costs one extra forward and backward pass of a batch per
     update, and needs Keras's ``steps_per_execution`` of 1."""
 

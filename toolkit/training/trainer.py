@@ -27,7 +27,7 @@ import tensorflow as tf
 from toolkit import backends
 from toolkit.config import ExperimentConfig
 from toolkit.optimizers import applies_trust_ratios
-from toolkit.parallel import distributed, elastic
+from toolkit.parallel import distributed, elastic, noise_meter
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints, processes
 from toolkit.runs.events import EventWriter, read_events, truncate_after
@@ -61,7 +61,7 @@ class Trainer:
     model: keras.Model
     adascale: AdaScale | None
     accumulation: Accumulation
-    meter: distributed.GradientNoiseMeter | None
+    meter: noise_meter.GradientNoiseMeter | None
     smoother: Smoother
     test_data: tf.data.Dataset
 
@@ -79,7 +79,7 @@ class Trainer:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         meter = None
         if distributed.collective_gradients() and (plan.noise_every or adascale):  # in the hook
-            meter = distributed.GradientNoiseMeter(
+            meter = noise_meter.GradientNoiseMeter(
                 1 if adascale else plan.noise_every, adascale.observe if adascale else None
             )
         optimizer = distributed.DistributedOptimizer(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from toolkit import host_list
 from toolkit.config import ExperimentConfig
-from toolkit.launching import hosts as hosts_lib
 from toolkit.launching import remote
 from toolkit.launching.executors.local import LocalExecutor
 
@@ -20,7 +20,7 @@ class HostsExecutor(LocalExecutor):
 
     @classmethod
     def chosen_by(cls, config: ExperimentConfig) -> bool:
-        named = hosts_lib.parse(config.hosts) if config.hosts else {}
+        named = host_list.parse(config.hosts) if config.hosts else {}
         return config.elastic is not None or any(not remote.is_local(host) for host in named)
 
     def where(self, config: ExperimentConfig, job: str | None = None) -> str:
