@@ -218,75 +218,11 @@ def _command(argv: list[str] | None) -> int:
     args, passed_on = parser.parse_known_args(argv)
     if passed_on and args.command != "notebook":
         parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
-
+    args.passed_on = passed_on
     try:
         if getattr(args, "run", None):  # typed: its unique start will do
             args.run = complete_id(args.run, args.runs)
-        if args.command == "launch":
-            run = launcher.launch(
-                args.config,
-                np=args.np,
-                hosts=args.hosts,
-                hostfile=args.hostfile,
-                overrides=args.set,
-                runs_root_dir=args.runs,
-                run_id=args.name,
-                tags=args.tag,
-                notes=args.note,
-                min_np=args.min_np,
-                max_np=args.max_np,
-                discovery=args.discovery,
-                slurm=_slurm_fields(args),
-            )
-            print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
-            print(f"where: {placement.where(run.recorded_status())}")
-            if place := slots.positions(args.runs).get(run.run_id):
-                print(f"queued: number {place} in line for slots (python -m toolkit queue)")
-            if args.wait:
-                return _wait(run)
-        elif args.command == "runs":
-            print(runs_table(args.runs, probes=args.all, tags=args.tag, search=args.search))
-        elif args.command == "tag":
-            print(", ".join(resolve(args.run, args.runs).set_tags(args.tags, args.remove)))
-        elif args.command == "note":
-            run = resolve(args.run, args.runs)
-            if args.text is not None:
-                run.set_notes(sys.stdin.read().rstrip("\n") if args.text == "-" else args.text)
-            print(run.notes())
-        elif args.command == "stop":
-            was = resolve(args.run, args.runs).status()["state"]
-            run = launcher.stop(args.run, args.runs, by="the CLI")
-            ended = f"{run.run_id} had already ended ({was}): nothing to stop"
-            print(f"{run.run_id}: {run.status()['state']}" if was in LIVE else ended)
-        elif args.command == "resume":
-            run = launcher.resume(args.run, args.runs)
-            print(f"resumed {run.run_id}")
-            if args.wait:
-                return _wait(run)
-        elif args.command == "delete":
-            launcher.delete(args.run, args.runs)
-            print(f"deleted {args.run}")
-        elif args.command == "sweep":
-            return _sweep(args)
-        elif args.command == "calibrate":
-            return _calibrate(args)
-        elif args.command == "queue":
-            print(_queue(args.runs, args.capacity))
-        elif args.command == "notebook":
-            if args.runs:
-                os.environ["LBL_RUNS"] = args.runs
-            jupyter.main(passed_on)
-        elif args.command == "cluster":
-            return _cluster(args)
-        elif args.command == "tensorboard":
-            return _tensorboard(args)
-        elif args.command == "probe":
-            from toolkit.config import load
-
-            config = load(args.config, args.set)
-            print(f"probing {config.name}: {args.steps} updates on {args.np} worker(s)...")
-            result = probe_lib.probe(config, steps=args.steps, np=args.np, runs_root=args.runs)
-            print(f"{result.reading()}\n(probe run: {result.run_id})")
+        return COMMANDS[args.command](args) or 0
     except BrokenPipeError:  # not the command's error: the reader of its output left
         raise
     except (ValueError, OSError, ClusterError) as error:  # ConfigError, RunError: ValueErrors
@@ -300,7 +236,77 @@ def _command(argv: list[str] | None) -> int:
         )
         print(f"\ninterrupted; {went_on} (`python -m toolkit stop RUN`)", file=sys.stderr)
         return 130
-    return 0
+
+
+def _launch(args) -> int | None:
+    run = launcher.launch(
+        args.config,
+        np=args.np,
+        hosts=args.hosts,
+        hostfile=args.hostfile,
+        overrides=args.set,
+        runs_root_dir=args.runs,
+        run_id=args.name,
+        tags=args.tag,
+        notes=args.note,
+        min_np=args.min_np,
+        max_np=args.max_np,
+        discovery=args.discovery,
+        slurm=_slurm_fields(args),
+    )
+    print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
+    print(f"where: {placement.where(run.recorded_status())}")
+    if place := slots.positions(args.runs).get(run.run_id):
+        print(f"queued: number {place} in line for slots (python -m toolkit queue)")
+    return _wait(run) if args.wait else None
+
+
+def _runs(args) -> None:
+    print(runs_table(args.runs, probes=args.all, tags=args.tag, search=args.search))
+
+
+def _tag(args) -> None:
+    print(", ".join(resolve(args.run, args.runs).set_tags(args.tags, args.remove)))
+
+
+def _note(args) -> None:
+    run = resolve(args.run, args.runs)
+    if args.text is not None:
+        run.set_notes(sys.stdin.read().rstrip("\n") if args.text == "-" else args.text)
+    print(run.notes())
+
+
+def _stop(args) -> None:
+    was = resolve(args.run, args.runs).status()["state"]
+    run = launcher.stop(args.run, args.runs, by="the CLI")
+    ended = f"{run.run_id} had already ended ({was}): nothing to stop"
+    print(f"{run.run_id}: {run.status()['state']}" if was in LIVE else ended)
+
+
+def _resume(args) -> int | None:
+    run = launcher.resume(args.run, args.runs)
+    print(f"resumed {run.run_id}")
+    return _wait(run) if args.wait else None
+
+
+def _delete(args) -> None:
+    launcher.delete(args.run, args.runs)
+    print(f"deleted {args.run}")
+
+
+def _notebook(args) -> None:
+    if args.runs:
+        os.environ["LBL_RUNS"] = args.runs
+    jupyter.main(args.passed_on)
+
+
+def _probe(args) -> None:
+    from toolkit.config import load
+
+    config = load(args.config, args.set)
+    print(f"probing {config.name}: {args.steps} updates on {args.np} worker(s)...")
+    result = probe_lib.probe(config, steps=args.steps, np=args.np, runs_root=args.runs)
+    print(f"{result.reading()}\n(probe run: {result.run_id})")
 
 
 SLURM_FLAGS = {  # flag: the field of the config's slurm section it sets
@@ -581,6 +587,24 @@ def _wait(run) -> int:
     print(f"  its files: {run.path} (stdout.log, events.jsonl, checkpoints/)")
     print("  to compare: python -m toolkit runs, or ./lab start (Runs, Run detail, Compare)")
     return 0 if state == State.COMPLETED else 1
+
+
+COMMANDS = {  # the subcommand -> its handler, which returns the exit code (None: 0)
+    "launch": _launch,
+    "runs": _runs,
+    "tag": _tag,
+    "note": _note,
+    "stop": _stop,
+    "resume": _resume,
+    "delete": _delete,
+    "sweep": _sweep,
+    "calibrate": _calibrate,
+    "queue": lambda args: print(_queue(args.runs, args.capacity)),
+    "notebook": _notebook,
+    "cluster": _cluster,
+    "tensorboard": _tensorboard,
+    "probe": _probe,
+}
 
 
 if __name__ == "__main__":

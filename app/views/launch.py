@@ -1,6 +1,9 @@
-"""Launch: a form generated from the config schema and registries (prefilled from a preset),
-the run's schedule and batch/learning-rate scaling before it starts, and validation messages
-next to the fields. Runs start only through ``toolkit.launching.launch.launch``."""
+"""Launch: a form of the config's fields (prefilled from a preset), laid out by hand in
+sections; each widget reads its choices, bounds, default and help from the schema and the
+registries (:mod:`app.form`), so a new value of an existing field needs no change here, but a
+new field does. Below it, the run's schedule and batch/learning-rate scaling before it starts,
+and validation messages next to the fields. Runs start only through
+``toolkit.launching.launch.launch``, which hands them to the executor the config chooses."""
 
 import streamlit as st
 import yaml

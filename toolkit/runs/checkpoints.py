@@ -1,11 +1,13 @@
 """Resumable checkpoints: model weights, optimizer state and the training position.
 
-A checkpoint is a directory ``checkpoints/epoch-NNNN/`` holding ``model.weights.h5`` (Keras),
+A checkpoint is a directory ``checkpoints/epoch-NNNN/`` (one taken in the middle of an epoch,
+on a scheduler's signal: ``epoch-NNNN-step-SSSSSSSSS``) holding ``model.weights.h5`` (Keras),
 ``optimizer.npz`` (every optimizer variable, in ``optimizer.variables`` order: step counter,
-momentum buffers, gradient accumulators), ``position.json`` (epoch and step) and, for a
-sparsified allreduce with error feedback, ``residuals.npz`` (every worker's residuals, as
-``rank<r>_<i>``: they differ per worker) and ``state.npz``, training state kept outside the
-optimizer (AdaScale's clock and averages), in the order it was given. It is written
+momentum buffers, gradient accumulators), ``position.json`` (epoch and step), ``manifest.json``
+(below); where an encoded allreduce keeps state per worker (its residuals, and the velocities
+momentum correction moves into it), ``residuals.npz`` (every worker's, as ``rank<r>_<i>``: they
+differ per worker); and where training keeps state outside the optimizer (AdaScale's clock and
+averages), ``state.npz``, in the order it was given. It is written
 to a temporary directory and renamed into place, so a crash mid-write leaves the previous
 checkpoint as the latest; a failed write (a full disk) removes the temporary directory and
 raises :class:`~toolkit.files.WriteError` naming the checkpoint.

@@ -11,8 +11,10 @@ A worker builds its data, model and optimizer once, from the config and the plan
   when workers leave or join, training goes on from the last commit with the plan and the
   callbacks of the new world (:meth:`Trainer.fit_elastic`).
 
-Every worker runs the same callbacks in the same order (several make collective calls); only
-rank 0 has a run directory to write events and checkpoints into.
+Every worker runs the callbacks that make collective calls (the checkpointer's gathers, the
+system sampler's, the noise meters', the requeue check), at the same steps and in the same
+order; rank 0 alone has a run directory, and with it the callbacks that only write events into
+it (the event and trust-ratio loggers).
 """
 
 from __future__ import annotations
