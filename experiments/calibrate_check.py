@@ -22,7 +22,7 @@ both by plain least squares, the study's published estimator.
     .venv/bin/python experiments/calibrate_check.py --runs /tmp/calibrate-runs   # ~30 min
 
 Writes ``experiments/calibrate_mlp/runs.csv`` (each calibration run's updates to each target)
-and ``summary.csv`` (the table printed at the end, which docs/study.md quotes).
+and ``summary.csv`` (the table printed at the end, which docs/notes/study.md quotes).
 """
 
 from __future__ import annotations

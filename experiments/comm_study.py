@@ -31,7 +31,7 @@ than dense it sent.
 ``python -m toolkit cluster shape`` limits): the seconds to the target are then the wall time a
 user waits on that link. Resumable: rows go to ``experiments/comm_study/<study>_<task>.csv``
 (``runs.csv`` for the quickstart's distopt study) as runs finish, and a cell already there is not
-run again (``--fresh`` starts over). The tables are what ``docs/study.md`` quotes.
+run again (``--fresh`` starts over). The tables are what ``docs/notes/study.md`` quotes.
 """
 
 from __future__ import annotations

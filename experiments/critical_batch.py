@@ -30,7 +30,7 @@ at that loss. This script measures both on the study's model and data:
         --out experiments/critical_batch_80k                   # study v2's second task, ~15 min
 
 Writes ``runs.csv`` under ``--out`` (one row per run) and prints the summary that
-``docs/study.md`` quotes; on the first task's data, then ``B_simple`` epoch by epoch through the
+``docs/notes/study.md`` quotes; on the first task's data, then ``B_simple`` epoch by epoch through the
 study's SGD baseline (rate 0.1 with cosine decay, batch 32), from the run's own ``gns`` events.
 """
 

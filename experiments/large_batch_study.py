@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The large-batch study's analysis: tables and figure from the runs of its two sweeps.
 
-The study itself is two sweep files (their comments give the methods; docs/study.md the
+The study itself is two sweep files (their comments give the methods; docs/notes/study.md the
 reading), run like any sweep, resumable::
 
     python -m toolkit --runs RUNS sweep experiments/study/study.yaml    # 93 runs

@@ -23,7 +23,7 @@ steps-to-target study:
     .venv/bin/python experiments/probe_protocol.py            # ~10 minutes on 2 cores
 
 Writes ``experiments/probe_protocol/probes.csv`` (one row per probe) and ``factors.csv`` (one
-row per task and target), and prints the tables ``docs/study.md`` quotes.
+row per task and target), and prints the tables ``docs/notes/study.md`` quotes.
 """
 
 from __future__ import annotations

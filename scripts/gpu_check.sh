@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one command, on a machine with an NVIDIA GPU (docs/gpus-and-clusters.md, "GPUs"):
+# The GPU check in one command, on a machine with an NVIDIA GPU (docs/guide/gpus-and-clusters.md, "GPUs"):
 #
 #   scripts/gpu_check.sh [OUT]       (default: gpu-check/)
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check through Keras's JAX and PyTorch backends, for a machine that has Python, JAX and
 # PyTorch (on CUDA) but no TensorFlow or Horovod, and no package registry: the GPU machines this
-# project is lent (docs/gpus-and-clusters.md, "GPUs through Keras on JAX and PyTorch").
+# project is lent (docs/guide/gpus-and-clusters.md, "GPUs through Keras on JAX and PyTorch").
 #
 #   scripts/gpu_check_keras.sh wheels [DIR]     here: download into DIR (default .whl) the wheels
 #                                               the other machine lacks, for its Python 3.12

@@ -1,4 +1,4 @@
-"""The packages and layers docs/architecture.md describes: every toolkit module or package in a
+"""The packages and layers docs/notes/architecture.md describes: every toolkit module or package in a
 layer, each importing only from its own layer or those below it, and no import, between modules
 or between packages, going in a circle. Read from the source with ``ast``: imports inside
 functions count too; those under ``if TYPE_CHECKING:`` do not, since they never run (the plan
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-LAYERS = {  # bottom to top, as docs/architecture.md's table gives them (top first)
+LAYERS = {  # bottom to top, as docs/notes/architecture.md's table gives them (top first)
     "foundations": {
         "backends",
         "config",

@@ -19,7 +19,7 @@ from conftest import ROOT
 
 from toolkit.__main__ import build_parser
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 COMMAND = re.compile(r"^(?:\.venv/bin/)?python -m toolkit (.*)$")
 
 

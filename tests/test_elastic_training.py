@@ -48,7 +48,7 @@ ELASTIC = {
     "logging": {"every_steps": 5, "trust_ratio_every_steps": 20, "noise_scale_every_steps": 5},
 }
 # a survivor waiting on the dead worker through Horovod's coordinator learns of the loss only
-# at Gloo's timeout (see docs/gpus-and-clusters.md): 10 s, not 30, keeps the tests short
+# at Gloo's timeout (see docs/guide/gpus-and-clusters.md): 10 s, not 30, keeps the tests short
 LOST_AFTER = "lost_worker_after_s=10"
 # ... but the run that regains its host also waits that long for the returning worker to join
 # the new world's rendezvous: under load a restarted worker took longer than 10 s (a failed CI)

@@ -9,7 +9,7 @@ in-process ``train``, ``jupyter``'s exec, the cluster's changes, ``--wait``) rai
 contract says so), print no traceback, write nothing outside its temporary runs root and
 working directory, and finish within :data:`BUDGET_S`.
 
-Example counts are in :data:`EXAMPLES` (docs/reliability.md reports them).
+Example counts are in :data:`EXAMPLES` (docs/notes/reliability.md reports them).
 """
 
 from __future__ import annotations
@@ -393,7 +393,7 @@ def app_runs(tmp_path_factory):
 
 
 def test_the_budget_and_counts_are_what_the_docs_report():
-    readme = (ROOT / "docs" / "reliability.md").read_text()
+    readme = (ROOT / "docs" / "notes" / "reliability.md").read_text()
     for name, count in EXAMPLES.items():
         assert f"{count} {name}" in readme or f"{name}: {count}" in readme, name
     assert math.isfinite(BUDGET_S) and f"{BUDGET_S:.0f} s" in readme

@@ -5,7 +5,7 @@ At the top: ``config`` (the experiment schema), ``catalog``, ``registry``, ``saf
 run directory and its readers), ``optimizers`` (with ``schedules``), ``scaling`` (the noise
 scale, AdaScale, the adaptive batch), ``parallel`` (Horovod for Keras 3), ``training`` (a
 config's experiment and its callbacks) and ``launching`` (runs, the queue, sweeps, hosts).
-docs/architecture.md maps them. Importing the package, or any of them but ``optimizers``,
+docs/notes/architecture.md maps them. Importing the package, or any of them but ``optimizers``,
 imports none of their modules, so ``toolkit.runs.events`` stays cheap for readers such as the
 app.
 """

@@ -16,8 +16,8 @@ from toolkit.communication import Techniques
 from toolkit.config import ExperimentConfig
 from toolkit.plan import Scale
 
-STUDY_V2 = "docs/study.md, Study v2"
-COMMUNICATION_V2 = "docs/communication.md, Communication v2"
+STUDY_V2 = "docs/notes/study.md, Study v2"
+COMMUNICATION_V2 = "docs/notes/communication.md, Communication v2"
 PEAK_SHORT = 0.95  # a warm-up whose peak falls this far short of the scaled rate is told
 
 

@@ -22,7 +22,7 @@ from toolkit.scaling.critical_batch import Calibration
 CALIBRATION = (3.44, 1.51, 5.31)
 """``B_crit / B_simple`` with ``B_simple`` read by this probe on its stated path (batch 64, SGD
 at a tuned constant rate, 200 updates), the median and range of nine measurements
-(``experiments/probe_protocol.py``, its ``factors.csv``; docs/study.md): on the MNIST-1D CNN
+(``experiments/probe_protocol.py``, its ``factors.csv``; docs/notes/study.md): on the MNIST-1D CNN
 with 16,000 examples 3.21, 4.27 and 5.10 at held-out losses 1.0, 0.8 and 0.6, with 64,000
 3.44, 4.80 and 5.31 at 0.5, 0.4 and 0.3; on the MNIST-1D MLP 1.51, 2.13 and 2.93 at 1.4, 1.2
 and 1.0. It grows as the target loss tightens and differs between models: a probe reports the
@@ -68,7 +68,7 @@ class ProbeResult:
             else f"B_crit ≈ {CALIBRATION[0] * b:,.0f} ({CALIBRATION[1] * b:,.0f}–"
             f"{CALIBRATION[2] * b:,.0f}): B_simple × {CALIBRATION[0]:g}, the median factor "
             "measured with this probe on three MNIST-1D tasks at three losses each "
-            f"(docs/study.md); it varied {CALIBRATION[1]:g}–{CALIBRATION[2]:g} there, growing "
+            f"(docs/notes/study.md); it varied {CALIBRATION[1]:g}–{CALIBRATION[2]:g} there, growing "
             "as the loss tightens: `python -m toolkit calibrate CONFIG` measures it on yours.",
             f"Up to about {b / 4:,.0f}, doubling the batch nearly halves the steps (≥ 1.8×); "
             f"around {b:,.0f} it saves about a quarter; beyond {4 * b:,.0f} it saves under "

@@ -52,7 +52,7 @@ from toolkit.runs.table import summary
 POLL_S = 1.0
 STARTUP_S = 12.6
 """A launch's seconds from its slots to its workers' training where no run here recorded
-one: ``experiments/bench_startup.py``'s median launch to first event (docs/performance.md)."""
+one: ``experiments/bench_startup.py``'s median launch to first event (docs/notes/performance.md)."""
 
 
 def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
