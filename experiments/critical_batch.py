@@ -30,8 +30,9 @@ at that loss. This script measures both on the study's model and data:
         --out experiments/critical_batch_80k                   # study v2's second task, ~15 min
 
 Writes ``runs.csv`` under ``--out`` (one row per run) and prints the summary that
-``docs/notes/study.md`` quotes; on the first task's data, then ``B_simple`` epoch by epoch through the
-study's SGD baseline (rate 0.1 with cosine decay, batch 32), from the run's own ``gns`` events.
+``docs/notes/study.md`` quotes; on the first task's data, then ``B_simple`` epoch by epoch
+through the study's SGD baseline (rate 0.1 with cosine decay, batch 32), from the run's own
+``gns`` events.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The packages and layers docs/notes/architecture.md describes: every toolkit module or package in a
-layer, each importing only from its own layer or those below it, and no import, between modules
+"""The packages and layers docs/notes/architecture.md describes: every toolkit module or package
+in a layer, each importing only from its own layer or those below it, and no import, between modules
 or between packages, going in a circle. Read from the source with ``ast``: imports inside
 functions count too; those under ``if TYPE_CHECKING:`` do not, since they never run (the plan
 and the communication object name the schema's types, and the schema calls them)."""

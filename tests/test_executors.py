@@ -4,26 +4,30 @@ a sweep, failure reading), and the doors never ask which executor it is.
 
 The toy runs a run's one worker as ``python -m toolkit.train`` itself, under the local
 executor's queue and supervisor but without horovodrun: a different launcher, so failure
-reading must name it. Cost: four short one-worker runs, ~30 s on 2 cores.
+reading must name it. Cost: four short one-worker runs, ~30 s on 2 cores; the rest < 1 s.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 from test_train import wait
 
+from toolkit import files
+from toolkit.__main__ import runs_table
 from toolkit.config import ExperimentConfig, from_mapping
 from toolkit.launching import launch as launcher
 from toolkit.launching import supervisor, sweep_runner
 from toolkit.launching.executors import registry
 from toolkit.launching.executors.local import LocalExecutor
 from toolkit.launching.sweep import from_mapping as sweep_from_mapping
-from toolkit.runs import checkpoints, placement
+from toolkit.runs import checkpoints, placement, processes
 from toolkit.runs.rundir import RunDir
+from toolkit.runs.states import State
 from toolkit.runs.table import summary
 
 TOY = {
@@ -114,3 +118,40 @@ def test_a_sweep_of_toy_runs_goes_to_the_toy_executor(toy, runs):
     for run_id in table["run_id"]:
         status = RunDir(runs / run_id).recorded_status()
         assert status["executor"] == "toy" and placement.where(status) == "the toy executor"
+
+
+def test_a_status_written_before_executors_reads_as_it_did(tmp_path):
+    """Statuses as the code before executors wrote them (no executor, where or launcher)."""
+    on_slurm = from_mapping({**TOY, "name": "plain", "slurm": {"time": "0:10:00"}})
+    run = RunDir.create(tmp_path, "on-slurm", on_slurm)
+    files.write_json(run.status_path, {"state": "completed", "slurm_job_id": "12", "updated": 1.0})
+    status = run.status()
+    assert status["state"] == State.COMPLETED and status["state"] == "completed"
+    assert (placement.where(status), placement.launcher(status)) == ("Slurm job 12", "srun")
+    assert registry.of_run(run, status).kind == "slurm"
+    assert summary(run)["where"] == "Slurm job 12"
+
+    here = RunDir.create(tmp_path, "here", from_mapping({**TOY, "name": "plain"}))
+    record = processes.record("supervisor", os.getpid())
+    files.write_json(here.status_path, {"state": "stopped", "processes": [record], "updated": 1.0})
+    status = here.status()
+    assert (placement.where(status), placement.launcher(status)) == ("this machine", "horovodrun")
+    assert registry.of_run(here, status).kind == "local"
+
+
+def test_an_end_only_a_reader_can_tell_is_recorded_where_the_others_are(tmp_path):
+    """A live run whose processes are gone (its supervisor killed with the rest) gets its end
+    and reason in ``status.json`` from ``settle``, which the runs table calls, and the table
+    says the reason under it."""
+    run = RunDir.create(tmp_path, "orphan", from_mapping({**TOY, "name": "plain"}))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    record = {**processes.record("supervisor"), "pid": gone.pid}  # as it was, now gone
+    files.write_json(run.status_path, {"state": "running", "processes": [record], "updated": 1.0})
+    assert run.recorded_status()["state"] == "running"  # a reader derives the end, and writes none
+    assert run.status()["state"] == State.FAILED
+    table = runs_table(str(tmp_path))
+    recorded = run.recorded_status()
+    assert recorded["state"] == "failed" and recorded["finished"] is not None
+    assert recorded["reason"] == "its processes exited without writing a final status"
+    assert f"orphan: {recorded['reason']}" in table

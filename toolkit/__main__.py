@@ -396,11 +396,15 @@ def runs_table(
 ) -> str:
     """The runs as a terminal table: progress as ``epoch x of N``, start time in UTC to the
     minute, durations in whole seconds, measurements to four significant digits, ``-`` where a
-    run has no value yet (the failure reason is left to the dashboard). A run whose newest
-    checkpoint is damaged gets a line under the table. Probe runs are left out unless
-    ``probes``, as on the Runs page, and a last line says how many were; ``tags`` keeps the
-    runs that carry all of them, ``search`` those whose id, tags or notes contain it."""
-    every = [summary(r) for r in list_runs(root)]
+    run has no value yet. A failed run's reason, and a damaged newest checkpoint, get a line
+    under the table (an end only a reader could tell is recorded first: :func:`settle`). Probe
+    runs are left out unless ``probes``, as on the Runs page, and a last line says how many
+    were; ``tags`` keeps the runs that carry all of them, ``search`` those whose id, tags or
+    notes contain it."""
+    listed = list_runs(root)
+    for run in listed:  # an end only a reader could tell, recorded before it is shown
+        launcher.settle(run)
+    every = [summary(run) for run in listed]
     rows = [row for row in every if probes or not row["probe"]]
     hidden = len(every) - len(rows)
     note = f"\n({hidden} probe run{'s' * (hidden != 1)} not shown: runs --all)" if hidden else ""
@@ -413,12 +417,17 @@ def runs_table(
     started = pd.to_datetime(pd.to_numeric(table["started"]), unit="s")
     table["started (UTC)"] = started.dt.strftime("%Y-%m-%d %H:%M")
     table["duration_s"] = pd.to_numeric(table["duration_s"]).round()
+    why = "".join(
+        f"\n{row['run_id']}: {safe_yaml.clip(' '.join(row['reason'].split()))}"
+        for row in rows
+        if row["state"] == State.FAILED and row["reason"]
+    )
     damaged = "".join(
         f"\n{row['run_id']}: {row['damaged_checkpoint']}"
         for row in rows
-        if row["damaged_checkpoint"]
+        if row["damaged_checkpoint"] and row["state"] != State.FAILED
     )
-    return table[TABLE_COLUMNS].map(_cell).to_string(index=False) + damaged + note
+    return table[TABLE_COLUMNS].map(_cell).to_string(index=False) + why + damaged + note
 
 
 def _cell(value) -> str:

@@ -199,6 +199,26 @@ def stop(
     return run
 
 
+def settle(run: RunDir) -> dict:
+    """``run``'s status, with an end only its readers could tell recorded where the run's other
+    ends are: a live run whose processes are all gone, or whose scheduler's job ended (a Slurm
+    job's driver killed with the node, or by OOM), without the run recording it, is marked so
+    in ``status.json`` with the reason :meth:`~toolkit.runs.rundir.RunDir.status` derived, so
+    that a script reading the file sees it too. A run whose lock is held (being launched,
+    resumed or stopped) is left to its holder."""
+    status = run.status()
+    if status["state"] in LIVE or run.recorded_status().get("state") not in LIVE:
+        return status
+    try:
+        with run.lock(timeout=1.0):
+            status = run.status()
+            if status["state"] not in LIVE and run.recorded_status().get("state") in LIVE:
+                run.finish(status["state"], reason=status.get("reason"), finished=time.time())
+    except RunError:  # busy: its holder records what happens
+        pass
+    return run.status()
+
+
 def _say_in_log(run: RunDir, line: str) -> None:
     """Append ``[lab <UTC time>] line`` to the run's ``stdout.log``, if it has one (a run
     trained in a notebook's kernel has none); a log that cannot be written is left as it is."""

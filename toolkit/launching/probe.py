@@ -68,8 +68,9 @@ class ProbeResult:
             else f"B_crit ≈ {CALIBRATION[0] * b:,.0f} ({CALIBRATION[1] * b:,.0f}–"
             f"{CALIBRATION[2] * b:,.0f}): B_simple × {CALIBRATION[0]:g}, the median factor "
             "measured with this probe on three MNIST-1D tasks at three losses each "
-            f"(docs/notes/study.md); it varied {CALIBRATION[1]:g}–{CALIBRATION[2]:g} there, growing "
-            "as the loss tightens: `python -m toolkit calibrate CONFIG` measures it on yours.",
+            f"(docs/notes/study.md); it varied {CALIBRATION[1]:g}–{CALIBRATION[2]:g} there, "
+            "growing as the loss tightens: `python -m toolkit calibrate CONFIG` measures it "
+            "on yours.",
             f"Up to about {b / 4:,.0f}, doubling the batch nearly halves the steps (≥ 1.8×); "
             f"around {b:,.0f} it saves about a quarter; beyond {4 * b:,.0f} it saves under "
             "10%: extra batch there buys little.",

@@ -267,7 +267,7 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
             in_flight[cell.key] = (cell, run_dir)
         time.sleep(poll_s)
         for key, (cell, run_dir) in list(in_flight.items()):
-            status = run_dir.status()
+            status = launch.settle(run_dir)
             if status["state"] not in LIVE:
                 del in_flight[key]
                 done += 1
