@@ -13,6 +13,7 @@ import sys
 from conftest import ROOT
 
 from toolkit.launching import launch as launcher
+from toolkit.runs.states import LIVE
 
 SCRIPT = """
 import json, sys
@@ -51,6 +52,6 @@ def test_no_tensorflow_before_the_workers(tmp_path, subprocess_env):
     try:
         assert said["refused"]
         assert said["heavy"] == []
-        assert launcher.RunDir(runs / said["run"]).status()["state"] in ("queued", "running")
+        assert launcher.RunDir(runs / said["run"]).status()["state"] in LIVE  # handed over
     finally:
         launcher.stop(said["run"], runs)

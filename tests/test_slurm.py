@@ -490,7 +490,7 @@ def test_the_launch_form_submits_the_quickstart_to_slurm_on_two_nodes(slurm_host
     assert not at.exception and not at.error, [e.value for e in at.error]
     (run_dir,) = [p for p in slurm_runs.iterdir() if not p.name.startswith(".")]
     run = RunDir(run_dir)
-    assert f"(where: Slurm job {job_of(run)})" in at.success[0].value
+    assert f"Slurm job {job_of(run)}" in at.success[0].value
     status = wait(run, TERMINAL, timeout=240)
     assert status["state"] == "completed", run.stdout_path.read_text()[-3000:]
     assert run.config().slurm.nodes == 2 and len(set(hosts_of(run).values())) == 2
