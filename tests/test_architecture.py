@@ -35,7 +35,7 @@ LAYERS = {  # bottom to top, as docs/notes/architecture.md's table gives them (t
     "arithmetic": {"optimizers", "scaling", "parallel"},
     "a worker": {"training", "train"},
     "launching": {"launching"},
-    "doors": {"__main__", "__init__"},
+    "doors": {"__main__", "__init__", "terminal"},
 }
 LEVEL = {module: level for level, modules in enumerate(LAYERS.values()) for module in modules}
 PARALLEL = {("run directory", "arithmetic")}  # neither imports the other

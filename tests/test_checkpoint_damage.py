@@ -127,7 +127,7 @@ def test_each_damage_is_found_and_named(case, trained, tmp_path):
 
 
 def test_the_runs_table_tells_an_ended_run_whose_latest_checkpoint_is_damaged(trained, tmp_path):
-    from toolkit.__main__ import runs_table
+    from toolkit.terminal import runs_table
 
     run = copy_of(trained, tmp_path, "damaged")
     said = truncate(run.checkpoints_path / LATEST)

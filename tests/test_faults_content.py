@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from streamlit.testing.v1 import AppTest
 
-from toolkit.__main__ import runs_table
 from toolkit.runs.events import TEXT_KEYS, read_events
 from toolkit.runs.rundir import STATES, UNREADABLE, RunDir, list_runs
 from toolkit.runs.table import summary
+from toolkit.terminal import runs_table
 
 MAIN = ROOT / "app" / "main.py"
 JSON_FILES = ("status.json", "meta.json")

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT
 
 from toolkit import files
-from toolkit.__main__ import main, runs_table
+from toolkit.__main__ import main
 from toolkit.config import from_mapping
 from toolkit.files import WriteError
 from toolkit.launching import launch as launcher
@@ -23,6 +23,7 @@ from toolkit.runs import rundir
 from toolkit.runs.events import EventWriter, read_events
 from toolkit.runs.rundir import RunDir, RunError, list_runs, resolve
 from toolkit.runs.table import summary
+from toolkit.terminal import runs_table
 
 BAD_IDS = [".", "..", "../victim", ".hidden", "a/b", "", "x" * 65, "/etc", "run id"]
 

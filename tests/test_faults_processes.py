@@ -18,13 +18,13 @@ import pytest
 from conftest import run_cli
 from test_train import SMALL, wait
 
-from toolkit.__main__ import runs_table
 from toolkit.config import from_mapping
 from toolkit.files import WriteError, write_json
 from toolkit.launching import launch as launcher
 from toolkit.runs import processes
 from toolkit.runs.events import EventWriter, read_events
 from toolkit.runs.rundir import RunDir
+from toolkit.terminal import runs_table
 
 LONG = {**SMALL, "epochs": 200}
 

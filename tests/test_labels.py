@@ -10,10 +10,10 @@ import sys
 import pytest
 from conftest import ROOT, run_cli
 
-from toolkit.__main__ import runs_table
 from toolkit.config import from_mapping
 from toolkit.runs import rundir
 from toolkit.runs.rundir import RunDir
+from toolkit.terminal import runs_table
 
 
 def test_tags_and_notes_round_trip_between_the_cli_and_python(tmp_path):

@@ -326,9 +326,9 @@ def test_the_probe_cli_on_the_quickstart(tmp_path, subprocess_env):
     batch 64, linear: 0.25 at 32) held, where cosine would decay it."""
     from conftest import run_cli
 
-    from toolkit.__main__ import runs_table
     from toolkit.runs.events import read_events
     from toolkit.runs.rundir import list_runs
+    from toolkit.terminal import runs_table
 
     args = ["probe", "experiments/quickstart.yaml", "--steps", "80"]
     result = run_cli(args, tmp_path, subprocess_env)

@@ -261,7 +261,7 @@ def test_bad_input_is_refused_before_anything_starts(args, message, runs, subpro
 
 
 def test_runs_table_shows_times_and_numbers_a_person_can_read(completed, tmp_path):
-    from toolkit.__main__ import runs_table
+    from toolkit.terminal import runs_table
 
     row = summary(completed)
     assert row["epoch"] == completed.config().epochs  # its last epoch's end, not its last step
@@ -279,7 +279,7 @@ def test_runs_table_shows_times_and_numbers_a_person_can_read(completed, tmp_pat
 
 
 def test_runs_leaves_probe_runs_out_unless_asked(tmp_path):
-    from toolkit.__main__ import runs_table
+    from toolkit.terminal import runs_table
 
     RunDir.create(tmp_path, "kept")
     RunDir.create(tmp_path, "probe-a").update_meta(probe=True)

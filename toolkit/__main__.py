@@ -34,12 +34,11 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from toolkit import advice, safe_yaml
+from toolkit import advice, safe_yaml, terminal
 from toolkit.config import MAX_WORKERS
 from toolkit.launching import cluster, cluster_slurm, jupyter, slots
 from toolkit.launching import launch as launcher
@@ -49,7 +48,7 @@ from toolkit.runs import placement
 from toolkit.runs.monitor import follow
 from toolkit.runs.rundir import LIVE, complete_id, list_runs, resolve, runs_root
 from toolkit.runs.states import State
-from toolkit.runs.table import matches, outcome_text, progress_text, summary
+from toolkit.runs.table import outcome_text, summary
 
 RUN_HELP = "the run's id (toolkit runs lists them)"
 SET_HELP = "override one config field, as YAML: --set optimizer.params.momentum=0.95 (repeatable)"
@@ -255,14 +254,18 @@ def _launch(args) -> int | None:
         slurm=_slurm_fields(args),
     )
     print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
-    print(f"where: {placement.where(run.recorded_status())}")
+    status = run.recorded_status()
+    print(
+        f"where: {placement.where(status)}"
+        + (f"; {status['reason']}" if status.get("reason") else "")
+    )
     if place := slots.positions(args.runs).get(run.run_id):
         print(f"queued: number {place} in line for slots (python -m toolkit queue)")
     return _wait(run) if args.wait else None
 
 
 def _runs(args) -> None:
-    print(runs_table(args.runs, probes=args.all, tags=args.tag, search=args.search))
+    print(terminal.runs_table(args.runs, probes=args.all, tags=args.tag, search=args.search))
 
 
 def _tag(args) -> None:
@@ -368,76 +371,6 @@ def _tensorboard(args) -> int:
         return 0
 
 
-TABLE_COLUMNS = [
-    "run_id",
-    "state",
-    "progress",
-    "best_eval_accuracy",
-    "samples_per_sec",
-    "optimizer",
-    "global_batch",
-    "workers",
-    "where",
-    "started (UTC)",
-    "duration_s",
-    "last_step",
-    "last_loss",
-    "best_eval_loss",
-    "last_eval_accuracy",
-    "tags",
-]
-
-
-def runs_table(
-    root: str | None = None,
-    probes: bool = False,
-    tags: Sequence[str] = (),
-    search: str | None = None,
-) -> str:
-    """The runs as a terminal table: progress as ``epoch x of N``, start time in UTC to the
-    minute, durations in whole seconds, measurements to four significant digits, ``-`` where a
-    run has no value yet. A failed run's reason, and a damaged newest checkpoint, get a line
-    under the table (an end only a reader could tell is recorded first: :func:`settle`). Probe
-    runs are left out unless ``probes``, as on the Runs page, and a last line says how many
-    were; ``tags`` keeps the runs that carry all of them, ``search`` those whose id, tags or
-    notes contain it."""
-    listed = list_runs(root)
-    for run in listed:  # an end only a reader could tell, recorded before it is shown
-        launcher.settle(run)
-    every = [summary(run) for run in listed]
-    rows = [row for row in every if probes or not row["probe"]]
-    hidden = len(every) - len(rows)
-    note = f"\n({hidden} probe run{'s' * (hidden != 1)} not shown: runs --all)" if hidden else ""
-    rows = [row for row in rows if set(tags) <= set(row["tags"]) and matches(row, search)]
-    if not rows:
-        return "no runs" + note
-    table = pd.DataFrame(rows)
-    table["progress"] = [progress_text(row) for row in rows]
-    table["tags"] = table["tags"].map(", ".join)
-    started = pd.to_datetime(pd.to_numeric(table["started"]), unit="s")
-    table["started (UTC)"] = started.dt.strftime("%Y-%m-%d %H:%M")
-    table["duration_s"] = pd.to_numeric(table["duration_s"]).round()
-    why = "".join(
-        f"\n{row['run_id']}: {safe_yaml.clip(' '.join(row['reason'].split()))}"
-        for row in rows
-        if row["state"] == State.FAILED and row["reason"]
-    )
-    damaged = "".join(
-        f"\n{row['run_id']}: {row['damaged_checkpoint']}"
-        for row in rows
-        if row["damaged_checkpoint"] and row["state"] != State.FAILED
-    )
-    return table[TABLE_COLUMNS].map(_cell).to_string(index=False) + why + damaged + note
-
-
-def _cell(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.0f}" if value.is_integer() or abs(value) >= 1000 else f"{value:.4g}"
-    return str(value)
-
-
 def _sweep(args) -> int:
     """``sweep``: the plan, the state, or the run; the aggregate over seeds at the end."""
     from toolkit.launching import sweep, sweep_results, sweep_runner
@@ -457,11 +390,11 @@ def _sweep(args) -> int:
             log=lambda line: print(line, flush=True),
         )
     shown = table.drop(columns=["reason"], errors="ignore")
-    print(shown.map(_cell).to_string(index=False))
+    print(shown.map(terminal.cell).to_string(index=False))
     metrics = ("final_test_accuracy", "best_test_accuracy", "updates")
     print(
         "\nover seeds:\n"
-        + sweep_results.aggregate(table, metrics).map(_cell).to_string(index=False)
+        + sweep_results.aggregate(table, metrics).map(terminal.cell).to_string(index=False)
     )
     if args.csv:
         table.to_csv(args.csv, index=False)
@@ -476,7 +409,7 @@ def _print_plan(grid, root: str | None, max_parallel: int | None) -> None:
     print(f"sweep {grid.name}: {len(grid.cells)} cells")
     cells, startup = sweep_runner.dry_run(grid, root), sweep_runner.startup(root)
     seconds = sweep_runner.estimate(grid, cells, sweep_runner.throughputs(root), startup)
-    print(cells.assign(estimated_s=seconds.round()).map(_cell).to_string(index=False))
+    print(cells.assign(estimated_s=seconds.round()).map(terminal.cell).to_string(index=False))
     parallel = max_parallel or sweep_runner.default_parallel(grid, root)
     print(sweep_runner.cost(seconds, cells, parallel, startup))
 
@@ -517,18 +450,6 @@ def _calibrate(args) -> int:
     print(f"\n{found.table()}\n\n{found.reading()}")
     print(f"kept for `python -m toolkit probe` on this task in {runs_root(args.runs)}")
     return 0
-
-
-def _queue(root: str | None, capacity: str | None) -> str:
-    if capacity:
-        slots.set_capacity(None if capacity == "default" else capacity, root)
-    have = ", ".join(f"{host}:{n}" for host, n in slots.capacity(root).items())
-    lines = [f"capacity: {have}"]
-    for entry in slots.entries(root):
-        where = ",".join(f"{h}:{n}" for h, n in entry["slots"].items())
-        place = "holding" if entry["position"] is None else f"waiting #{entry['position']}"
-        lines.append(f"  {entry['run_id']}  {where}  {place}")
-    return "\n".join(lines if len(lines) > 1 else [*lines, "  (empty)"])
 
 
 def _cluster_parser(parser: argparse.ArgumentParser) -> None:
@@ -608,7 +529,7 @@ COMMANDS = {  # the subcommand -> its handler, which returns the exit code (None
     "delete": _delete,
     "sweep": _sweep,
     "calibrate": _calibrate,
-    "queue": lambda args: print(_queue(args.runs, args.capacity)),
+    "queue": lambda args: print(terminal.queue_text(args.runs, args.capacity)),
     "notebook": _notebook,
     "cluster": _cluster,
     "tensorboard": _tensorboard,

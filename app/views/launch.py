@@ -578,6 +578,8 @@ if st.button("Launch", type="primary"):
             st.error(md_escape(f"Nothing was launched: {error}"))
         else:
             st.session_state.current_run = run.run_id
-            where = placement.where(run.recorded_status())
-            st.success(md_escape(f"Launched {run.run_id} in {run.path} (where: {where})"))
+            status = run.recorded_status()
+            said = f"; {status['reason']}" if status.get("reason") else ""
+            where = f"where: {placement.where(status)}{said}"
+            st.success(md_escape(f"Launched {run.run_id} in {run.path}, {where}"))
             st.page_link("views/detail.py", label="Follow it live", icon=":material/monitoring:")

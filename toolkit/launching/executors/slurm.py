@@ -71,8 +71,9 @@ class SlurmExecutor(Executor):
         return [problem] if problem else []
 
     def _submitted(self, run: RunDir, config: ExperimentConfig, job: str, meta: dict) -> None:
-        where = self.where(config, job)
-        run.set_status(State.QUEUED, slurm_job_id=job, where=where, reason=f"submitted as {where}")
-        command = ["sbatch", str((run.path / slurm.JOB_SCRIPT).resolve())]
+        script = (run.path / slurm.JOB_SCRIPT).resolve()
+        said = f"submitted to Slurm as job {job} ({script})"
+        run.set_status(State.QUEUED, slurm_job_id=job, where=self.where(config, job), reason=said)
+        command = ["sbatch", str(script)]
         job_ids = [*run.meta().get("slurm_job_ids", []), job]
         self.record_launch(run, config, command, {**meta, "slurm_job_ids": job_ids})
