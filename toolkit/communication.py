@@ -232,13 +232,13 @@ class Communication:
         if self.allreduce.dense_norm and not applies_trust_ratios:
             raise ConfigError(
                 "allreduce.dense_norm replaces the gradient norm of trust ratios: it needs "
-                f"optimizer.name lars, or lbsgd with warmup_strategy lars (got {name!r})"
+                f"optimizer.name {optimizer_rules.TRUST_RATIOS_WORDS} (got {name!r})"
             )
         if self.techniques.momentum_correction and not hands_momentum_over:
             raise ConfigError(
                 "allreduce.momentum_correction moves the optimizer's momentum into the "
-                f"allreduce: it needs optimizer.name sgd, lars or lbsgd (got {name!r}), the "
-                "toolkit's SGD, LARS or LBSGD"
+                f"allreduce: it needs optimizer.name {optimizer_rules.MOMENTUM_WORDS} (got "
+                f"{name!r}), the toolkit's own"
             )
 
     def summary(self) -> str:

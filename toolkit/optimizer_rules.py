@@ -37,6 +37,9 @@ how many (MXNet LBSGD's ``batch_scale``): their runs leave ``batch.accumulation`
 HANDS_MOMENTUM_OVER = ("sgd", "lars", "lbsgd")
 """The optimizers that can hand their momentum to the allreduce (DGC's momentum correction):
 the toolkit's, whose velocity is ``u = m * u + g``."""
+MOMENTUM_WORDS = f"{', '.join(HANDS_MOMENTUM_OVER[:-1])} or {HANDS_MOMENTUM_OVER[-1]}"
+TRUST_RATIOS_WORDS = "lars, or lbsgd with warmup_strategy lars"
+"""The optimizers that apply trust ratios (:func:`applies_trust_ratios`), in words."""
 
 
 def non_negative(name: str, value: Any) -> Any:
