@@ -54,8 +54,8 @@ def launch(
     discovery: str | Path | None = None,
     slurm: dict | bool | None = None,
 ) -> RunDir:
-    """Validate ``config`` (a path or an object), check its hosts
-    (:mod:`toolkit.launching.preflight`), create its run directory and start it with ``np`` workers
+    """Validate ``config`` (a path or an object), have the executor it chooses check that it can
+    go there (pre-flight), create its run directory and start it with ``np`` workers
     on ``hosts`` (``name:slots,...``, or ``auto`` in a Slurm allocation; default ``localhost:np``)
     or the hosts of a horovodrun ``hostfile`` (:mod:`toolkit.launching.hosts`). ``min_np``,
     ``max_np`` and ``discovery`` set the config's ``elastic`` section (horovodrun's ``--min-np``,
