@@ -238,7 +238,7 @@ class Communication:
             raise ConfigError(
                 "allreduce.momentum_correction moves the optimizer's momentum into the "
                 f"allreduce: it needs optimizer.name {optimizer_rules.MOMENTUM_WORDS} (got "
-                f"{name!r}), the toolkit's own"
+                f"{name!r}), {optimizer_rules.MOMENTUM_CLASSES}"
             )
 
     def summary(self) -> str:

@@ -38,6 +38,8 @@ HANDS_MOMENTUM_OVER = ("sgd", "lars", "lbsgd")
 """The optimizers that can hand their momentum to the allreduce (DGC's momentum correction):
 the toolkit's, whose velocity is ``u = m * u + g``."""
 MOMENTUM_WORDS = f"{', '.join(HANDS_MOMENTUM_OVER[:-1])} or {HANDS_MOMENTUM_OVER[-1]}"
+MOMENTUM_CLASSES = "the toolkit's SGD, LARS or LBSGD"
+"""The optimizers of :data:`HANDS_MOMENTUM_OVER`, by name in a config and by class."""
 TRUST_RATIOS_WORDS = "lars, or lbsgd with warmup_strategy lars"
 """The optimizers that apply trust ratios (:func:`applies_trust_ratios`), in words."""
 
