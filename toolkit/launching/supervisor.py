@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from toolkit.launching import failures, slots
-from toolkit.runs import processes
+from toolkit.runs import placement, processes
 from toolkit.runs.rundir import RunDir, RunError
 from toolkit.runs.states import State
 
@@ -77,7 +77,7 @@ def _start_when_free(run: RunDir, argv: list[str]) -> subprocess.Popen | None:
             launched = status.get("launched") or time.time()  # slots taken at launch, or now
             need = status.get("slots") or slots.slots_of(run.config())
             child = subprocess.Popen(argv)
-            record = processes.record(status.get("launcher") or "launcher", child.pid)
+            record = processes.record(placement.launcher(status), child.pid)
             run.record_processes(record, launched=launched, slots=need)
             run.set_status(State.STARTING)  # until train.py says its workers are training
         return child
