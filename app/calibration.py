@@ -39,14 +39,12 @@ def panel(config: ExperimentConfig) -> None:
             default=calibrate.RATE_FACTORS,
         )
         epochs = right.number_input(
-            "Epochs at your batch",
+            "Passes over the data at your batch",
             min_value=1,
             value=min(config.epochs, calibrate.EPOCHS),
-            help="a larger batch B trains sqrt(B / yours) times as many",
+            help="a larger batch B makes sqrt(B / yours) times as many; each run's held-out "
+            f"loss is read {calibrate.EVALUATIONS} times whatever its passes (its rounds)",
         )
-        if len(batches) < 2 or not factors:
-            st.warning("Choose two batches or more and at least one rate.")
-            return
         try:
             grid = calibrate.grid(
                 config, batches=sorted(batches), rate_factors=factors, epochs=int(epochs)
@@ -57,10 +55,13 @@ def panel(config: ExperimentConfig) -> None:
             return
         startup = sweep_runner.startup(root)
         rates = sweep_runner.throughputs(root, summarize=data.summary)
-        seconds = sweep_runner.estimate(grid, cells, rates, startup)
+        estimated = sweep_runner.estimate(grid, cells, rates, startup)
         parallel = sweep_runner.default_parallel(grid, root)
-        st.dataframe(cells.assign(estimated_s=seconds.round()), hide_index=True, placeholder="")
-        st.caption(md_escape(sweep_runner.cost(seconds, cells, parallel, startup)))
+        shown = cells.assign(estimated_s=estimated.seconds.round(), priced=estimated.basis)
+        st.dataframe(
+            calibrate.shown(shown, config), hide_index=True, placeholder=""
+        )
+        st.caption(md_escape(sweep_runner.cost(estimated, cells, parallel, startup)))
         running = sweep_runner.runner_active(grid.name, root)
         if running:
             st.caption(f"Calibration {grid.name} is running: the Sweep page follows its runs.")

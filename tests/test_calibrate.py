@@ -26,13 +26,15 @@ BATCHES = np.array([16, 64, 256, 1024, 4096])
 
 def synthetic_runs(seeds: int, noise: float, rng) -> pd.DataFrame:
     """Steps to one target as ``S_min·(1 + B_crit/B)`` with lognormal noise per seed at the
-    best rate; a rate twice as large needs 1.5x the steps, one that never reaches it none."""
+    best rate; a rate half as large needs 1.3x the steps, one twice as large 1.5x, one four
+    times as large never reaches it."""
     rows = []
     for batch in BATCHES:
         truth = S_MIN * (1 + B_CRIT / batch)
         for seed in range(seeds):
             steps = truth * math.exp(noise * rng.normal())
             rows += [
+                {"batch": batch, "rate": 0.05, "seed": seed, "steps": 1.3 * steps},
                 {"batch": batch, "rate": 0.1, "seed": seed, "steps": steps},
                 {"batch": batch, "rate": 0.2, "seed": seed, "steps": 1.5 * steps},
                 {"batch": batch, "rate": 0.4, "seed": seed, "steps": math.inf},
@@ -53,6 +55,75 @@ def test_the_fit_recovers_a_known_critical_batch_with_a_band_around_it(seeds):
     exact = critical_batch.fit(synthetic_runs(seeds, noise=0.0, rng=rng))
     assert exact.b_crit == pytest.approx(B_CRIT) and exact.s_min == pytest.approx(S_MIN)
     assert math.isnan(exact.b_simple)  # no noise-scale measurement among the runs
+
+
+def test_a_fit_that_cannot_be_stood_behind_says_why_and_is_never_kept_or_answered(tmp_path):
+    """Defect 1 of the third walk: two batches at one rate gave S_min -2 and B_crit inf, kept
+    as NaN and Infinity, and the probe answered with it. Each flaw is named with what fixes
+    it; a flawed fit is refused by ``save``; a file holding one (as the walk's did) is never
+    read as a calibration; what is kept is strict JSON."""
+    clean = synthetic_runs(1, 0.0, np.random.default_rng(0))
+    assert critical_batch.fit(clean).flaws == ()
+    one_rate = clean[clean.rate == 0.1]
+    assert "every batch's best rate is the lowest or highest" in critical_batch.fit(one_rate).flaws[0]
+    two = clean[clean.batch.isin([16, 64])]
+    assert critical_batch.fit(two).flaws[0].startswith("only 2 batches reached the loss")
+    as_inverse = clean.assign(steps=clean.steps * 0 + 1e5 / clean.batch)  # S falls as 1/B
+    (flaw,) = critical_batch.fit(as_inverse).flaws
+    assert "not positive" in flaw and "above its largest batch, 4,096" in flaw
+    flat = clean.assign(steps=clean.steps * 0 + 500 * clean.rate / 0.1 + 0 * clean.batch)
+    flat = flat.assign(steps=np.where(clean.steps.isin([math.inf]), math.inf, flat.steps))
+    assert "B_crit came out 0" in critical_batch.fit(flat).flaws[0]
+    early = clean.assign(at_first=clean.batch == 64)
+    assert "batch 64 was already there at its first evaluation" in critical_batch.fit(early).flaws[0]
+
+    config = from_mapping({"optimizer": {"name": "sgd", "learning_rate": 0.1}})
+    task = critical_batch.task_key(config)
+    flawed = critical_batch.fit(one_rate).record()
+    with pytest.raises(ValueError, match="fits with flaws are not kept"):
+        critical_batch.save(Calibration(task, "cal-x", "2026-11-28", (flawed,)), tmp_path)
+    walk = {  # the file the walk found kept, as Python's json wrote it
+        "task": task,
+        "sweep": "cal-quickstart",
+        "date": "2026-11-27",
+        "fits": [
+            {**flawed, "s_min": -2.0, "b_crit": math.inf, "b_crit_band": [math.nan] * 2,
+             "flaws": [], "best": flawed["best"][:2]}
+        ],
+    }
+    path = tmp_path / ".calibrations" / f"{task}.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(walk))
+    assert critical_batch.stored(config, tmp_path) is None
+    gns = pd.DataFrame({"grad_sq_step": np.ones(40), "trace_sigma_step": np.full(40, 100.0)})
+    assert "the median factor" in summarize(gns, "probe-x", config, 1, None).reading()
+
+    unbounded = critical_batch.fit(synthetic_runs(1, 0.3, np.random.default_rng(5))).record()
+    unbounded["b_crit_band"] = [unbounded["b_crit_band"][0], math.inf]
+    critical_batch.save(Calibration(task, "cal-y", "2026-11-28", (unbounded,)), tmp_path)
+
+    def refuse(constant):
+        raise AssertionError(f"not strict JSON: {constant}")
+
+    json.loads(path.read_text(), parse_constant=refuse)
+    assert critical_batch.stored(config, tmp_path).fits[0]["b_crit_band"][1] == math.inf
+
+
+def test_a_calibration_with_nothing_to_stand_behind_keeps_nothing(tmp_path, monkeypatch):
+    """Its flawed fits are printed with why, nothing is written, and what was kept before
+    stays (the runs themselves are the sweep runner's, tested with it)."""
+    from toolkit.launching import calibrate, sweep_runner
+
+    config = from_mapping({"optimizer": {"name": "sgd", "learning_rate": 0.1}})
+    one_rate = synthetic_runs(1, 0.0, np.random.default_rng(0)).query("rate == 0.1")
+    monkeypatch.setattr(sweep_runner, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(calibrate, "measure", lambda *a: ([critical_batch.fit(one_rate)], []))
+    said = []
+    with pytest.raises(calibrate.NotKept, match="nothing kept"):
+        calibrate.calibrate(config, tmp_path, sweep=calibrate.grid(config), log=said.append)
+    assert any("kept\n" in line and "no" in line for line in said)  # the table says it
+    assert any(line.startswith("not kept, at loss 0.5: every batch's best rate") for line in said)
+    assert not (tmp_path / ".calibrations").exists()
 
 
 def test_outside_the_grid_the_fit_says_so():
@@ -112,22 +183,25 @@ def _steps(losses: list[float], per_epoch: float, target: float) -> float:
 def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_runs(
     tmp_path, subprocess_env, monkeypatch, capsys
 ):
-    """Three batches at one rate, one worker each: refused without ``--yes`` off a terminal
-    (the cost printed, nothing started), then run; the kept ``B_crit`` at each target is the
-    least-squares fit of relative residuals redone here from the runs' own eval events."""
+    """Three batches at three rates, one worker each: refused without ``--yes`` off a
+    terminal (the cost printed, nothing started), then run; the kept ``B_crit`` at each target
+    is the least-squares fit of relative residuals redone here from the runs' own eval events,
+    at each batch's fastest rate, and a target is kept exactly where that rate is inside its
+    batch's rates for some batch and S_min and B_crit are positive (~60 s: 9 short runs)."""
     from toolkit.__main__ import main
     from toolkit.launching import sweep, sweep_results
     from toolkit.runs.events import read_events
 
     overrides = ["workers=1", "optimizer.name=sgd", "optimizer.params={momentum: 0.9}"]
+    overrides += ["optimizer.learning_rate=0.1"]
     args = ["calibrate", "experiments/quickstart.yaml"]
     args += [arg for override in overrides for arg in ("--set", override)]
-    args += ["--batches", "32", "64", "128", "--rates", "1", "--epochs", "2"]
+    args += ["--batches", "32", "64", "128", "--rates", "0.5", "1", "2", "--epochs", "2"]
     monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal: nobody to ask
     assert main(["--runs", str(tmp_path), *args]) == 2
     refused = capsys.readouterr()
     assert "pass --yes to start it" in refused.err
-    assert "sweep cal-quickstart: 3 cells" in refused.out and "estimated time" in refused.out
+    assert "sweep cal-quickstart: 9 cells" in refused.out and "estimated time" in refused.out
     assert not any(tmp_path.glob("cal-*"))
 
     result = run_cli([*args, "--yes", "--max-parallel", "2"], tmp_path, subprocess_env)
@@ -141,37 +215,48 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
 
     (grid,) = sweep.saved(tmp_path)
     runs = sweep_results.cell_runs(grid, tmp_path)
-    curves, noise = {}, {}
+    curves, noise = {}, {}  # by (batch, rate)
     for cell in grid.cells:
         events = read_events(runs[cell.key].events_path)
         evals = events[events.phase == "eval"].sort_values("epoch")
-        batch = cell.coordinates["batch.global_size"]
+        batch, rate = cell.coordinates["batch.global_size"], cell.coordinates["optimizer.learning_rate"]
         updates = 4000 // batch * math.ceil(2 * max(1, math.sqrt(batch / 32)))  # data epochs'
         interval = cell.config.steps_per_epoch  # cut into at most 40 evaluations
         assert cell.config.epochs <= 40 and 0 <= cell.config.epochs * interval - updates < interval
         assert len(evals) == cell.config.epochs
         assert cell.config.schedule.name == "constant" and cell.config.lr_scaling.rule == "none"
-        curves[batch] = (evals.loss.tolist(), evals.step.iloc[0] / evals.epoch.iloc[0])
-        noise[batch] = events[events.phase == "gns"]
-    loosest = max(min(losses) for losses, _ in curves.values())
+        curves[batch, rate] = (evals.loss.tolist(), evals.step.iloc[0] / evals.epoch.iloc[0])
+        noise[batch, rate] = events[events.phase == "gns"]
+    batches = sorted({b for b, _ in curves})
+    rates = {b: sorted(r for c, r in curves if c == b) for b in batches}
+    assert batches == [32, 64, 128] and all(len(r) == 3 for r in rates.values())
+    loosest = max(min(min(curves[b, r][0]) for r in rates[b]) for b in batches)
     targets = [loosest * f for f in (1.3, 1.15, 1.0)]
-    assert [f["target"] for f in record["fits"]] == pytest.approx(targets)
-    for fit, target in zip(record["fits"], targets, strict=True):
-        batches = sorted(curves)
-        steps = np.array([_steps(*curves[b], target) for b in batches])
-        design = np.c_[np.ones(3), 1 / np.array(batches)] / steps[:, None]  # relative
+    kept = []
+    for target in targets:
+        steps = {key: _steps(*curve, target) for key, curve in curves.items()}
+        best = {b: min(rates[b], key=lambda r, b=b: steps[b, r]) for b in batches}
+        fewest = np.array([steps[b, best[b]] for b in batches])
+        design = np.c_[np.ones(3), 1 / np.array(batches)] / fewest[:, None]  # relative
         (s_min, slope), *_ = np.linalg.lstsq(design, np.ones(3), rcond=None)
+        first = [curves[b, best[b]][0][0] <= target for b in batches]
+        inside = [rates[b][0] < best[b] < rates[b][-1] for b in batches]
+        if np.isfinite(fewest).all() and s_min > 0 and slope > 0 and any(inside) and not any(first):
+            kept.append((target, s_min, slope / s_min, best, fewest))
+    assert kept, "no target of this calibration could be kept: the test's grid needs a look"
+    assert [f["target"] for f in record["fits"]] == pytest.approx([k[0] for k in kept])
+    for fit, (target, s_min, b_crit, best, fewest) in zip(record["fits"], kept, strict=True):
         assert fit["s_min"] == pytest.approx(s_min, rel=1e-6)
-        expected = math.inf if s_min <= 0 else max(0.0, slope / s_min)
-        assert fit["b_crit"] == pytest.approx(expected, rel=1e-6)
-        assert [row["batch"] for row in fit["best"]] == [32, 64, 128]
+        assert fit["b_crit"] == pytest.approx(b_crit, rel=1e-6)
+        assert [(row["batch"], row["rate"]) for row in fit["best"]] == list(best.items())
         near = pd.concat(  # each run's measurements over the second half of its way there
-            noise[b][noise[b].step.between(s / 2, s)] for b, s in zip(batches, steps, strict=True)
+            noise[b, best[b]][noise[b, best[b]].step.between(s / 2, s)]
+            for b, s in zip(batches, fewest, strict=True)
         )
         assert fit["measurements"] == len(near) > 0
         grad_sq = near.grad_sq_step.sum()  # not positive: too noisy to read, no B_simple
-        pooled = near.trace_sigma_step.sum() / grad_sq if grad_sq > 0 else math.nan
-        assert fit["b_simple"] == pytest.approx(pooled, rel=1e-6, nan_ok=True)
+        pooled = near.trace_sigma_step.sum() / grad_sq if grad_sq > 0 else None
+        assert fit["b_simple"] == pytest.approx(pooled, rel=1e-6)
 
     from toolkit.config import load
     from toolkit.launching.probe import probe
@@ -184,9 +269,10 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
 def test_the_launch_page_calibrates_in_the_background_and_its_probe_answers_with_it(
     tmp_path, monkeypatch, subprocess_env
 ):
-    """The quickstart on one worker: the panel's grid at two batches and one rate, started from
-    the page, runs as a sweep of its own process; once it is kept, the page says so and the
-    probe (its run hidden from the Runs page unless asked for) answers with it."""
+    """The quickstart on one worker: the walk's grid (two batches, one rate) is refused naming
+    what it lacks; three batches at three rates, started from the page, run as a sweep of its
+    own process; once it is kept, the page says so and the probe (its run hidden from the Runs
+    page unless asked for) answers with it (~80 s: 9 short runs and a probe)."""
     import time
 
     from conftest import ROOT
@@ -209,10 +295,15 @@ def test_the_launch_page_calibrates_in_the_background_and_its_probe_answers_with
     next(m for m in at.multiselect if m.label == "Batches").set_value([32, 64]).run()
     rates = next(m for m in at.multiselect if m.label.startswith("Rates"))
     rates.set_value([1.0])
-    next(n for n in at.number_input if n.label == "Epochs at your batch").set_value(1).run()
+    next(n for n in at.number_input if n.label.startswith("Passes over the data")).set_value(1).run()
+    (refused,) = [w.value for w in at.warning if "cannot run" in w.value]
+    assert "3 batches or more (got [32, 64])" in refused and "3 rate factors" in refused
+    assert not [b for b in at.button if b.label == "Start the calibration"]
+    next(m for m in at.multiselect if m.label == "Batches").set_value([32, 64, 128]).run()
+    next(m for m in at.multiselect if m.label.startswith("Rates")).set_value([0.5, 1.0, 2.0]).run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     (cells,) = [d.value for d in at.dataframe if "global_batch" in d.value]
-    assert cells["global_batch"].tolist() == [32, 64] and len(cells) == 2
+    assert sorted(set(cells["global_batch"])) == [32, 64, 128] and len(cells) == 9
     assert any("estimated time" in c.value for c in at.caption)
     next(b for b in at.button if b.label == "Start the calibration").click().run()
     assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
@@ -228,7 +319,7 @@ def test_the_launch_page_calibrates_in_the_background_and_its_probe_answers_with
         time.sleep(0.5)
     at.run()
     (info,) = [i.value for i in at.info if "calibrated on this task" in i.value]
-    assert md_escape("(mnist1d-cnn1d-lars)") in info and "over 2 batches" in info
+    assert md_escape("(mnist1d-cnn1d-lars)") in info and "over 3 batches" in info
 
     next(b for b in at.button if b.label == "Probe").click().run()
     assert not at.exception, at.exception
@@ -241,15 +332,19 @@ def test_the_launch_page_calibrates_in_the_background_and_its_probe_answers_with
     at.switch_page("views/runs.py").run()  # the probe run is hidden unless asked for
     assert "Show noise-scale probes (1)" == at.toggle[0].label
     shown = at.dataframe[0].value
-    assert len(shown) == 2 and shown["run_id"].str.startswith("cal-quickstart-").all()
+    assert len(shown) == 9 and shown["run_id"].str.startswith("cal-quickstart-").all()
 
 
 def test_a_grid_that_cannot_be_fitted_is_refused_before_any_run_starts(tmp_path, capsys):
     from toolkit.__main__ import main
 
     args = ["--runs", str(tmp_path), "calibrate", "experiments/quickstart.yaml", "--yes"]
-    assert main([*args, "--batches", "64", "64"]) == 2
-    assert "calibrate needs two batches or more to fit S(B) (got [64])" in capsys.readouterr().err
+    assert main([*args, "--batches", "32", "64", "--rates", "1", "--epochs", "1"]) == 2  # the walk's
+    said = capsys.readouterr().err
+    assert "calibrate needs 3 batches or more (got [32, 64]): S(B) has two parameters" in said
+    assert "3 rate factors or more (got [1.0]): a batch's fastest rate is trusted" in said
+    assert main([*args, "--batches", "64", "64", "128"]) == 2
+    assert "3 batches or more (got [64, 128])" in capsys.readouterr().err
     with pytest.raises(SystemExit) as refused:
         main([*args, "--rates", "1", "0"])
     assert refused.value.code == 2

@@ -201,9 +201,6 @@ def test_the_cli_refuses_bad_sweep_files_before_anything_starts(tmp_path):
     assert not runs.exists() or list_runs(runs) == []
 
 
-LIKE = "dataset, model, workers, batch per worker"
-
-
 def test_dry_run_prints_each_cell_with_its_batch_rate_and_steps(tmp_path):
     path = tmp_path / "t.yaml"
     path.write_text(yaml.safe_dump(spec(seeds=[0])))
@@ -218,15 +215,39 @@ def test_dry_run_prints_each_cell_with_its_batch_rate_and_steps(tmp_path):
     # quickstart: 2 workers, 4,000 training examples, 20 epochs; sqrt scaling from base 64
     assert lars["global_batch"] == "256" and float(lars["scaled_lr"]) == pytest.approx(1.0)
     assert int(lars["total_steps"]) == 20 * (2000 // 128)
-    assert {r["estimated_s"] for r in rows} == {"-"}  # no run here to price them
+    # no run here to price them: their start-up only, a total that is a lower bound
+    assert {(r["estimated_s"], r["priced"]) for r in rows} == {("13", "start-up")}
     cost = lines[-1]
-    assert cost.startswith("estimated time: not measured yet")
+    assert cost.startswith("estimated time: at least ")
     assert "each cell counts 13 s of start-up (no run here measured one)" in cost
     named = ", ".join(r["run_id"] for r in rows)  # each cell without a peer, named
     assert cost.endswith(
-        f"4 of 4 cells have no completed run like them ({LIKE}) and are not counted: {named}"
+        f"4 of 4 cells have no completed run of their dataset and model here, only their "
+        f"start-up counted: {named}"
     )
     assert not (tmp_path / "runs").exists()  # nothing created
+
+
+def test_a_cell_no_run_like_it_measured_is_priced_from_the_nearest_of_its_model():
+    """Defect 5 of the third walk: 6 of 9 calibration cells were "not counted" and no total
+    was given. A cell is priced by runs like it, else by the fewest doublings away in workers
+    and batch per worker of its dataset and model, else by its start-up alone."""
+    grid = sweep.from_mapping(
+        {"name": "t", "base": QUICK, "grid": {"batch.global_size": [64, 512]}, "seeds": [0]}
+    )
+    cells = sweep_runner.dry_run(grid)
+    keys = [sweep_runner._speed_key(cell.config) for cell in grid.cells]  # 2 workers: 32, 256
+    dataset, model, workers, _ = keys[0]
+    rates = {keys[0]: 1000.0, (dataset, model, workers, 128): 4000.0, ("other",) * 4: 1.0}
+    estimated = sweep_runner.estimate(grid, cells, rates, 10.0)
+    assert estimated.basis.tolist() == ["measured", "nearest"]  # 256 is 1 doubling from 128
+    training = cells["updates"] * cells["global_batch"] / [1000.0, 4000.0]
+    assert estimated.seconds.tolist() == pytest.approx((10 + training).tolist())
+    said = sweep_runner.cost(estimated, cells, 1, 10.0)
+    assert said.startswith(f"estimated time: {sweep_runner.duration(estimated.seconds.sum())}")
+    assert "1 of 2 priced from the nearest runs measured here of the same dataset and model" in said
+    unmeasured = sweep_runner.estimate(grid, cells, {("other",) * 4: 1.0}, 10.0)
+    assert unmeasured.basis.tolist() == ["start-up"] * 2 and unmeasured.seconds.tolist() == [10, 10]
 
 
 # ---------------------------------------------------------------------- results, aggregate
@@ -468,8 +489,8 @@ def test_sweep_page_builds_a_grid_dry_runs_and_launches_it(tmp_path, monkeypatch
     plan = at.dataframe[0].value
     assert plan["global_batch"].tolist() == [64, 128] and plan["workers"].tolist() == [1, 1]
     assert plan["total_steps"].tolist() == [4000 // 64, 4000 // 128]
-    assert plan["state"].tolist() == ["pending"] * 2 and plan["estimated_s"].isna().all()
-    assert {m.label: m.value for m in at.metric}["Estimated time"] == "not measured yet"
+    assert plan["state"].tolist() == ["pending"] * 2 and plan["priced"].eq("start-up").all()
+    assert {m.label: m.value for m in at.metric}["Estimated time"].startswith("≥ ")
     labelled(at.button, "Launch sweep").click().run()
     assert "Sweep page started" in at.success[0].value
     grid = sweep.saved(tmp_path)[0]
@@ -480,7 +501,7 @@ def test_sweep_page_builds_a_grid_dry_runs_and_launches_it(tmp_path, monkeypatch
     assert sweep_runner.states(grid, tmp_path)["state"].tolist() == ["completed"] * 2
     at.run()
     assert at.dataframe[0].value["state"].tolist() == ["completed"] * 2
-    assert at.dataframe[0].value["estimated_s"].notna().all()  # now measured by these runs
+    assert at.dataframe[0].value["priced"].eq("measured").all()  # now, by these runs
 
 
 def test_failed_cells_are_reported_and_rerun_only_when_asked(tmp_path):

@@ -44,7 +44,7 @@ from toolkit.launching import cluster, cluster_slurm, jupyter, slots
 from toolkit.launching import launch as launcher
 from toolkit.launching import probe as probe_lib
 from toolkit.launching.cluster import ClusterError
-from toolkit.runs import placement
+from toolkit.runs import checkpoints, placement
 from toolkit.runs.monitor import follow
 from toolkit.runs.rundir import LIVE, complete_id, list_runs, resolve, runs_root
 from toolkit.runs.states import State
@@ -156,7 +156,11 @@ def build_parser() -> Parser:
     calibrate.add_argument(
         "--rates", type=positive, nargs="+", help="factors of each batch's scaled rate (0.5 1 2)"
     )
-    calibrate.add_argument("--epochs", type=integer(1), help="per run (default: its, at most 5)")
+    calibrate.add_argument(
+        "--epochs",
+        type=integer(1),
+        help="passes over the data at the config's batch (default: its epochs, at most 5)",
+    )
     calibrate.add_argument("--seeds", type=int, nargs="+", help="default: the config's seed")
     calibrate.add_argument(
         "--targets", type=positive, nargs="+", help="held-out losses (default: what all reach)"
@@ -288,8 +292,8 @@ def _stop(args) -> None:
 
 def _resume(args) -> int | None:
     run = launcher.resume(args.run, args.runs)
-    print(f"resumed {run.run_id}")
-    return _wait(run) if args.wait else None
+    print(f"resumed {run.run_id} {checkpoints.resumed_text(run.recorded_status())}")
+    return _wait(run, resumed=True) if args.wait else None
 
 
 def _delete(args) -> None:
@@ -402,16 +406,18 @@ def _sweep(args) -> int:
     return 0 if (table["state"] == State.COMPLETED).all() else 1
 
 
-def _print_plan(grid, root: str | None, max_parallel: int | None) -> None:
-    """A sweep's cells, each with its estimated time, and the whole sweep's cost."""
+def _print_plan(grid, root: str | None, max_parallel: int | None, shown=None) -> None:
+    """A sweep's cells (as ``shown`` gives them), each with its estimated time and how it was
+    priced, and the whole sweep's cost."""
     from toolkit.launching import sweep_runner
 
     print(f"sweep {grid.name}: {len(grid.cells)} cells")
     cells, startup = sweep_runner.dry_run(grid, root), sweep_runner.startup(root)
-    seconds = sweep_runner.estimate(grid, cells, sweep_runner.throughputs(root), startup)
-    print(cells.assign(estimated_s=seconds.round()).map(terminal.cell).to_string(index=False))
+    estimated = sweep_runner.estimate(grid, cells, sweep_runner.throughputs(root), startup)
+    table = cells.assign(estimated_s=estimated.seconds.round(), priced=estimated.basis)
+    print((shown or (lambda c: c))(table).map(terminal.cell).to_string(index=False))
     parallel = max_parallel or sweep_runner.default_parallel(grid, root)
-    print(sweep_runner.cost(seconds, cells, parallel, startup))
+    print(sweep_runner.cost(estimated, cells, parallel, startup))
 
 
 def _calibrate(args) -> int:
@@ -430,7 +436,7 @@ def _calibrate(args) -> int:
     )
     if kept := critical_batch.stored(config, runs_root(args.runs)):
         print(f"kept for this task: {kept.reading()}")
-    _print_plan(grid, args.runs, args.max_parallel)
+    _print_plan(grid, args.runs, args.max_parallel, lambda c: calibrate.shown(c, config))
     if args.dry_run:
         return 0
     if not args.yes:
@@ -504,10 +510,10 @@ def _cluster(args) -> int:
     return 0
 
 
-def _wait(run) -> int:
-    """Follow ``run`` with a progress bar, then say how it went and where to look; exit code 0
-    if it completed."""
-    status = follow(run)
+def _wait(run, resumed: bool = False) -> int:
+    """Follow ``run`` with a progress bar (from its resumed step, if ``resumed``), then say how
+    it went and where to look; exit code 0 if it completed."""
+    status = follow(run, resumed=resumed)
     state, row = status["state"], summary(run)
     said = f"{run.run_id}: {state}"
     if state == State.COMPLETED:

@@ -109,16 +109,8 @@ def train(
     except BaseException as error:
         run = _recorder(run, run_dir)
         if run:
-            stopped = isinstance(error, KeyboardInterrupt)
-            reason = (
-                str(error)  # names the file and the cause
-                if isinstance(error, WriteError)
-                else "".join(traceback.format_exception_only(type(error), error)).strip()
-            )
             try:
-                run.finish(
-                    State.STOPPED if stopped else State.FAILED, reason=reason, finished=time.time()
-                )
+                _record_end(run, error, supervised=role != processes.IN_PROCESS)
             except (OSError, RunError):  # unrecordable: it reads failed once its processes end
                 pass
         raise
@@ -132,6 +124,33 @@ def train(
         if view is not None:  # its last look: the final state, whatever it is
             view.close(run.status())
     return run
+
+
+def _record_end(run: RunDir, error: BaseException, supervised: bool) -> None:
+    """Record how training ended on ``error``: stopped on an interrupt; failed with
+    :func:`said_of` the error, or, where a supervisor waits on the launcher (a launched run),
+    only what training said (``training_said``): the supervisor reads the launcher's exit and
+    the log and records the state and its sentence together, once
+    (:func:`toolkit.launching.supervisor.record_exit`)."""
+    if isinstance(error, KeyboardInterrupt):
+        run.finish(State.STOPPED, reason="interrupted (KeyboardInterrupt)", finished=time.time())
+    elif supervised and any(
+        entry.get("role") == "supervisor" for entry in run.recorded_status().get("processes", [])
+    ):
+        run.note(training_said=said_of(error))
+    else:
+        run.finish(State.FAILED, reason=said_of(error), finished=time.time())
+
+
+def said_of(error: BaseException) -> str:
+    """An error as a reason: a :class:`WriteError` says the file and the cause itself; any
+    other is its class and its message's first line (a TensorFlow error's message goes on with
+    stack frames, which stay in ``stdout.log``)."""
+    if isinstance(error, WriteError):
+        return str(error)
+    first = (str(error).strip().splitlines() or [""])[0].strip().rstrip(":")
+    said = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return f"training raised {said} (the traceback is in stdout.log)"
 
 
 def _recorder(run: RunDir | None, run_dir) -> RunDir | None:

@@ -14,7 +14,7 @@ from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
 from toolkit.plan import Scale
 from toolkit.runs import curves as curves_lib
-from toolkit.runs import placement, table
+from toolkit.runs import checkpoints, placement, table
 from toolkit.runs.rundir import LIVE
 from toolkit.runs.states import State
 
@@ -269,11 +269,12 @@ def panel() -> None:
     if live and state not in LIVE:
         st.rerun()  # it just ended: redraw the page once more, without the timer
     frame = data.live_events(run)
+    shown = ("pid", "reason") if state in LIVE else ("exit_code", "reason")
     details = [f"state: {state}", f"where: {placement.where(status)}"] + [
-        f"{key}: {status[key]}"
-        for key in ("pid", "exit_code", "reason")
-        if status.get(key) is not None
+        f"{key}: {status[key]}" for key in shown if status.get(key) is not None
     ]
+    if resumed := checkpoints.resumed_text(status):
+        details.append(f"resumed {resumed}")
     st.text("    ".join(details))
     if state not in LIVE and (damaged := data.damaged_checkpoint(run)):
         st.warning(md_escape(damaged))

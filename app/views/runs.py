@@ -87,11 +87,12 @@ if not runs:
 
 
 def summaries(runs: list) -> pd.DataFrame:
-    """One row per run (:func:`toolkit.runs.table.summary`), with its place in the launch queue and
-    its progress as text."""
+    """One row per run (:func:`toolkit.runs.table.summary`), with its place in the launch queue,
+    its progress as text and a mark where its newest checkpoint is damaged."""
     rows = [data.summary(r) for r in runs]
     frame = pd.DataFrame(rows)
     frame["epochs_done"] = [progress_text(row) for row in rows]
+    frame["checkpoint"] = frame["damaged_checkpoint"].map(lambda said: "⚠ damaged" if said else "")
     frame["queue"] = frame["run_id"].map(slots.positions(data.root()))
     frame["started"] = pd.to_datetime(frame["started"], unit="s", errors="coerce")
     return frame

@@ -97,7 +97,7 @@ except ConfigError as error:  # a cell that cannot launch here, named
     st.stop()
 startup = sweep_runner.startup(root)
 rates = sweep_runner.throughputs(root, summarize=data.summary)
-seconds = sweep_runner.estimate(grid, cells, rates, startup)
+estimated = sweep_runner.estimate(grid, cells, rates, startup)
 left, middle, right = st.columns([1, 1, 2])
 parallel = left.number_input(
     "Cells at a time", min_value=1, value=sweep_runner.default_parallel(grid, root), step=1
@@ -110,7 +110,6 @@ where = st.radio(
     help="this machine's launch queue, or Slurm: the cells as one job array",
 )
 slurm = form.slurm_section("sweep", None) if where == form.WHERE[2] else None
-measured = int(seconds.notna().sum())
 cost = st.columns(3)
 cost[0].metric("Cells", f"{len(cells):,}")
 cost[1].metric(
@@ -118,12 +117,14 @@ cost[1].metric(
 )
 cost[2].metric(
     "Estimated time",
-    sweep_runner.duration(seconds.sum() / parallel) if measured else "not measured yet",
+    ("≥ " if (estimated.basis == "start-up").any() else "")
+    + sweep_runner.duration(estimated.seconds.sum() / parallel),
     help="each cell's start-up, then its training at the samples/s measured by completed runs "
-    "of the same dataset, model, workers and batch per worker, spread over the cells run at a "
-    "time",
+    "of the same dataset, model, workers and batch per worker (else the nearest measured of "
+    "the same dataset and model; ≥: some cells have none, only their start-up counts), spread "
+    "over the cells run at a time",
 )
-st.caption(md_escape(sweep_runner.cost(seconds, cells, int(parallel), startup)))
+st.caption(md_escape(sweep_runner.cost(estimated, cells, int(parallel), startup)))
 big = len(cells) > CONFIRM_CELLS
 sure = not big or st.checkbox(f"Yes, run all {len(cells)} cells")
 if right.button("Launch sweep", type="primary", disabled=running or not sure, width="stretch"):
@@ -150,7 +151,7 @@ def progress() -> None:
     shown = cells.assign(state=states["state"], queue_position=states["queue_position"])
     shown["run_id"] = states["run_id"]  # an attempt after a failure has its own id
     st.dataframe(
-        shown.assign(estimated_s=seconds),
+        shown.assign(estimated_s=estimated.seconds.round(), priced=estimated.basis),
         hide_index=True,
         placeholder="",
         column_config=CELL_COLUMNS,

@@ -50,6 +50,10 @@ NOISE_EVERY = 5
 TARGET_FACTORS = (1.3, 1.15, 1.0)
 """Without ``targets``: the loosest loss every batch reached (its best rate, its worst seed)
 times each of these."""
+ROUNDS = {"epochs": "rounds", "steps_per_epoch": "updates_per_round"}
+"""A calibration run's config ``epochs`` are evaluation rounds (:data:`EVALUATIONS` of them,
+each ``steps_per_epoch`` updates), not passes over the data: its cells are shown (:func:`shown`)
+under these names, beside their ``passes``."""
 BATCH = "batch.global_size"
 RATE = "optimizer.learning_rate"
 
@@ -65,8 +69,9 @@ def grid(
     """The calibration sweep of ``config`` (named ``cal-<config name>``): ``batches`` (default
     :func:`default_batches`) x the rates of :func:`rates_at`, on ``seeds`` (default: its own).
 
-    A run at the config's global batch ``B0`` trains ``epochs`` (default: the config's, at most
-    :data:`EPOCHS`); one at ``B`` trains ``sqrt(B / B0)`` times as many (at least ``epochs``),
+    A run at the config's global batch ``B0`` trains ``epochs`` passes over the data (default:
+    the config's epochs, at most :data:`EPOCHS`); one at ``B`` trains ``sqrt(B / B0)`` times as
+    many (at least ``epochs``),
     since a larger batch needs more examples to reach the same loss (all of ``B/B0`` more far
     above ``B_crit``, none far below it). Each run's updates are cut into :data:`EVALUATIONS`
     "epochs" of equal length (``steps_per_epoch``, each a fresh shuffle's first batches), so
@@ -74,11 +79,7 @@ def grid(
     targets within its first data epoch. Raises :class:`~toolkit.launching.sweep.SweepError`
     naming every cell that cannot be built."""
     batches = sorted(set(batches or default_batches(config)))
-    if len(batches) < 2:
-        raise sweep_lib.SweepError(
-            f"calibrate needs two batches or more to fit S(B) (got {batches}): the config's "
-            "training set may be too small for the default grid; give --batches"
-        )
+    refuse_unfittable(batches, rate_factors)
     epochs, own = epochs or min(config.epochs, EPOCHS), Scale.of(config).global_batch
     base = config.model_dump(mode="json")
     for path, value in {
@@ -107,6 +108,36 @@ def grid(
         )
     spec = {"name": f"cal-{config.name}"[:32], "base": base, "grid": cells}
     return sweep_lib.from_mapping(spec | ({"seeds": list(seeds)} if seeds else {}))
+
+
+def refuse_unfittable(batches: Sequence[int], rate_factors: Sequence[float]) -> None:
+    """Raise :class:`~toolkit.launching.sweep.SweepError` for a grid whose fit could never be
+    kept (:func:`~toolkit.scaling.critical_batch.flaws`), naming what is missing: fewer than
+    :data:`~toolkit.scaling.critical_batch.MIN_BATCHES` batches, or fewer than
+    :data:`~toolkit.scaling.critical_batch.MIN_RATES` rates, where every best rate would be
+    at the grid's edge."""
+    missing = []
+    if len(set(batches)) < critical_batch.MIN_BATCHES:
+        missing.append(
+            f"{critical_batch.MIN_BATCHES} batches or more (got {sorted(set(batches))}): S(B) "
+            "has two parameters, and the third batch is what checks the curve; the config's "
+            "training set may be too small for the default grid (--batches)"
+        )
+    if len(set(rate_factors)) < critical_batch.MIN_RATES:
+        missing.append(
+            f"{critical_batch.MIN_RATES} rate factors or more (got {sorted(set(rate_factors))}):"
+            " a batch's fastest rate is trusted only with a slower rate on each side of it "
+            "(--rates 0.5 1 2)"
+        )
+    if missing:
+        raise sweep_lib.SweepError("calibrate needs " + "; and ".join(missing))
+
+
+def shown(cells: pd.DataFrame, config: ExperimentConfig) -> pd.DataFrame:
+    """A calibration's cells (:func:`~toolkit.launching.sweep_runner.dry_run`'s rows) in the
+    calibration's words (:data:`ROUNDS`), with each run's ``passes`` over the training data."""
+    passes = (cells["updates"] * cells["global_batch"] / train_size(config)).round(2)
+    return cells.rename(columns=ROUNDS).assign(passes=passes)
 
 
 def default_batches(config: ExperimentConfig) -> list[int]:
@@ -200,23 +231,17 @@ def at_targets(runs: pd.DataFrame, targets: Sequence[float]) -> pd.DataFrame:
 
 
 def cautions(fit: TargetFit, runs: pd.DataFrame) -> list[str]:
-    """A line for each batch whose steps may be overcounted: its best rate is the lowest or
-    highest of its rates (a rate beyond the grid may reach the loss sooner), or its best run
-    was already there at its first evaluation (its steps are an upper bound)."""
+    """For a fit that is kept, a line for each batch whose steps may be overcounted: its best
+    rate is the lowest or highest of its rates (a rate beyond the grid may reach the loss
+    sooner). A fit with flaws (:attr:`TargetFit.flaws`) says those instead."""
     lines = []
-    for row in fit.best.itertuples():
-        at_batch = runs[runs.batch == row.batch]
-        rates = at_batch["rate"]
+    for row in fit.best.itertuples() if not fit.flaws else ():
+        rates = runs.loc[runs.batch == row.batch, "rate"]
         if rates.nunique() > 1 and row.rate in (rates.min(), rates.max()):
             side = "lowest" if row.rate == rates.min() else "highest"
             lines.append(
                 f"at loss {fit.target:.4g}, batch {row.batch}'s best rate {row.rate:g} is its "
                 f"{side}: a rate beyond it may reach the loss sooner (--rates)"
-            )
-        if at_batch.loc[at_batch.rate == row.rate, "at_first"].any():
-            lines.append(
-                f"at loss {fit.target:.4g}, batch {row.batch} was there by its first "
-                f"evaluation: its {row.steps:,.0f} updates are an upper bound (--epochs fewer)"
             )
     return lines
 
@@ -259,18 +284,34 @@ def calibrate(
     root = runs_root(runs_root_dir)
     sweep_runner.run(sweep, root, max_parallel=max_parallel, log=log)
     fits, notes = measure(sweep, root, targets)
-    if not fits:
-        raise ValueError(f"calibration {sweep.name}: " + "; ".join(notes))
     for line in notes:
         log(line)
+    records = [f.record() for f in fits]
+    usable = tuple(r for r in records if not r["flaws"])
+    if records and len(usable) < len(records):
+        log(critical_batch.table(records))
+    for fit in fits:
+        for flaw in fit.flaws:
+            log(f"not kept, at loss {fit.target:.4g}: {flaw}")
+    if not usable:
+        raise NotKept(
+            f"calibration {sweep.name}: nothing kept, no fit can be stood behind (above); "
+            "whatever was kept for this task before is unchanged"
+        )
     calibration = Calibration(
         task=critical_batch.task_key(config),
         sweep=sweep.name,
         date=datetime.date.today().isoformat(),
-        fits=tuple(f.record() for f in fits),
+        fits=usable,
     )
+    if before := critical_batch.stored(config, root):
+        log(f"replaces the calibration kept for this task from sweep {before.sweep} ({before.date})")
     critical_batch.save(calibration, root)
     return calibration
+
+
+class NotKept(ValueError):
+    """A calibration ran but none of its fits can be stood behind: nothing was kept."""
 
 
 def start(

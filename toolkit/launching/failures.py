@@ -22,7 +22,7 @@ in the log. In the order they are tried:
   its code says (a signal, ssh's 255).
 
 A collective's failure on one worker only says that another failed (:func:`collective_failed`);
-:func:`overrides` lets the sentence naming that other replace it in ``status.json``.
+:func:`overrides` lets the sentence naming that other be the run's reason instead.
 """
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ class Failure:
     blames_another: bool = False
 
 
-def overrides(failure: Failure, recorded: dict) -> bool:
-    """Whether ``failure`` replaces the reason training recorded in ``recorded`` (a status):
-    training's own reason wins (a non-finite loss, a full disk) unless it is only a failed
-    collective, the echo of another worker's failure."""
-    said = recorded.get("reason")
-    return failure.blames_another and (not said or collective_failed(said))
+def overrides(failure: Failure, said: str | None) -> bool:
+    """Whether ``failure`` is the reason rather than what training ``said`` as it failed
+    (``training_said`` in the status): training's own reason wins (a non-finite loss, a full
+    disk) unless it said nothing or only that a collective failed, the echo of another
+    worker's failure."""
+    return not said or (failure.blames_another and collective_failed(said))
 
 
 def explain(run: RunDir, status: dict, code: int) -> Failure:

@@ -113,7 +113,9 @@ def launch(
 
 
 def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir:
-    """Continue a stopped or failed run from its last checkpoint, in the same directory."""
+    """Continue a stopped or failed run from its latest intact checkpoint, in the same
+    directory, recording which (``resumed_from``) and the damaged ones passed over on the way
+    (``passed_over``: name and what is wrong) in its status."""
     run = _as_run(run, runs_root_dir)
     with run.lock():
         state = run.status()["state"]
@@ -127,7 +129,12 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
         config_rules.check_backend(config, backends.requested())
         executor = registry.choose(config)
         executor.check(config, run.path.parent)
-        run.set_status(state, paused_s=rundir.paused_s(run.recorded_status()))
+        run.set_status(
+            state,
+            paused_s=rundir.paused_s(run.recorded_status()),
+            resumed_from=intact.name,
+            passed_over=[[checkpoint.name, problem] for checkpoint, problem in damaged],
+        )
         try:
             executor.start(run, config, resume=True, meta={})
         except OSError as error:

@@ -97,16 +97,10 @@ def record_exit(run: RunDir, me: dict, code: int) -> None:
             run.finish(State.STOPPED, exit_code=code, finished=finished, released=finished)
             return
         failure = failures.explain(run, status, code)
-        if status.get("state") == State.FAILED and failures.overrides(failure, status):
-            run.set_status(State.FAILED, exit_code=code, finished=finished, reason=failure.reason)
-        # otherwise training's own reason, if it wrote one, wins (the first final state)
-        run.finish(
-            State.FAILED,
-            exit_code=code,
-            finished=finished,
-            reason=failure.reason,
-            released=finished,
-        )
+        said = status.get("training_said")
+        reason = failure.reason if failures.overrides(failure, said) else said
+        # training's own final state, if it wrote one (a stop), wins: the first final state
+        run.finish(State.FAILED, exit_code=code, finished=finished, reason=reason, released=finished)
 
 
 if __name__ == "__main__":

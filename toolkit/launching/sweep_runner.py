@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import subprocess
 import sys
@@ -117,39 +118,70 @@ def startup(root: str | Path | None = None) -> float | None:
     return float(pd.Series(waits).median()) if waits else None
 
 
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Each cell's ``seconds`` and how its training was priced (``basis``): ``measured`` (by
+    runs like it), ``nearest`` (by runs of its dataset and model at other workers or batch per
+    worker: rougher) or ``start-up`` (nothing of its dataset and model measured here: its
+    seconds are only its start-up, a lower bound)."""
+
+    seconds: pd.Series
+    basis: pd.Series
+
+
 def estimate(
     sweep: Sweep, plan: pd.DataFrame, rates: dict[tuple, float], startup_s: float | None = None
-) -> pd.Series:
-    """Each cell's time in seconds: its start-up (``startup_s``, :func:`startup`'s measure;
-    ``None``: :data:`STARTUP_S`), then its training (its :func:`dry_run` row's updates x global
-    batch at the measured ``rates`` of :func:`throughputs`); ``NaN`` where no run measured its
-    speed."""
+) -> Estimate:
+    """Each cell's time: its start-up (``startup_s``, :func:`startup`'s measure; ``None``:
+    :data:`STARTUP_S`), then its training (its :func:`dry_run` row's updates x global batch)
+    at the samples/s of :func:`throughputs` for its own key, else for the nearest measured key
+    of its dataset and model (the fewest doublings away in workers and batch per worker)."""
     keys = [_speed_key(cell.config) for cell in sweep.cells]
-    rate = pd.Series([rates.get(key, float("nan")) for key in keys], index=plan.index)
-    return _startup_or_default(startup_s) + plan["updates"] * plan["global_batch"] / rate
+    found = [_nearest(key, rates) for key in keys]
+    basis = pd.Series([b for b, _ in found], index=plan.index)
+    rate = pd.Series([r for _, r in found], index=plan.index)
+    training = (plan["updates"] * plan["global_batch"] / rate).fillna(0.0)
+    return Estimate(_startup_or_default(startup_s) + training, basis)
+
+
+def _nearest(key: tuple, rates: dict[tuple, float]) -> tuple[str, float]:
+    """``(basis, samples/s)`` for a cell's speed ``key`` (:class:`Estimate`)."""
+    if key in rates:
+        return "measured", rates[key]
+    dataset, model, workers, per_worker = key
+    alike = [k for k in rates if k[:2] == (dataset, model)]
+    if not alike:
+        return "start-up", math.nan
+
+    def doublings(other: tuple) -> float:
+        return abs(math.log2(other[2] / workers)) + abs(math.log2(other[3] / per_worker))
+
+    return "nearest", rates[min(alike, key=doublings)]
 
 
 def _startup_or_default(startup_s: float | None) -> float:
     return STARTUP_S if startup_s is None else startup_s
 
 
-def cost(seconds: pd.Series, plan: pd.DataFrame, parallel: int, startup_s: float | None) -> str:
-    """What :func:`estimate`'s ``seconds`` come to with ``parallel`` cells at a time, in words,
-    naming (the first few of) the cells no measured run prices; the Sweep page and
-    ``sweep --dry-run`` say the same."""
-    measured = seconds.notna()
-    if measured.any():
-        said = f"estimated time: {duration(seconds[measured].sum() / parallel)} for "
-        said += f"{int(measured.sum())} cells, {parallel} at a time"
-    else:
-        said = "estimated time: not measured yet"
+def cost(estimated: Estimate, plan: pd.DataFrame, parallel: int, startup_s: float | None) -> str:
+    """What an :class:`Estimate` comes to with ``parallel`` cells at a time, in words: always a
+    total, said to be a lower bound where some cells could be priced by their start-up only,
+    and how each was priced; the Sweep page and ``sweep --dry-run`` say the same."""
+    basis = estimated.basis
+    total = duration(estimated.seconds.sum() / parallel)
+    bound = "at least " if (basis == "start-up").any() else ""
+    said = f"estimated time: {bound}{total} for {len(plan)} cells, {parallel} at a time"
     where = "measured here" if startup_s is not None else "no run here measured one"
     said += f"; each cell counts {_startup_or_default(startup_s):.0f} s of start-up ({where})"
-    missing = list(plan.loc[~measured, "run_id"])
-    if missing:
+    if nearest := int((basis == "nearest").sum()):
         said += (
-            f"; {len(missing)} of {len(plan)} cells have no completed run like them (dataset, "
-            f"model, workers, batch per worker) and are not counted: {safe_yaml.listed(missing)}"
+            f"; {nearest} of {len(plan)} priced from the nearest runs measured here of the same "
+            "dataset and model (other workers or batch per worker: rougher)"
+        )
+    if missing := list(plan.loc[basis == "start-up", "run_id"]):
+        said += (
+            f"; {len(missing)} of {len(plan)} cells have no completed run of their dataset and "
+            f"model here, only their start-up counted: {safe_yaml.listed(missing)}"
         )
     return said
 

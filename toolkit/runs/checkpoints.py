@@ -151,6 +151,16 @@ def none_intact(directory: Path, damaged: list[tuple[Path, str]]) -> str:
     return f"no intact checkpoint in {directory}: {listed}"
 
 
+def resumed_text(status: dict) -> str | None:
+    """Where a run's latest resume started, as its status records it (``resumed_from``,
+    ``passed_over``: :func:`toolkit.launching.launch.resume`): ``from checkpoint epoch-0003,
+    passing over epoch-0004 (model.weights.h5: ...)``; ``None`` for a run never resumed."""
+    if not (start := status.get("resumed_from")):
+        return None
+    passed = "; ".join(f"{name} ({problem})" for name, problem in status.get("passed_over", []))
+    return f"from checkpoint {start}" + (f", passing over {passed}" if passed else "")
+
+
 def damaged_latest(directory: Path, checksums: bool = True) -> str | None:
     """A line for a run whose newest checkpoint in ``directory`` is damaged, saying where a
     resume would start (``latest checkpoint epoch-0004 damaged (model.weights.h5: ...); a

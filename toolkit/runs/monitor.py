@@ -65,6 +65,7 @@ def follow(
     run: RunDir,
     *,
     progress: bool = True,
+    resumed: bool = False,
     stop_when: Callable[[RunDir], bool] | None = None,
     poll_s: float = 0.5,
     timeout_s: float | None = None,
@@ -73,12 +74,13 @@ def follow(
 
     With ``progress``, a bar counts the run's steps up to the ``total_steps`` that training
     records in ``meta.json`` once it has its data, with the newest epoch, train loss and test
-    accuracy (off a terminal: :class:`ProgressLines`). Raises ``TimeoutError`` if the run is
-    still going after ``timeout_s`` seconds.
+    accuracy (off a terminal: :class:`ProgressLines`; ``resumed``: from the step a resume
+    starts at, its history untold). Raises ``TimeoutError`` if the run is still going after
+    ``timeout_s`` seconds.
     """
     view = None
     if progress:
-        view = ProgressBar(run) if sys.stdout.isatty() else ProgressLines(run)
+        view = ProgressBar(run) if sys.stdout.isatty() else ProgressLines(run, resumed)
     return watch(run, view, stop_when=stop_when, poll_s=poll_s, timeout_s=timeout_s)
 
 
@@ -168,15 +170,22 @@ class ProgressBar:
 class ProgressLines:
     """The view off a terminal: a line for each epoch the run finishes (at its ``eval``
     event), and one where it ends between epochs, each saying where it was and its newest
-    values then."""
+    values then. Each is told once: a resume rewinds the events to its checkpoint and marks
+    the place (a ``resume`` event), and the lines go on from there; a view of a ``resumed``
+    run starts there, its history untold."""
 
-    def __init__(self, run: RunDir):
+    def __init__(self, run: RunDir, resumed: bool = False):
         self.run, self.tail, self.events = run, EventTail(run.events_path), pd.DataFrame()
-        self.told = 0  # rows of events the last line covered
+        self.told = None if resumed else 0  # rows of events the last line covered
 
     def refresh(self, status: dict) -> None:
         self.events, rewound = _grown(self.events, self.tail)
-        self.told = 0 if rewound else self.told
+        if self.told is None:  # a resumed run's history, as it was when the view began
+            self.told = len(self.events)
+        elif rewound:
+            phases = self.events["phase"] if "phase" in self.events else pd.Series()
+            resumes = self.events.index[phases == "resume"] if len(phases) else []
+            self.told = resumes[-1] + 1 if len(resumes) else len(self.events)
         if "phase" in self.events:
             ends = self.events.index[self.events["phase"] == "eval"]
             for end in ends[ends >= self.told]:

@@ -427,6 +427,11 @@ class RunDir:
                 self.status_path, {**previous, **fields, "state": state, "updated": time.time()}
             )
 
+    def note(self, **fields) -> None:
+        """Record ``fields`` in the status, its state unchanged."""
+        with self.lock(timeout=120):
+            self.set_status(self.recorded_status().get("state", State.QUEUED), **fields)
+
     def finish(self, state: str, **fields) -> None:
         """Record the final ``state`` unless one is recorded already: the first final state
         wins, and a later one only adds the fields it lacks (an exit code), never a new state

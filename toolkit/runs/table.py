@@ -29,26 +29,31 @@ def matches(row: dict[str, Any], text: str | None) -> bool:
 
 
 def progress_text(row: dict[str, Any]) -> str | None:
-    """A :func:`summary` row's progress as ``<epoch> of <epochs>`` (``None`` without a config);
-    an AdaScale run's as its epochs so far and how far its clock ``τ`` is."""
+    """A :func:`summary` row's progress as ``<epoch> of <epochs>`` (``None`` without a config),
+    ``... rounds`` where its epochs are not passes over the data (``steps_per_epoch`` cuts them:
+    a calibration's or a probe's evaluation rounds); an AdaScale run's as its epochs so far and
+    how far its clock ``τ`` is."""
     if not row["epochs"]:
         return None
     if row.get("adascale"):  # its epochs are an outcome; its progress is its clock's
         return f"{round(row['epoch'], 2):g} epochs, τ {row['progress'] or 0:.0%}"
     epoch = row["epochs"] if row["state"] == State.COMPLETED else row["epoch"]
-    return f"{round(epoch, 2):g} of {row['epochs']}"
+    return f"{round(epoch, 2):g} of {row['epochs']}" + " rounds" * bool(row.get("rounds"))
 
 
 def outcome_text(row: dict[str, Any]) -> str:
-    """How a :func:`summary` row's run went, in one line: how long it trained, its final and
-    best test accuracy, and its throughput (``no results yet`` before any)."""
+    """How a :func:`summary` row's run went, in one line: how long it trained, its final (for
+    a run that did not complete: last) and best test accuracy, and its throughput (``no
+    results yet`` before any)."""
     parts = []
     if row["duration_s"] is not None:
         minutes, seconds = divmod(round(row["duration_s"]), 60)
         parts.append(f"duration {minutes}m {seconds:02d}s" if minutes else f"{seconds}s")
     if row["last_eval_accuracy"] is not None:
+        last = "final" if row["state"] == State.COMPLETED else "last"
         parts.append(
-            f"final accuracy {row['last_eval_accuracy']:.4f} (best {row['best_eval_accuracy']:.4f})"
+            f"{last} accuracy {row['last_eval_accuracy']:.4f} "
+            f"(best {row['best_eval_accuracy']:.4f})"
         )
     if row["samples_per_sec"] is not None:
         parts.append(f"{row['samples_per_sec']:,.0f} samples/s")
@@ -71,6 +76,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         "global_batch": meta.get("global_batch"),
         "workers": meta.get("world_size"),
         "epochs": None,
+        "rounds": False,
         "adascale": False,
     }
     try:
@@ -81,6 +87,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
             workers=(config.elastic and status.get("world_size")) or config.workers,
             global_batch=Scale.of(config).global_batch,
             epochs=config.epochs,
+            rounds=config.steps_per_epoch is not None,
             adascale=config.lr_scaling.rule == "adascale",
         )
     except FileNotFoundError:

@@ -8,11 +8,17 @@ fewest examples to the fewest steps that reach the loss. The fit is linear in ``
 batches, each at the rate that reached the target in the fewest steps (every seed having
 reached it).
 
-A calibration (:class:`Calibration`) keeps the fit at each target with its bootstrap band and
-the simple noise scale ``B_simple`` measured on the same runs near each target, so that
+A fit is kept only if it can be stood behind (:attr:`TargetFit.flaws` is empty): at least
+:data:`MIN_BATCHES` batches reached its target (two points fit two parameters exactly, with
+nothing left to check the curve by), ``S_min`` and ``B_crit`` are finite and positive, and at
+least one batch's best rate had a slower rate on each side of it (where every best rate is the
+grid's lowest or highest, a rate beyond the grid may be faster, and the steps are not the
+fewest). A calibration (:class:`Calibration`) keeps the usable fits with their bootstrap bands
+and the simple noise scale ``B_simple`` measured on the same runs near each target, so that
 :mod:`toolkit.launching.probe` can answer with this task's ``B_crit`` instead of a factor
 measured on another. It is kept in the runs root per task (:func:`task_key`: dataset, model,
-optimizer), by :func:`save` and :func:`stored`.
+optimizer), as strict JSON (a value that is not finite is ``null``), by :func:`save` and
+:func:`stored`; :func:`stored` never returns a fit with a flaw, whoever wrote the file.
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ import pandas as pd
 
 from toolkit import files
 
+MIN_BATCHES = 3
+"""Batches that must reach a target for its fit to be kept: one more than ``S(B)``'s two
+parameters."""
+MIN_RATES = 3
+"""Rates per batch a calibration grid needs: with fewer, every best rate is at the grid's edge."""
 CALIBRATIONS_DIR = ".calibrations"
 """Where :func:`save` keeps each task's calibration, in the runs root (``<task>.json``)."""
 DRAWS = 2000
@@ -99,6 +110,7 @@ class TargetFit:
     measurements: int
     runs: int
     best: pd.DataFrame = dataclasses.field(repr=False, compare=False)
+    flaws: tuple[str, ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -106,19 +118,19 @@ class TargetFit:
         return self.b_crit / self.b_simple if self.b_simple > 0 else math.nan
 
     def record(self) -> dict:
-        """The fit as plain fields (Python's JSON writes ``inf`` and ``nan`` as ``Infinity`` and
-        ``NaN``, and reads them back), its best rates as rows."""
+        """The fit as plain fields, its best rates as rows (``inf`` and ``nan`` stay floats
+        here; :func:`save` writes them as ``null``)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         best = self.best[["batch", "rate", "steps"]].astype({"batch": int, "steps": float})
         bands = {name: list(fields[name]) for name in ("b_crit_band", "b_simple_band")}
-        return fields | bands | {"best": best.to_dict("records")}
+        return fields | bands | {"best": best.to_dict("records"), "flaws": list(self.flaws)}
 
 
 def fit(runs: pd.DataFrame, draws: int = DRAWS, relative: bool = True) -> TargetFit:
     """One target's runs (as :func:`best_rates` takes them, with ``measurements``,
     ``grad_sq_sum`` and ``trace_sigma_sum`` columns): the :class:`TargetFit` (``relative``: as
-    :func:`fit_tradeoff`). Raises ``ValueError`` when fewer than two batches reached the
-    target."""
+    :func:`fit_tradeoff`), with its :func:`flaws`. Raises ``ValueError`` when fewer than two
+    batches reached the target."""
     best = best_rates(runs)
     if len(best) < 2:
         reached = ", ".join(map(str, best.batch)) or "none"
@@ -159,7 +171,55 @@ def fit(runs: pd.DataFrame, draws: int = DRAWS, relative: bool = True) -> Target
         measurements=int(measured.measurements.sum()),
         runs=len(measured),
         best=best,
+        flaws=tuple(flaws(s_min, b_crit, best, runs)),
     )
+
+
+def flaws(s_min: float, b_crit: float, best: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """Why a fit of ``best`` (per batch, its fastest rate) over ``runs`` (every batch's rates)
+    cannot be kept, each reason saying what grid would fix it: too few batches reached the
+    target, a parameter that is not finite and positive, a best run already there at its first
+    evaluation (``at_first``: its steps are an upper bound), every best rate at its batch's
+    lowest or highest rate."""
+    batches, found = sorted(runs.batch.unique()), []
+    if len(best) < MIN_BATCHES:
+        found.append(
+            f"only {len(best)} batches reached the loss: S(B) has two parameters, so "
+            f"{MIN_BATCHES} or more are needed to check the curve (a batch between or beyond "
+            f"{', '.join(map(str, best.batch))}, or more epochs, --epochs)"
+        )
+    if not (math.isfinite(s_min) and s_min > 0):
+        found.append(
+            f"S_min came out {s_min:,.1f}, not positive: the steps fell at least as fast as 1/B "
+            f"across the grid, so B_crit is above its largest batch, {batches[-1]:,} (a larger "
+            "batch, --batches)"
+        )
+    elif not (math.isfinite(b_crit) and b_crit > 0):
+        found.append(
+            "B_crit came out 0: the steps did not fall as the batch grew, so B_crit is below the "
+            f"grid's smallest batch, {batches[0]:,} (a smaller batch, --batches)"
+        )
+    chosen = runs.merge(best[["batch", "rate"]], on=["batch", "rate"])
+    if "at_first" in chosen and (early := sorted(chosen.batch[chosen.at_first].unique())):
+        found.append(
+            f"batch {', '.join(map(str, early))} was already there at its first evaluation, so "
+            "its steps are only an upper bound (a tighter loss, --targets, or evaluations "
+            "closer together)"
+        )
+    rates = runs.groupby("batch")["rate"].agg(["min", "max", "nunique"])
+    inside = [
+        row.batch
+        for row in best.itertuples()
+        if rates.loc[row.batch, "nunique"] >= MIN_RATES
+        and rates.loc[row.batch, "min"] < row.rate < rates.loc[row.batch, "max"]
+    ]
+    if not inside:
+        found.append(
+            "every batch's best rate is the lowest or highest it was given: a rate beyond the "
+            f"grid may reach the loss in fewer steps (at least {MIN_RATES} rates a batch, wider "
+            "ones, --rates)"
+        )
+    return found
 
 
 def _band(values: np.ndarray) -> tuple[float, float]:
@@ -198,41 +258,42 @@ class Calibration:
     def reading(self) -> str:
         """The headline in one line, with its band and where it came from."""
         fit = self.headline
-        b_crit, (low, high) = fit["b_crit"], fit["b_crit_band"]
-        largest = max(row["batch"] for row in fit["best"])
+        low, high = fit["b_crit_band"]
         band = f"10–90% band {_count(low)}–{_count(high)}" if math.isfinite(low) else "no band"
-        value = (
-            f"B_crit is above the grid's largest batch, {largest:,} (the steps fell as 1/B "
-            "across it)"
-            if math.isinf(b_crit)
-            else f"B_crit ≈ {_count(b_crit)} ({band})"
-        )
         return (
-            f"{value}, calibrated on this task ({self.task}) on {self.date}: steps to held-out "
+            f"B_crit ≈ {_count(fit['b_crit'])} ({band}), calibrated on this task ({self.task}) "
+            f"on {self.date}: steps to held-out "
             f"loss {fit['target']:.3g} over {len(fit['best'])} batches (sweep {self.sweep})"
         )
 
     def table(self) -> str:
-        """Every target's fit as a text table: ``S_min``, ``B_crit`` and ``B_simple`` with their
-        bands, and their ratio: ``B_simple`` is read on the runs near the target, as a run's
-        own noise meter reads it, so the ratio is the ``batch.adaptive.aim`` that aims an
-        adaptive batch at the critical batch (a probe's early reading needs the larger factor
-        of :data:`toolkit.launching.probe.CALIBRATION`)."""
+        """Every kept target's fit as a text table (:func:`table`)."""
+        return table(self.fits)
 
-        def banded(fit: dict, name: str) -> str:
-            low, high = fit[f"{name}_band"]
-            band = f" ({_count(low)}-{_count(high)})" if math.isfinite(fit[name]) else ""
-            return _count(fit[name]) + band
 
-        return pd.DataFrame(
-            {
-                "target loss": [f["target"] for f in self.fits],
-                "S_min (updates)": [f"{f['s_min']:,.0f}" for f in self.fits],
-                "B_crit (10-90%)": [banded(f, "b_crit") for f in self.fits],
-                "B_simple (10-90%)": [banded(f, "b_simple") for f in self.fits],
-                "B_crit/B_simple": [_ratio(f) for f in self.fits],
-            }
-        ).to_string(index=False)
+def table(fits) -> str:
+    """Fits (:meth:`TargetFit.record`) as a text table: ``S_min``, ``B_crit`` and ``B_simple``
+    with their bands, and their ratio, and, where any has flaws, whether each is kept.
+    ``B_simple`` is read on the runs near the target, as a run's own noise meter reads it, so
+    the ratio is the ``batch.adaptive.aim`` that aims an adaptive batch at the critical batch
+    (a probe's early reading needs the larger factor of
+    :data:`toolkit.launching.probe.CALIBRATION`)."""
+
+    def banded(fit: dict, name: str) -> str:
+        low, high = fit[f"{name}_band"]
+        band = f" ({_count(low)}-{_count(high)})" if math.isfinite(fit[name]) else ""
+        return _count(fit[name]) + band
+
+    columns = {
+        "target loss": [f["target"] for f in fits],
+        "S_min (updates)": [f"{f['s_min']:,.0f}" for f in fits],
+        "B_crit (10-90%)": [banded(f, "b_crit") for f in fits],
+        "B_simple (10-90%)": [banded(f, "b_simple") for f in fits],
+        "B_crit/B_simple": [_ratio(f) for f in fits],
+    }
+    if any(f.get("flaws") for f in fits):
+        columns["kept"] = ["no" if f.get("flaws") else "yes" for f in fits]
+    return pd.DataFrame(columns).to_string(index=False)
 
 
 def _ratio(fit: dict) -> str:
@@ -246,18 +307,61 @@ def _count(value: float) -> str:
 
 
 def save(calibration: Calibration, root: Path) -> Path:
-    """Write ``calibration`` as ``<root>/.calibrations/<task>.json`` (atomically)."""
+    """Write ``calibration`` as ``<root>/.calibrations/<task>.json`` (atomically), strict JSON:
+    a value that is not finite is written ``null``. Raises ``ValueError`` for a fit with
+    flaws: those are reported, never kept."""
+    if flawed := [f["target"] for f in calibration.fits if f.get("flaws")]:
+        raise ValueError(f"fits with flaws are not kept (targets {flawed})")
     path = Path(root) / CALIBRATIONS_DIR / f"{calibration.task}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    files.write_json(path, dataclasses.asdict(calibration))
+    files.write_json(path, _strict(dataclasses.asdict(calibration)))
     return path
 
 
 def stored(config, root: Path) -> Calibration | None:
-    """The calibration kept for ``config``'s task under ``root``, or ``None``."""
+    """The calibration kept for ``config``'s task under ``root`` with only its usable fits
+    (``null`` read back as ``nan``), or ``None`` if it has none or there is none."""
     path = Path(root) / CALIBRATIONS_DIR / f"{task_key(config)}.json"
     try:
         raw = files.read_json(path)
-        return Calibration(raw["task"], raw["sweep"], raw["date"], tuple(raw["fits"]))
+        fits = tuple(_loose(f) for f in raw["fits"])
+        kept = Calibration(raw["task"], raw["sweep"], raw["date"], tuple(filter(_usable, fits)))
     except (OSError, ValueError, KeyError, TypeError):  # none, or not one this module wrote
         return None
+    return kept if kept.fits else None
+
+
+def _usable(fit: dict) -> bool:
+    """Whether a kept fit (:meth:`TargetFit.record`) may answer a probe: no flaws recorded, and
+    the checks that need only the record hold (a file written before flaws were recorded)."""
+    s_min, b_crit = fit["s_min"], fit["b_crit"]
+    return (
+        not fit.get("flaws")
+        and len(fit["best"]) >= MIN_BATCHES
+        and all(math.isfinite(v) and v > 0 for v in (s_min, b_crit))
+    )
+
+
+def _strict(value):
+    """``value`` with every float that is not finite replaced by ``None`` (JSON's ``null``)."""
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _loose(fit: dict) -> dict:
+    """A kept fit with ``null`` numbers read back: ``nan``, but ``inf`` for a band's upper
+    bound above a finite lower one (resamples that were unbounded)."""
+    nan = math.nan
+    numbers = {name: nan if fit[name] is None else fit[name] for name in _NUMBERS}
+    bands = {}
+    for name in _BANDS:
+        low, high = fit[name]
+        bands[name] = [nan, nan] if low is None else [low, math.inf if high is None else high]
+    return fit | bands | numbers
+
+
+_BANDS = ("b_crit_band", "b_simple_band")
+_NUMBERS = ("s_min", "b_crit", "b_simple")

@@ -139,7 +139,8 @@ class Trainer:
     ) -> tuple[checkpoints.Position, list | None]:
         """Continue from the latest intact checkpoint in ``checkpoint_dir`` (rank 0's; ``run``
         is rank 0's, else ``None``), passing over damaged ones, each said in the log and as a
-        ``checkpoint`` event (:func:`~toolkit.runs.checkpoints.latest_intact`): its position,
+        ``checkpoint`` event (:func:`~toolkit.runs.checkpoints.latest_intact`) after a
+        ``resume`` event naming the one resumed from: its position,
         and in an elastic run every worker's residuals there, which the run's state deals out
         (elsewhere each worker takes its own now). The events after the checkpoint are
         dropped and the smoother fed the ones before, so smoothing goes on as if the run had
@@ -153,6 +154,7 @@ class Trainer:
             raise FileNotFoundError(f"--resume: {checkpoints.none_intact(checkpoint_dir, damaged)}")
         if latest is not None:
             position = checkpoints.restore(latest, self.model, self.state)
+            print(f"resuming from checkpoint {latest.name} (step {position.step})", flush=True)
         if distributed.elastic():  # no collective: its state's first sync gives rank 0's
             residuals = checkpoints.residuals(latest) if latest is not None else None
         else:
@@ -168,6 +170,8 @@ class Trainer:
             truncate_after(run.events_path, position.step)
             self._smooth_on(run.events_path)
             with EventWriter(run.events_path) as writer:  # after the truncation: it stays
+                at = {"step": position.step, "epoch": position.epoch}
+                writer.write({**at, "phase": "resume", "resumed_from": latest.name})
                 for checkpoint, problem in damaged:
                     writer.write(
                         {
