@@ -58,9 +58,7 @@ def panel(config: ExperimentConfig) -> None:
         estimated = sweep_runner.estimate(grid, cells, rates, startup)
         parallel = sweep_runner.default_parallel(grid, root)
         shown = cells.assign(estimated_s=estimated.seconds.round(), priced=estimated.basis)
-        st.dataframe(
-            calibrate.shown(shown, config), hide_index=True, placeholder=""
-        )
+        st.dataframe(calibrate.shown(shown, config), hide_index=True, placeholder="")
         st.caption(md_escape(sweep_runner.cost(estimated, cells, parallel, startup)))
         running = sweep_runner.runner_active(grid.name, root)
         if running:

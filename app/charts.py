@@ -9,6 +9,7 @@ into the browser's limit on WebGL contexts. SVG stays fast because a chart holds
 from __future__ import annotations
 
 import html
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,16 +165,29 @@ def bands(
 
 
 def _layout(title: str, x_title: str, height: int, x_ticks: dict, y_axis: dict) -> dict:
-    """A curves chart's layout: title, height, a legend below, one hover for every curve."""
+    """A curves chart's layout: title (:func:`title_lines`), height, a legend below, one hover
+    for every curve."""
+    lines = title_lines(title)
     return {
-        "title": {"text": label(title)},
+        "title": {"text": "<br>".join(map(label, lines))},
         "height": height,
-        "margin": {"l": 10, "r": 10, "t": 40, "b": 10},
+        "margin": {"l": 10, "r": 10, "t": 22 + 18 * len(lines), "b": 10},
         "hovermode": "x",
         "legend": {"orientation": "h", "y": -0.2},
         "xaxis": {"title": {"text": x_title}, **x_ticks},
         "yaxis": y_axis,
     }
+
+
+TITLE_CHARS = 48
+"""The most characters of a title line: a chart in half of the page's width (Run detail's two
+to a row) shows about 52 of Plotly's title font before it cuts the rest off."""
+
+
+def title_lines(title: str) -> list[str]:
+    """``title`` broken at spaces into lines of at most :data:`TITLE_CHARS`, so that no chart
+    cuts its title."""
+    return textwrap.wrap(str(title), TITLE_CHARS) or [""]
 
 
 def _faint(color: str) -> str:

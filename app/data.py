@@ -10,6 +10,7 @@ configs as ``None``.
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import pandas as pd
@@ -56,10 +57,16 @@ def runs() -> list[RunDir]:
 
 
 def colors() -> dict[str, str]:
-    """One colour per run, the same on every chart of every page: the palette in the order the
-    runs were created, so a new run never changes an older run's colour (deleting one shifts
-    the colours of those created after it)."""
-    return {r.run_id: COLORS[i % len(COLORS)] for i, r in enumerate(reversed(runs()))}
+    """One colour per run, the same on every chart of every page, at every reload, whatever
+    is created or deleted meanwhile: the palette's entry at the ``number`` its status recorded
+    when it was made (:meth:`~toolkit.runs.rundir.RunDir.create`: consecutive runs differ), or
+    for a run made before runs were numbered, at a hash of its id."""
+    return {r.run_id: COLORS[_number(r) % len(COLORS)] for r in runs()}
+
+
+def _number(run: RunDir) -> int:
+    number = run.recorded_status().get("number")
+    return number if isinstance(number, int) else zlib.crc32(run.run_id.encode())
 
 
 def config_columns(selected: list[RunDir]) -> pd.DataFrame:

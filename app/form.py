@@ -17,11 +17,13 @@ from app.data import md_escape
 from toolkit import codecs, safe_yaml
 from toolkit import config as config_lib
 from toolkit.catalog import SCHEDULES
+from toolkit.launching import slurm as slurm_lib
 from toolkit.optimizers import OPTIMIZERS
 from toolkit.parallel import cost
 from toolkit.plan import RunPlan
 from toolkit.training import data as datasets
 from toolkit.training.experiment import build_model, schedule_preview
+from toolkit.words import counted
 
 # Streamlit collects garbage after every rerun; TensorFlow's ~450k long-lived objects, imported
 # just above (once per server process, by the first page that builds configs), made each
@@ -30,6 +32,8 @@ gc.freeze()
 
 PRESETS = Path(__file__).resolve().parents[1] / "experiments"
 BLANK = "(blank)"
+FIRST = "quickstart"
+"""The preset the Launch form opens on: a working example, as the README's first run."""
 _COMMON = set.intersection(*(set(OPTIMIZERS.parameters(n)) for n in OPTIMIZERS.names()))
 KERAS_BASE = _COMMON - {"learning_rate", "weight_decay"}
 """Parameters all optimizers take from Keras's base class (clipping, EMA...): under 'more'."""
@@ -104,12 +108,28 @@ WHERE = ("This machine", "Hosts over ssh", "Slurm")
 job (:mod:`toolkit.launching.slurm`)."""
 
 
+@st.cache_data(ttl=60, show_spinner=False)
+def slurm_partitions() -> dict[str, tuple[int, int, bool]]:
+    """Slurm's partitions (:func:`toolkit.launching.slurm.partitions_here`), none where Slurm
+    does not answer; asked again after a minute."""
+    try:
+        return slurm_lib.partitions_here()
+    except (config_lib.ConfigError, OSError):
+        return {}
+
+
 def slurm_section(key: str, given: dict | None) -> dict:
     """The Slurm fields (a config's ``slurm`` section, :class:`toolkit.config.SlurmConfig`),
     prefilled from ``given``; empty fields are left to Slurm. ``key`` prefixes the widgets'
     keys."""
     given = given or {}
     cells = st.columns(3)
+    partitions = slurm_partitions()
+    told = ", ".join(
+        f"{name}{' (default)' * default}: {counted(nodes, 'node')}, {counted(gpus, 'GPU')} each"
+        for name, (nodes, gpus, default) in partitions.items()
+    )
+    st.caption(f"Slurm reports {told}." if told else "Slurm does not answer here (sinfo).")
 
     def count(cell, label: str, field: str, hint: str) -> int | None:  # empty: Slurm's
         value = cell.number_input(
@@ -119,11 +139,14 @@ def slurm_section(key: str, given: dict | None) -> dict:
 
     section = {
         "nodes": count(cells[0], "Nodes", "nodes", "empty: Slurm's placement of the ranks"),
-        "partition": cells[1].text_input(
+        "partition": cells[1].selectbox(
             "Partition",
-            given.get("partition") or "",
+            ["", *partitions, *([given["partition"]] if given.get("partition") else [])],
+            index=0 if not given.get("partition") else len(partitions) + 1,
+            format_func=lambda name: name or "(the cluster's default)",
+            accept_new_options=True,
             key=f"{key}:slurm.partition",
-            help="empty: the cluster's default",
+            help="as sinfo lists them; empty: the cluster's default",
         ),
         "time": cells[2].text_input(
             "Time limit",

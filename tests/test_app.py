@@ -24,7 +24,7 @@ from conftest import run_cli
 from fabricate import fake_run
 from streamlit.testing.v1 import AppTest
 
-from app import charts, data
+from app import charts, data, form
 from app.data import md_escape
 from toolkit import config as config_lib
 from toolkit import files
@@ -35,6 +35,7 @@ from toolkit.runs import processes, table, theme
 from toolkit.runs.curves import downsample
 from toolkit.runs.events import EventWriter, read_events
 from toolkit.runs.rundir import RunDir
+from toolkit.scaling import noise_scale
 from toolkit.training import data as datasets
 from toolkit.training import models
 
@@ -77,6 +78,25 @@ def page(name: str | None = None, timeout: float = 60) -> AppTest:
     return at
 
 
+def launch_page() -> AppTest:
+    """The Launch page from the schema's defaults: "(blank)", not the quickstart it opens on."""
+    at = page("launch")
+    by_label(at.selectbox, "Start from").set_value(form.BLANK).run()
+    return at
+
+
+def test_the_launch_form_opens_on_a_working_example_and_names_runs_as_the_cli(root, launches):
+    """Defect 9 of the third walk: it opened on "(blank)" (SGD, constant rate, one worker), and
+    its "Run name" became ``uislurm-b64-lars-0dc9`` where the CLI's ``--name`` is the run id."""
+    at = page("launch")
+    assert by_label(at.selectbox, "Start from").value == form.FIRST == "quickstart"
+    assert by_label(at.number_input, "Workers").value == 2 and not at.error
+    by_label(at.text_input, "Run id").set_value("uislurm").run()
+    by_label(at.button, "Launch").click().run()
+    ((config, kwargs),) = launches
+    assert kwargs["run_id"] == "uislurm" and config.name == "quickstart"
+
+
 def by_label(widgets, label: str):
     found = [w for w in widgets if w.label == label]
     assert len(found) == 1, f"{label!r} in {[w.label for w in widgets]}"
@@ -113,7 +133,7 @@ def figures(at: AppTest) -> list[dict]:
 
 
 def test_launch_blank_form_previews_scaling_and_schedule(root, launches):
-    at = page("launch")
+    at = launch_page()
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Global batch"] == "32" and metrics["Steps per epoch"] == "125"
     workers = by_label(at.number_input, "Workers").set_value(4)
@@ -128,7 +148,7 @@ def test_launch_blank_form_previews_scaling_and_schedule(root, launches):
 
 
 def test_launch_preview_is_the_toolkit_schedule(root, launches):
-    at = page("launch")
+    at = launch_page()
     by_label(at.selectbox, "Start from").set_value("quickstart").run()
     assert not at.error, [e.value for e in at.error]
     config = config_lib.load(ROOT / "experiments" / "quickstart.yaml")
@@ -149,7 +169,7 @@ def test_launch_preview_is_the_toolkit_schedule(root, launches):
 
 
 def test_launch_invalid_fields_show_schema_messages_next_to_them_and_launch_nothing(root, launches):
-    at = page("launch")
+    at = launch_page()
     name = by_label(at.text_input, "Run name").set_value("my run!")
     per_worker = by_label(at.number_input, "Batch per worker").set_value(0)
     warmup = by_label(at.number_input, "Warmup epochs").set_value(-1.0)
@@ -171,7 +191,7 @@ def test_launch_invalid_fields_show_schema_messages_next_to_them_and_launch_noth
 
 
 def test_launch_section_and_cross_field_errors_are_reported(root, launches):
-    at = page("launch")
+    at = launch_page()
     by_label(at.radio, "Where").set_value("Hosts over ssh").run()
     by_label(at.text_input, "Hosts").set_value("h1:1")
     by_label(at.number_input, "Workers").set_value(2)
@@ -189,7 +209,7 @@ def test_launch_section_and_cross_field_errors_are_reported(root, launches):
 
 
 def test_launch_where_slurm_gives_the_config_a_slurm_section_and_no_hosts(root, launches):
-    at = page("launch")
+    at = launch_page()
     assert by_label(at.radio, "Where").value == "This machine"
     assert not [w for w in at.text_input if w.label in ("Hosts", "Partition")]
     by_label(at.radio, "Where").set_value("Slurm").run()
@@ -216,7 +236,7 @@ def test_launch_where_slurm_gives_the_config_a_slurm_section_and_no_hosts(root, 
 
 
 def test_launch_batch_larger_than_the_dataset_is_stopped_before_launch(root, launches):
-    at = page("launch")
+    at = launch_page()
     per_worker = by_label(at.number_input, "Batch per worker").set_value(100_000)
     at.run()
     assert "larger than each" in after(at, per_worker).value
@@ -225,7 +245,7 @@ def test_launch_batch_larger_than_the_dataset_is_stopped_before_launch(root, lau
 
 
 def test_launch_fixed_global_batch_derives_per_worker_or_is_refused(root, launches):
-    at = page("launch")
+    at = launch_page()
     by_label(at.number_input, "Workers").set_value(2)
     by_label(at.number_input, "Global batch (optional)").set_value(101).run()
     (first, *_) = at.error
@@ -238,7 +258,7 @@ def test_launch_fixed_global_batch_derives_per_worker_or_is_refused(root, launch
 
 
 def test_launch_synchronisation_and_compression_fields(root, launches):
-    at = page("launch")
+    at = launch_page()
     by_label(at.selectbox, "Synchronisation").set_value("local_sgd")
     by_label(at.selectbox, "Compression").set_value("fp16")
     at.run()
@@ -261,7 +281,7 @@ def test_launch_synchronisation_and_compression_fields(root, launches):
 def test_launch_says_when_compression_pays_on_the_link_given(root, launches):
     """The line under the synchronisation section is toolkit.parallel.cost's prediction for
     the config's model (its trainable entries counted here), workers and the link given."""
-    at = page("launch")
+    at = launch_page()
     by_label(at.number_input, "Workers").set_value(4)
     by_label(at.selectbox, "Compression").set_value("topk")
     by_label(at.number_input, "Top-k: ratio sent").set_value(0.05)
@@ -298,7 +318,7 @@ def test_launch_says_when_compression_pays_on_the_link_given(root, launches):
 
 
 def test_launch_elastic_fields_need_a_global_batch_for_every_world(root, launches, tmp_path):
-    at = page("launch")
+    at = launch_page()
     by_label(at.checkbox, "Elastic").check()
     by_label(at.number_input, "Workers").set_value(2)
     by_label(at.number_input, "Fewest workers").set_value(2)
@@ -319,7 +339,7 @@ def test_launch_elastic_fields_need_a_global_batch_for_every_world(root, launche
 
 
 def test_launch_adascale_fields(root, launches):
-    at = page("launch")
+    at = launch_page()
     by_label(at.selectbox, "Learning-rate scaling rule").set_value("adascale")
     by_label(at.number_input, "Global batch (optional)").set_value(128)
     by_label(at.number_input, "Base batch").set_value(256).run()
@@ -337,7 +357,7 @@ def test_launch_adascale_fields(root, launches):
 
 
 def test_the_launch_form_sets_an_adaptive_batch(root, launches):
-    at = page("launch")
+    at = launch_page()
     by_label(at.selectbox, "Learning-rate scaling rule").set_value("adascale")
     by_label(at.number_input, "Base batch").set_value(32).run()
     by_label(at.checkbox, "Adaptive batch").check()
@@ -358,7 +378,7 @@ def test_the_launch_form_sets_an_adaptive_batch(root, launches):
 
 
 def test_launch_labels_are_plain_words_with_the_field_name_as_help(root, launches):
-    at = page("launch")
+    at = launch_page()
     by_label(at.selectbox, "Optimizer").set_value("lars").run()
     widgets = [*at.number_input, *at.text_input, *at.selectbox, *at.checkbox, *at.multiselect]
     for widget in widgets:
@@ -368,7 +388,7 @@ def test_launch_labels_are_plain_words_with_the_field_name_as_help(root, launche
 
 
 def test_launch_warns_when_the_warmup_keeps_the_rate_below_the_scaled_one(root, launches):
-    at = page("launch")
+    at = launch_page()
     by_label(at.selectbox, "Schedule").set_value("cosine")
     by_label(at.number_input, "Epochs").set_value(1)
     by_label(at.number_input, "Warmup epochs").set_value(1.0).run()
@@ -384,7 +404,7 @@ def test_launch_warns_when_the_warmup_keeps_the_rate_below_the_scaled_one(root, 
 
 
 def test_launch_preset_through_the_launcher(root, launches):
-    at = page("launch")
+    at = launch_page()
     by_label(at.selectbox, "Start from").set_value("large_batch_lars").run()
     by_label(at.number_input, "Momentum").set_value(0.95)
     by_label(at.number_input, "Epochs").set_value(3)
@@ -408,7 +428,7 @@ def test_launch_preset_through_the_launcher(root, launches):
 def test_launch_form_sets_dgcs_switches(root, launches):
     """The preset and its switches reach the config: empty and "preset" follow ``dgc``,
     explicit values win."""
-    at = page("launch")
+    at = launch_page()
     by_label(at.selectbox, "Start from").set_value("quickstart").run()
     by_label(at.selectbox, "Compression").set_value("topk")
     by_label(at.selectbox, "Sparse values on the wire").set_value("float16")
@@ -725,7 +745,9 @@ def test_detail_shows_the_traffic_of_a_run_that_logs_it(root):
     event's 10 steps; every 5th event's 50 for the workers' samples), so they may differ."""
     fake_run(root, "sparse", events=300, bytes_per_update=800.0, system_every=50)
     at = page("detail")
-    titles = [f["layout"]["title"]["text"] for f in figures(at)]
+    lines = [f["layout"]["title"]["text"].split("<br>") for f in figures(at)]
+    assert all(len(line) <= charts.TITLE_CHARS for title in lines for line in title)  # not cut
+    titles = [" ".join(title) for title in lines]
     assert "bytes rank 0 sent per update (mean over the 10 steps to each event)" in titles
     assert "bytes each worker sent per update (mean over the 50 steps to each sample)" in titles
     assert "compression (dense bytes / sent)" in titles
@@ -768,8 +790,9 @@ def test_detail_header_says_what_the_run_is_how_it_went_and_how_sure_b_simple_is
     readings = events[events["phase"] == "gns"]["b_simple"].to_numpy()[-10:]
     low, high = np.percentile(readings, [10, 90])
     (band,) = [c.value for c in at.caption if md_escape("B_simple") in c.value]
-    said = f"B_simple ≈ {np.median(readings):,.0f} ({low:,.0f}–{high:,.0f} over its last 10)"
-    assert md_escape(said) in band
+    said = f"B_simple ≈ {np.median(readings):,.0f} over this run's last 10 readings "
+    said += f"({low:,.0f}–{high:,.0f})"
+    assert md_escape(said) in band and md_escape(noise_scale.GROWS) in band  # which, and why
 
     fake_run(root, "one-reading", events=30, epochs=1, gns_every=20)
     at.run()
@@ -939,10 +962,12 @@ def test_detail_marks_an_elastic_runs_resets_and_draws_its_workers(root):
 
 
 def test_a_run_that_sends_dense_gradients_gets_a_line_not_flat_charts(root):
-    fake_run(root, "dense", events=300, bytes_per_update=40_000.0)
+    """Defect 8 of the third walk: a dense run's workers' samples drew a bytes chart too."""
+    fake_run(root, "dense", events=300, bytes_per_update=40_000.0, system_every=50)
     at = page("detail")
     titles = [f["layout"]["title"]["text"] for f in figures(at)]
-    assert not [t for t in titles if t.startswith("bytes rank 0 sent per update")]
+    assert "CPU" in " ".join(titles)  # the workers' samples are drawn, their bytes are not
+    assert not [t for t in titles if t.startswith("bytes")], titles
     assert any("each worker sends 40,000 bytes per update (dense)" in t.value for t in at.text)
 
 
@@ -1230,7 +1255,7 @@ def test_launch_quickstart_for_real_through_the_form_on_two_hosts(cluster_hosts,
     hosts = "lbl-h2:1,lbl-h3:1"
     bin_dir = str(Path(sys.executable).parent)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    at = page("launch")
+    at = launch_page()
     by_label(at.selectbox, "Start from").set_value("quickstart").run()
     assert by_label(at.number_input, "Workers").value == 2
     by_label(at.radio, "Where").set_value("Hosts over ssh").run()

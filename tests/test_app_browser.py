@@ -5,6 +5,7 @@ page, follow it until it completes, and see the Compare page draw its charts."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import urllib.request
@@ -115,11 +116,20 @@ def test_launch_follow_and_compare_in_chromium(server, tmp_path):
     assert row["state"] == "completed" and row["workers"] == 2 and row["best_eval_accuracy"] > 0.5
 
 
+def run_colors(page, url: str, run_id: str) -> list[str]:
+    """The colours of the traces of ``run_id``'s first chart on Run detail, freshly loaded."""
+    page.goto(f"{url}/detail?run={run_id}")
+    chart = page.locator(".js-plotly-plot").first
+    expect(chart).to_be_visible(timeout=60_000)
+    return chart.evaluate("plot => plot.data.map(trace => trace.line && trace.line.color)")
+
+
 @pytest.mark.timeout(300)
 def test_every_page_in_chromium_with_a_live_runs_table_and_screenshots(server, tmp_path):
     """Each page as a browser draws it, from ``/runs`` (an address of its own) to Sweep, with a
     screenshot of each in ``screenshots/`` for review; the Runs table follows a live run with no
-    click, and no page shows an exception or a page-not-found dialog."""
+    click, and no page shows an exception or a page-not-found dialog. A run keeps its colour
+    across reloads while another is deleted and a new one made."""
     from fabricate import fake_run
 
     from toolkit.runs.events import EventWriter
@@ -162,6 +172,13 @@ def test_every_page_in_chromium_with_a_live_runs_table_and_screenshots(server, t
             page.screenshot(path=str(shots / f"{name.split('?')[0]}.png"), full_page=True)
             assert not page.get_by_test_id("stException").count(), name
             assert not page.get_by_text("Page not found").count(), name
+        colors = [run_colors(page, url, "live-run")]  # defect 7 of the third walk:
+        shutil.rmtree(runs / "lars-done")  # an older run deleted and a new one made,
+        fake_run(runs, "newer", events=50, state="failed")
+        colors.append(run_colors(page, url, "live-run"))  # then the page reloaded, twice
+        colors.append(run_colors(page, url, "live-run"))
+        assert colors[0] and colors[0] == colors[1] == colors[2], colors
+        assert run_colors(page, url, "newer")[0] != colors[0][0]  # the one made before it's
         browser.close()
     print(f"screenshots for review: {shots}")
     assert sorted(p.name for p in shots.iterdir()) == [

@@ -150,7 +150,17 @@ def test_resume_from_the_terminal_passes_over_a_truncated_checkpoint(trained, or
     result = run_cli(["resume", "truncated", "--wait"], tmp_path / "runs")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert wait(run, TERMINAL)["state"] == "completed"
-    assert f"checkpoint {LATEST} is damaged, passed over: {said}" in run.stdout_path.read_text()
+    # defect 3 of the third walk: where it resumed from, said at once, and progress told from
+    # there, once (it replayed the run's history twice)
+    resumed = f"from checkpoint epoch-0003, passing over {LATEST} ({said})"
+    assert result.stdout.splitlines()[0] == f"resumed truncated {resumed}"
+    assert checkpoints.resumed_text(run.status()) == resumed  # Run detail's words
+    told = [line for line in result.stdout.splitlines() if " - epoch: " in line]
+    epochs = [float(line.split(" - epoch: ")[1].split(" ")[0]) for line in told]
+    assert epochs == [4.0], result.stdout  # the one epoch trained again, told once
+    log = run.stdout_path.read_text()
+    assert f"checkpoint {LATEST} is damaged, passed over: {said}" in log
+    assert "resuming from checkpoint epoch-0003 (step " in log
     events = read_events(run.events_path)
     (event,) = events[events.phase == "checkpoint"].to_dict("records")
     assert (event["checkpoint"], event["reason"], event["resumed_from"]) == (

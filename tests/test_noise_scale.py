@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from toolkit.scaling import noise_scale
 from toolkit.scaling.noise_scale import Smoother, estimate
 
 
@@ -306,6 +307,11 @@ def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
         0.1 * np.sqrt(result.suggested_batch / 256)
     )
     text = result.reading()
+    assert text.startswith(f"B_simple ≈ {result.b_simple:,.0f} at the start of training")
+    assert noise_scale.GROWS in text  # which B_simple it is, and why the others differ
+    assert text.splitlines()[-1].startswith(  # defect 6: a batch to use, and why
+        f"Batch to use: {result.suggested_batch:,}, the power of two nearest this B_simple"
+    )
     assert f"Your global batch 64 is {result.b_simple / 64:.1f}× below it" in text
     factors = pd.read_csv("experiments/probe_protocol/factors.csv").factor  # the raw table
     measured = (factors.median(), factors.min(), factors.max())

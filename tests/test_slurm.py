@@ -483,13 +483,24 @@ def test_the_launch_form_submits_the_quickstart_to_slurm_on_two_nodes(slurm_host
     from test_app import by_label, page
 
     at = page("launch")
-    by_label(at.selectbox, "Start from").set_value("quickstart").run()
+    assert by_label(at.selectbox, "Start from").value == "quickstart"  # a working example
     by_label(at.radio, "Where").set_value("Slurm").run()
+    # defect 9 of the third walk: Slurm's choices, as sinfo reports them
+    partitions = slurm.partitions_here()
+    assert by_label(at.selectbox, "Partition").options == ["", *partitions]
+    (told,) = [c.value for c in at.caption if c.value.startswith("Slurm reports")]
+    assert all(
+        f"{name} (default): {nodes} nodes" in told
+        for name, (nodes, _, default) in partitions.items()
+        if default
+    )
     by_label(at.number_input, "Nodes").set_value(2).run()
+    by_label(at.text_input, "Run id").set_value("uislurm").run()
     by_label(at.button, "Launch").click().run(timeout=60)
     assert not at.exception and not at.error, [e.value for e in at.error]
     (run_dir,) = [p for p in slurm_runs.iterdir() if not p.name.startswith(".")]
     run = RunDir(run_dir)
+    assert run.run_id == "uislurm"  # as the CLI's --name names it
     assert f"Slurm job {job_of(run)}" in at.success[0].value
     status = wait(run, TERMINAL, timeout=240)
     assert status["state"] == "completed", run.stdout_path.read_text()[-3000:]

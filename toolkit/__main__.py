@@ -49,6 +49,7 @@ from toolkit.runs.monitor import follow
 from toolkit.runs.rundir import LIVE, complete_id, list_runs, resolve, runs_root
 from toolkit.runs.states import State
 from toolkit.runs.table import outcome_text, summary
+from toolkit.words import counted
 
 RUN_HELP = "the run's id (toolkit runs lists them)"
 SET_HELP = "override one config field, as YAML: --set optimizer.params.momentum=0.95 (repeatable)"
@@ -411,7 +412,7 @@ def _print_plan(grid, root: str | None, max_parallel: int | None, shown=None) ->
     priced, and the whole sweep's cost."""
     from toolkit.launching import sweep_runner
 
-    print(f"sweep {grid.name}: {len(grid.cells)} cells")
+    print(f"sweep {grid.name}: {counted(len(grid.cells), 'cell')}")
     cells, startup = sweep_runner.dry_run(grid, root), sweep_runner.startup(root)
     estimated = sweep_runner.estimate(grid, cells, sweep_runner.throughputs(root), startup)
     table = cells.assign(estimated_s=estimated.seconds.round(), priced=estimated.basis)
@@ -521,7 +522,10 @@ def _wait(run, resumed: bool = False) -> int:
     else:
         print(f"{said}: {status.get('reason') or 'no reason recorded'}")
     print(f"  its files: {run.path} (stdout.log, events.jsonl, checkpoints/)")
-    print("  to compare: python -m toolkit runs, or ./lab start (Runs, Run detail, Compare)")
+    if os.environ.get("LBL_DASHBOARD_NEXT"):  # ./lab start's demo run: the dashboard is next
+        print("  the dashboard starts next: its Runs, Run detail and Compare pages show it")
+    else:
+        print("  to compare: python -m toolkit runs, or ./lab start (Runs, Run detail, Compare)")
     return 0 if state == State.COMPLETED else 1
 
 

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import keras
@@ -24,6 +23,7 @@ from toolkit import advice, backends, config_rules
 from toolkit import config as config_lib
 from toolkit.files import WriteError
 from toolkit.parallel import distributed
+from toolkit.parallel.collective_errors import collective_failed
 from toolkit.rates import peak_learning_rate
 from toolkit.runs import checkpoints, monitor, processes, rundir
 from toolkit.runs.rundir import RunDir, RunError
@@ -145,12 +145,15 @@ def _record_end(run: RunDir, error: BaseException, supervised: bool) -> None:
 def said_of(error: BaseException) -> str:
     """An error as a reason: a :class:`WriteError` says the file and the cause itself; any
     other is its class and its message's first line (a TensorFlow error's message goes on with
-    stack frames, which stay in ``stdout.log``)."""
+    stack frames, which stay in ``stdout.log``), said to be a Horovod collective's failure
+    where its message shows one (:func:`~toolkit.parallel.collective_errors.collective_failed`:
+    the echo of another worker's, which the supervisor's reading then names)."""
     if isinstance(error, WriteError):
         return str(error)
     first = (str(error).strip().splitlines() or [""])[0].strip().rstrip(":")
     said = f"{type(error).__name__}: {first}" if first else type(error).__name__
-    return f"training raised {said} (the traceback is in stdout.log)"
+    where = "in a Horovod collective " if collective_failed(str(error)) else ""
+    return f"training raised {said} {where}(the traceback is in stdout.log)"
 
 
 def _recorder(run: RunDir | None, run_dir) -> RunDir | None:

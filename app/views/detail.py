@@ -13,10 +13,12 @@ from toolkit import advice
 from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
 from toolkit.plan import Scale
-from toolkit.runs import curves as curves_lib
 from toolkit.runs import checkpoints, placement, table
+from toolkit.runs import curves as curves_lib
 from toolkit.runs.rundir import LIVE
 from toolkit.runs.states import State
+from toolkit.scaling.noise_scale import GROWS
+from toolkit.words import counted
 
 REFRESH_S = 2.0
 BAND_READINGS = 10  # B_simple's band: the spread of its last readings
@@ -74,7 +76,9 @@ def setup_line(frame) -> str:
     if config is None:
         return "config.yaml is missing or not valid"
     warmup = config.schedule.warmup.epochs
-    schedule = config.schedule.name + (f" after {warmup:g} warmup epochs" if warmup else "")
+    schedule = config.schedule.name + (
+        f" after {counted(warmup, 'warmup epoch')}" if warmup else ""
+    )
     rate, epochs = f"lr {scale.learning_rate:.4g}", f"{config.epochs} epochs"
     rates = data.phase(frame, "train").get("lr", frame.index[:0]).dropna()
     if adascale_run():
@@ -90,7 +94,7 @@ def setup_line(frame) -> str:
         batch = f"adaptive global batch {adaptive.min:,} to {adaptive.max:,} ({every}{aim}{steady})"
     return (
         f"{config.optimizer.name} · {batch} on "
-        f"{config.workers} worker{'s' * (config.workers != 1)} · {rate} · {schedule} · "
+        f"{counted(config.workers, 'worker')} · {rate} · {schedule} · "
         f"{epochs}"
     )
 
@@ -110,13 +114,16 @@ def noise_reading(rows) -> str | None:
         said = f"B_simple ≈ {middle:,.0f} from {len(readings)} reading(s): too few to trust"
     else:
         low, high = np.percentile(readings, [10, 90])
-        said = f"B_simple ≈ {middle:,.0f} ({low:,.0f}–{high:,.0f} over its last {len(readings)})"
+        said = (
+            f"B_simple ≈ {middle:,.0f} over this run's last {len(readings)} readings "
+            f"({low:,.0f}–{high:,.0f})"
+        )
     batch = scale.global_batch if scale else run.meta().get("global_batch")
     if batch:
         ratio = batch / middle
         side = "below" if ratio < 1 else "above"
         said += f"; the global batch {batch:,} is {max(ratio, 1 / ratio):.1f}× {side} it"
-    return said
+    return f"{said}. {GROWS}."
 
 
 def curves(frame, metric: str, title: str, phases=("train", "eval")) -> None:
@@ -202,8 +209,7 @@ def traffic(frame) -> None:
         return
     if config is not None:
         st.caption(md_escape(f"On the wire: {config.communication().summary()}"))
-    ratios = rows.get("comm/compression_ratio")
-    if ratios is None or np.allclose(ratios.dropna(), 1.0):
+    if dense(frame):
         sent = rows["comm/bytes_sent"].dropna()
         st.text(f"Traffic: each worker sends {sent.iloc[-1]:,.0f} bytes per update (dense)")
         return
@@ -214,6 +220,12 @@ def traffic(frame) -> None:
         curves(frame, "comm/bytes_sent", f"bytes rank 0 sent per update{window}", ("train",))
     with right:
         curves(frame, "comm/compression_ratio", "compression (dense bytes / sent)", ("train",))
+
+
+def dense(frame) -> bool:
+    """Whether the run sends dense gradients: it logs no compression, or a ratio of 1."""
+    ratios = data.phase(frame, "train").get("comm/compression_ratio")
+    return ratios is None or np.allclose(ratios.dropna(), 1.0)
 
 
 def noise_scale(frame) -> None:
@@ -251,6 +263,8 @@ def system_metrics(frame) -> None:
         return
     st.caption("System, per worker")
     found = list(curves_lib.panels(rows).items())
+    if dense(frame):  # its bytes are the traffic line's number, the same at every sample
+        found = [(title, drawn) for title, drawn in found if title != "bytes_sent_per_update"]
     for start in range(0, len(found), 2):
         for column, (title, drawn) in zip(st.columns(2), found[start : start + 2], strict=False):
             series = [Series(c.name.replace("rank", "rank "), x, rows[c.column]) for c in drawn]

@@ -24,7 +24,10 @@ from toolkit.training.models import MODELS
 
 st.title("Launch a run")
 preset = st.selectbox(
-    "Start from", form.presets(), help="experiments/*.yaml, or the schema's defaults"
+    "Start from",
+    form.presets(),
+    index=form.presets().index(form.FIRST),
+    help="experiments/*.yaml, or the schema's defaults",
 )
 given = form.preset_mapping(preset)
 slots, local = form.Slots(), {}
@@ -568,12 +571,17 @@ if config is not None and not errors:
         st.text(result.reading())
     calibration.panel(config)
 
+run_id = st.text_input(
+    "Run id",
+    placeholder="<run name>-b<batch>-<optimizer>-<hex>",
+    help="the run's directory, as the CLI's --name gives it; empty: a new id from the run name",
+).strip()
 if st.button("Launch", type="primary"):
     if errors or config is None:
         st.error("Nothing was launched: the config is not valid.")
     else:
         try:
-            run = launcher.launch(config, runs_root_dir=data.root())
+            run = launcher.launch(config, runs_root_dir=data.root(), run_id=run_id or None)
         except (ConfigError, ValueError, OSError) as error:
             st.error(md_escape(f"Nothing was launched: {error}"))
         else:

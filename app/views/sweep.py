@@ -14,6 +14,7 @@ from toolkit import safe_yaml
 from toolkit.config import ConfigError
 from toolkit.launching import sweep as sweeps
 from toolkit.launching import sweep_results, sweep_runner
+from toolkit.words import counted
 
 REFRESH_S = 2.0
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
@@ -126,7 +127,7 @@ cost[2].metric(
 )
 st.caption(md_escape(sweep_runner.cost(estimated, cells, int(parallel), startup)))
 big = len(cells) > CONFIRM_CELLS
-sure = not big or st.checkbox(f"Yes, run all {len(cells)} cells")
+sure = not big or st.checkbox(f"Yes, run all {counted(len(cells), 'cell')}")
 if right.button("Launch sweep", type="primary", disabled=running or not sure, width="stretch"):
     try:
         pid = sweep_runner.start(

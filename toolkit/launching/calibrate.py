@@ -305,7 +305,9 @@ def calibrate(
         fits=usable,
     )
     if before := critical_batch.stored(config, root):
-        log(f"replaces the calibration kept for this task from sweep {before.sweep} ({before.date})")
+        log(
+            f"replaces the calibration kept for this task from sweep {before.sweep} ({before.date})"
+        )
     critical_batch.save(calibration, root)
     return calibration
 

@@ -16,7 +16,7 @@ import numpy as np
 from toolkit.plan import RunPlan, Scale
 from toolkit.runs.rundir import runs_root as runs_root_of
 from toolkit.runs.states import State
-from toolkit.scaling import critical_batch
+from toolkit.scaling import critical_batch, noise_scale
 from toolkit.scaling.critical_batch import Calibration
 
 CALIBRATION = (3.44, 1.51, 5.31)
@@ -46,6 +46,7 @@ class ProbeResult:
     suggested_learning_rate: float
     learning_rate: float
     lr_rule: str
+    workers: int = 1
     calibration: Calibration | None = None
     """This task's measured ``B_crit`` (:mod:`toolkit.launching.calibrate`), if one was kept."""
 
@@ -59,8 +60,9 @@ class ProbeResult:
         where = f"{1 / ratio:.1f}× below" if ratio < 1 else f"{ratio:.1f}× above"
         doubling = (1 + 1 / ratio) / (1 + 1 / (2 * ratio))
         lines = [
-            f"B_simple ≈ {b:,.0f} (10–90% band {low:,.0f}–{high:,.0f}: the probe's last half, at "
-            "your batch and peak rate held constant, bootstrapped)",
+            f"B_simple ≈ {b:,.0f} at the start of training (10–90% band {low:,.0f}–{high:,.0f}: "
+            "the probe's last half, at your batch and peak rate held constant, bootstrapped). "
+            f"{noise_scale.GROWS}.",
             f"Your global batch {self.global_batch:,} is {where} it: doubling it would divide "
             f"the steps to a given loss by about {doubling:.2f}.",
             self.calibration.reading()
@@ -92,7 +94,27 @@ class ProbeResult:
                 f"learning rate of {self.suggested_learning_rate:.4g} "
                 f"(now {self.learning_rate:.4g} at {self.global_batch:,})."
             )
+        lines.append(self.advice())
         return "\n".join(lines)
+
+    def advice(self) -> str:
+        """The batch to use and why: about the calibrated ``B_crit`` where this task has one
+        (past it each doubling saves under a quarter of the steps), else the suggested batch at
+        ``B_simple`` (a floor: B_simple grows as the loss falls)."""
+        if self.calibration:
+            b_crit = self.calibration.headline["b_crit"]
+            batch = _suggested_batch(b_crit, self.workers)
+            return (
+                f"Batch to use: {batch:,}, near this task's calibrated B_crit ({b_crit:,.0f}): "
+                "below it each doubling of the batch still saves over a quarter of the steps to "
+                "the loss, past it less and less."
+            )
+        return (
+            f"Batch to use: {self.suggested_batch:,}, the power of two nearest this B_simple "
+            "that your workers divide: up to it each doubling nearly halves the steps, and as "
+            "B_simple grows during training a batch up to a few times larger pays too "
+            "(`calibrate` measures where it stops paying)."
+        )
 
 
 def summarize(
@@ -126,6 +148,7 @@ def summarize(
         suggested_learning_rate=Scale.of(at_suggested, world_size).learning_rate,
         learning_rate=scale.learning_rate,
         lr_rule=config.lr_scaling.rule,
+        workers=world_size,
         calibration=calibration,
     )
 

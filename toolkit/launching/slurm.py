@@ -181,13 +181,7 @@ def preflight(config: ExperimentConfig, runs_root: Path) -> None:
     answer, the partition does not exist, the nodes or GPUs asked for do not fit it, or the runs
     root is not seen from its nodes (a run directory must be on a file system they share)."""
     slurm = config.slurm
-    answer = _slurm(["sinfo", "-h", "-o", "%P|%D|%G|%c"])
-    if answer.returncode != 0:
-        raise ConfigError(f"slurm: Slurm does not answer (sinfo: {_said(answer)})")
-    partitions = {}
-    for line in answer.stdout.splitlines():
-        name, nodes, gres, _ = line.split("|")
-        partitions[name.rstrip("*")] = (int(nodes), _gpus(gres), name.endswith("*"))
+    partitions = partitions_here()
     default = next((n for n, p in partitions.items() if p[2]), None)
     name = slurm.partition or default
     if name not in partitions:
@@ -206,6 +200,19 @@ def preflight(config: ExperimentConfig, runs_root: Path) -> None:
             f"{name!r} has {gpus_per_node} GPU(s) on each of its {nodes} node(s)"
         )
     _check_shared(runs_root, name, config)
+
+
+def partitions_here() -> dict[str, tuple[int, int, bool]]:
+    """Each partition Slurm reports (``sinfo``): its nodes, GPUs per node and whether it is the
+    default. Raises :class:`~toolkit.config.ConfigError` when Slurm does not answer."""
+    answer = _slurm(["sinfo", "-h", "-o", "%P|%D|%G|%c"])
+    if answer.returncode != 0:
+        raise ConfigError(f"slurm: Slurm does not answer (sinfo: {_said(answer)})")
+    partitions = {}
+    for line in answer.stdout.splitlines():
+        name, nodes, gres, _ = line.split("|")
+        partitions[name.rstrip("*")] = (int(nodes), _gpus(gres), name.endswith("*"))
+    return partitions
 
 
 def _gpus(gres: str) -> int:

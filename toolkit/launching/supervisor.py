@@ -100,7 +100,9 @@ def record_exit(run: RunDir, me: dict, code: int) -> None:
         said = status.get("training_said")
         reason = failure.reason if failures.overrides(failure, said) else said
         # training's own final state, if it wrote one (a stop), wins: the first final state
-        run.finish(State.FAILED, exit_code=code, finished=finished, reason=reason, released=finished)
+        run.finish(
+            State.FAILED, exit_code=code, finished=finished, reason=reason, released=finished
+        )
 
 
 if __name__ == "__main__":

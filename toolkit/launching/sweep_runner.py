@@ -49,6 +49,7 @@ from toolkit.runs import placement
 from toolkit.runs.rundir import LIVE, RunDir, list_runs, runs_root
 from toolkit.runs.states import State
 from toolkit.runs.table import summary
+from toolkit.words import counted
 
 POLL_S = 1.0
 STARTUP_S = 12.6
@@ -170,7 +171,7 @@ def cost(estimated: Estimate, plan: pd.DataFrame, parallel: int, startup_s: floa
     basis = estimated.basis
     total = duration(estimated.seconds.sum() / parallel)
     bound = "at least " if (basis == "start-up").any() else ""
-    said = f"estimated time: {bound}{total} for {len(plan)} cells, {parallel} at a time"
+    said = f"estimated time: {bound}{total} for {counted(len(plan), 'cell')}, {parallel} at a time"
     where = "measured here" if startup_s is not None else "no run here measured one"
     said += f"; each cell counts {_startup_or_default(startup_s):.0f} s of start-up ({where})"
     if nearest := int((basis == "nearest").sum()):
@@ -278,7 +279,7 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
             log(f"{_label(cell)}: {state} ({run_dir.run_id}); --retry-failed reruns it")
     done = total - len(todo) - len(in_flight)
     log(
-        f"sweep {sweep.name}: {total} cells, {done} ended, {len(in_flight)} in flight, "
+        f"sweep {sweep.name}: {counted(total, 'cell')}, {done} ended, {len(in_flight)} in flight, "
         f"{len(todo)} to launch, {limit} at a time"
     )
     at_once = [cell for cell in todo if registry.choose(cell.config).starts_sweeps_at_once]
@@ -288,7 +289,8 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
         started = launch.launch_all(cells, sweep.name, base, max_parallel)
         for cell, run_dir in zip(at_once, started, strict=True):
             in_flight[cell.key] = (cell, run_dir)
-        log(f"submitted {len(at_once)} cells at once ({placement.where(started[0].status())}...)")
+        where = placement.where(started[0].status())
+        log(f"submitted {counted(len(at_once), 'cell')} at once ({where}...)")
     while todo or in_flight:
         while todo and len(in_flight) < limit:
             cell = todo.pop(0)

@@ -224,8 +224,10 @@ class RunDir:
         cls, root: str | Path | None, run_id: str, config: ExperimentConfig | None = None
     ) -> RunDir:
         """Make ``<root>/<run_id>/`` with a queued ``status.json`` (and ``config.yaml`` if
-        ``config`` is given), all or nothing. Raises :class:`RunError` if the id is invalid or
-        taken, or the files cannot be written (the message names the file and the cause)."""
+        ``config`` is given), all or nothing. The status records the run's ``number``
+        (:func:`_next_number`), kept for good: its colour on every chart. Raises
+        :class:`RunError` if the id is invalid or taken, or the files cannot be written (the
+        message names the file and the cause)."""
         base = runs_root(root)
         final = base / check_run_id(run_id)
         if final.exists() or final.is_symlink():
@@ -237,7 +239,8 @@ class RunDir:
             run = cls(staging)
             if config is not None:
                 run.write_config(config)
-            files.write_json(run.status_path, {"state": State.QUEUED, "updated": time.time()})
+            status = {"state": State.QUEUED, "updated": time.time(), "number": _next_number(base)}
+            files.write_json(run.status_path, status)
             os.rename(staging, final)  # fails if another creator got there first
         except OSError as error:
             shutil.rmtree(staging, ignore_errors=True)
@@ -530,6 +533,14 @@ def _is_real_dir(entry: os.DirEntry) -> bool:
         return entry.is_dir(follow_symlinks=False)
     except OSError:
         return False
+
+
+def _next_number(root: Path) -> int:
+    """One more than the highest ``number`` of a run in ``root``, and at least how many runs it
+    holds (runs made before runs were numbered): a new run's never repeats a living one's."""
+    existing = list_runs(root)
+    numbers = [run.recorded_status().get("number") for run in existing]
+    return max([len(existing), *(n + 1 for n in numbers if isinstance(n, int))])
 
 
 def _created(run: RunDir) -> float:

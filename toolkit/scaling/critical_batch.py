@@ -288,7 +288,7 @@ def table(fits) -> str:
         "target loss": [f["target"] for f in fits],
         "S_min (updates)": [f"{f['s_min']:,.0f}" for f in fits],
         "B_crit (10-90%)": [banded(f, "b_crit") for f in fits],
-        "B_simple (10-90%)": [banded(f, "b_simple") for f in fits],
+        "B_simple near it, pooled (10-90%)": [banded(f, "b_simple") for f in fits],
         "B_crit/B_simple": [_ratio(f) for f in fits],
     }
     if any(f.get("flaws") for f in fits):

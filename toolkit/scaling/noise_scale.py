@@ -26,6 +26,13 @@ import math
 from dataclasses import dataclass
 from numbers import Real
 
+GROWS = (
+    "B_simple grows as training lowers the loss (McCandlish et al. 2018, fig. 4): the probe "
+    "reads it at the start of training, Run detail over a run's last readings and a "
+    "calibration pooled near each target loss, so they come out in that order, smallest first"
+)
+"""Why the doors' ``B_simple`` differ: each names which it reads and ends with this."""
+
 
 def estimate(small_sq: float, big_sq: float, b_small: float, b_big: float) -> tuple[float, float]:
     """``(|G|², tr Σ)`` from squared gradient norms measured at batch sizes ``b_small`` and
