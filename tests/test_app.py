@@ -414,7 +414,7 @@ def test_launch_preset_through_the_launcher(root, launches):
     assert not at.exception
     ((config, kwargs),) = launches
     preset = config_lib.load(ROOT / "experiments" / "large_batch_lars.yaml")
-    assert kwargs == {"runs_root_dir": root}
+    assert kwargs == {"runs_root_dir": root, "run_id": None}  # no run id given: a new one
     assert config.optimizer.name == "lars" and config.optimizer.params["momentum"] == 0.95
     assert config.epochs == 3
     assert config.model_dump(exclude={"epochs", "optimizer"}) == preset.model_dump(
