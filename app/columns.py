@@ -7,13 +7,13 @@ import streamlit as st
 RUN_COLUMNS = {
     "run_id": st.column_config.TextColumn("run", pinned=True),
     "state": st.column_config.TextColumn("state"),
-    "checkpoint": st.column_config.TextColumn(
-        "checkpoint", help="⚠ damaged: its newest checkpoint is; the run's reason says which"
-    ),
     "progress": st.column_config.ProgressColumn("progress", format="percent", min_value=0),
     "epochs_done": st.column_config.TextColumn("epoch"),
     "best_eval_accuracy": st.column_config.NumberColumn("best eval acc", format="%.4f"),
     "last_eval_accuracy": st.column_config.NumberColumn("last eval acc", format="%.4f"),
+    "checkpoint": st.column_config.TextColumn(
+        "checkpoint", help="⚠ damaged: its newest checkpoint is; the run's reason says which"
+    ),
     "samples_per_sec": st.column_config.NumberColumn("samples/s", format="%.0f"),
     "optimizer": st.column_config.TextColumn("optimizer"),
     "global_batch": st.column_config.NumberColumn("global batch", format="%d"),

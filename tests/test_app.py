@@ -548,12 +548,13 @@ def test_runs_shows_progress_first_and_no_none_for_missing_values(three_runs):
     at = page()
     table = at.dataframe[0].value.set_index("run_id")
     columns = list(table.columns)
-    assert columns[:5] == [
+    assert columns[:6] == [
         "state",
         "progress",
         "epochs_done",
         "best_eval_accuracy",
         "last_eval_accuracy",
+        "checkpoint",  # ⚠ damaged, where the newest is
     ]  # no horizontal scroll to see how it went
     assert table.loc["alpha-lars", "progress"] == 1.0
     assert table.loc["alpha-lars", "epochs_done"] == "10 of 10"
@@ -882,6 +883,32 @@ def test_compare_plots_any_config_field_against_an_outcome_a_point_per_run(compa
     by_label(at.selectbox, "Colour by").set_value("optimizer.name").run()
     (chart,) = [f for f in figures(at) if "against optimizer.name" in f["layout"]["title"]["text"]]
     assert {t["name"] for t in chart["data"]} == {"optimizer.name=lars", "optimizer.name=sgd"}
+
+
+def test_a_config_fields_axis_is_ticked_at_its_values():
+    """Defect 12 of the third walk: a momentum axis read "0.181, 0.362 ... 0.906"."""
+    runs = pd.DataFrame({"run_id": ["a", "b", "c"], "m": [0.9, 0.9, 0.95], "acc": [0.5, 0.6, 0.7]})
+    axis = charts.scatter(runs, "m", "acc").layout.xaxis
+    assert list(axis.tickvals) == [0.9, 0.95] and list(axis.ticktext) == ["0.9", "0.95"]
+    many = pd.DataFrame({"run_id": list("abcdefghijklmn"), "m": range(14), "acc": range(14)})
+    assert charts.scatter(many, "m", "acc").layout.xaxis.tickvals is None  # Plotly's own
+
+
+def test_counts_are_said_in_the_singular_for_one():
+    """Defect 12 of the third walk: "1 warmup epochs", "1 cells"."""
+    from toolkit.words import counted
+
+    assert [counted(n, "cell") for n in (0, 1, 2, 1000)] == [
+        "0 cells",
+        "1 cell",
+        "2 cells",
+        "1,000 cells",
+    ]
+    assert (
+        counted(1, "warmup epoch") == "1 warmup epoch"
+        and counted(2, "warmup epoch") == "2 warmup epochs"
+    )
+    assert counted(1.5, "pass") == "1.5 passes" and counted(3, "batch") == "3 batches"
 
 
 def test_run_detail_and_compare_start_at_one_smoothing(compare_runs):

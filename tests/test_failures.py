@@ -241,6 +241,8 @@ def test_after_a_stopped_worker_the_runs_page_resumes_past_a_damaged_checkpoint(
     ran_s = status["finished"] - status["started"]  # and, as if it had failed an hour ago:
     run.set_status("failed", finished=status["finished"] - 3600, started=status["started"] - 3600)
     at = page("runs")
+    (row,) = at.dataframe[0].value.query("run_id == @run.run_id").to_dict("records")
+    assert row["checkpoint"] == "⚠ damaged"  # defect 11 of the third walk: in its row
     at.selectbox(key="runs_run").set_value(run.run_id).run()
     assert [w.value for w in at.warning] == [
         md_escape(f"latest checkpoint {latest} damaged ({said}); a resume starts from {before}")
@@ -251,4 +253,9 @@ def test_after_a_stopped_worker_the_runs_page_resumes_past_a_damaged_checkpoint(
     events = read_events(run.events_path)
     (event,) = events[events.phase == "checkpoint"].to_dict("records")
     assert (event["checkpoint"], event["reason"], event["resumed_from"]) == (latest, said, before)
+    at.switch_page("views/detail.py").run()
+    by_label(at.selectbox, "Run").set_value(run.run_id).run()
+    (details,) = [t.value for t in at.text if t.value.startswith("state: completed")]
+    assert f"resumed from checkpoint {before}, passing over {latest} ({said})" in details
+    assert "pid:" not in details  # an ended run's pid is dead: not shown
     assert ran_s < summary(run)["duration_s"] < ran_s + 300  # the hour stopped is not counted

@@ -152,7 +152,7 @@ def progress() -> None:
     shown = cells.assign(state=states["state"], queue_position=states["queue_position"])
     shown["run_id"] = states["run_id"]  # an attempt after a failure has its own id
     st.dataframe(
-        shown.assign(estimated_s=estimated.seconds.round(), priced=estimated.basis),
+        shown.assign(estimated_s=estimated.seconds, priced=estimated.basis),
         hide_index=True,
         placeholder="",
         column_config=CELL_COLUMNS,

@@ -40,6 +40,7 @@ from toolkit.runs.rundir import runs_root
 from toolkit.runs.states import State
 from toolkit.scaling import critical_batch
 from toolkit.scaling.critical_batch import Calibration, TargetFit
+from toolkit.words import counted
 
 BATCH_FACTORS = (0.25, 1.0, 4.0, 16.0)
 RATE_FACTORS = (0.5, 1.0, 2.0)
@@ -138,6 +139,19 @@ def shown(cells: pd.DataFrame, config: ExperimentConfig) -> pd.DataFrame:
     calibration's words (:data:`ROUNDS`), with each run's ``passes`` over the training data."""
     passes = (cells["updates"] * cells["global_batch"] / train_size(config)).round(2)
     return cells.rename(columns=ROUNDS).assign(passes=passes)
+
+
+def described(cell) -> str:
+    """A calibration cell in its words (:data:`ROUNDS`): ``batch 32, rate 0.25, seed 0: 32
+    rounds of 4 updates, 1 pass``."""
+    config, at = cell.config, cell.coordinates
+    updates = config.epochs * config.steps_per_epoch
+    passes = updates * at[BATCH] / train_size(config)
+    return (
+        f"batch {at[BATCH]}, rate {at[RATE]:g}, seed {at[sweep_lib.SEED]}: "
+        f"{counted(config.epochs, 'round')} of {counted(config.steps_per_epoch, 'update')}, "
+        f"{counted(round(passes, 2), 'pass')}"
+    )
 
 
 def default_batches(config: ExperimentConfig) -> list[int]:
@@ -282,7 +296,7 @@ def calibrate(
     be fitted, naming why for each."""
     sweep = sweep or grid(config)
     root = runs_root(runs_root_dir)
-    sweep_runner.run(sweep, root, max_parallel=max_parallel, log=log)
+    sweep_runner.run(sweep, root, max_parallel=max_parallel, log=log, label=described)
     fits, notes = measure(sweep, root, targets)
     for line in notes:
         log(line)

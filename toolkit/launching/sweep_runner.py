@@ -250,21 +250,23 @@ def run(
     retry_failed: bool = False,
     log: Callable[[str], None] = print,
     poll_s: float = POLL_S,
+    label: Callable[[Cell], str] | None = None,
 ) -> pd.DataFrame:
     """Run every cell of ``sweep`` that has not completed, at most ``max_parallel`` launched at a
-    time (default: as many as the queue's slots hold), and return :func:`results`. Safe to
-    call again after an interruption: see the module docstring. One runner per sweep and runs
-    root: a second raises :class:`SweepError` while the first is alive."""
+    time (default: as many as the queue's slots hold), and return :func:`results`; each cell
+    is logged by its ``label`` (default: its coordinates). Safe to call again after an
+    interruption: see the module docstring. One runner per sweep and runs root: a second raises
+    :class:`SweepError` while the first is alive."""
     _check_parallel(max_parallel)
     sweep = sweep if isinstance(sweep, Sweep) else load(sweep)
     base = runs_root(root)
     dry_run(sweep, base)  # every cell can launch, before any does
     with _runner_lock(sweep.name, base):
         save(sweep, base)
-        return _run(sweep, base, max_parallel, retry_failed, log, poll_s)
+        return _run(sweep, base, max_parallel, retry_failed, log, poll_s, label or _label)
 
 
-def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
+def _run(sweep, base, max_parallel, retry_failed, log, poll_s, label) -> pd.DataFrame:
     limit = max_parallel or default_parallel(sweep, base)
     runs = cell_runs(sweep, base)
     todo, in_flight, total = [], {}, len(sweep.cells)
@@ -276,7 +278,7 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
         elif state is None or (retry_failed and state != State.COMPLETED):
             todo.append(cell)
         elif state != State.COMPLETED:
-            log(f"{_label(cell)}: {state} ({run_dir.run_id}); --retry-failed reruns it")
+            log(f"{label(cell)}: {state} ({run_dir.run_id}); --retry-failed reruns it")
     done = total - len(todo) - len(in_flight)
     log(
         f"sweep {sweep.name}: {counted(total, 'cell')}, {done} ended, {len(in_flight)} in flight, "
@@ -306,7 +308,7 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s) -> pd.DataFrame:
                 del in_flight[key]
                 done += 1
                 log(
-                    f"[{done}/{total}] {_label(cell)}: {status['state']}{_outcome(run_dir, status)}"
+                    f"[{done}/{total}] {label(cell)}: {status['state']}{_outcome(run_dir, status)}"
                 )
     return results(sweep, base)
 
