@@ -7,7 +7,9 @@ The app only reads run directories under the runs root (``$LBL_RUNS``, default `
 starts, stops and deletes runs through ``toolkit.launching.launch``.
 """
 
+import importlib
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,4 +46,17 @@ page = st.navigation(
 with st.sidebar:
     st.text("Runs root")
     st.code(str(data.root().resolve()), language=None, wrap_lines=True)
+
+
+@st.cache_resource(show_spinner=False)
+def warm_the_launch_form() -> threading.Thread:
+    """Import the Launch form's modules (Keras and TensorFlow: ~4 s on 2 cores) in the
+    background, once per server, after the first page: its first visit then finds them loaded
+    (a visit meanwhile waits on Python's import lock for the rest, never imports twice)."""
+    loading = threading.Thread(target=importlib.import_module, args=("app.form",), daemon=True)
+    loading.start()
+    return loading
+
+
 page.run()
+warm_the_launch_form()

@@ -9,7 +9,9 @@ as the median with the spread:
 
 * server up: from starting the process to the first answer of its health endpoint;
 * first page: from the browser's request to the Runs table drawn (its data grid visible);
-* total: the two together, what a user waits for after ``./lab start`` has set up.
+* total: the two together, what a user waits for after ``./lab start`` has set up;
+* launch page: ``--reading`` seconds after the first page (a user reading the runs table),
+  from asking for the Launch page to its form drawn (the schedule preview's chart visible).
 
 Every repeat goes to ``experiments/bench_first_page.csv`` (:mod:`benchmark_csv`).
 """
@@ -80,8 +82,8 @@ def chromium(playwright):
     )
 
 
-def one_start(root: Path, playwright) -> tuple[float, float]:
-    """(server up, first page) in seconds, for one fresh server."""
+def one_start(root: Path, playwright, reading_s: float) -> tuple[float, float, float]:
+    """(server up, first page, launch page) in seconds, for one fresh server."""
     with dashboard(root) as (url, up):
         browser = chromium(playwright)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -89,14 +91,20 @@ def one_start(root: Path, playwright) -> tuple[float, float]:
         page.goto(f"{url}/")
         page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=120_000)
         drawn = time.perf_counter() - asked
+        time.sleep(reading_s)
+        asked = time.perf_counter()
+        page.goto(f"{url}/launch")
+        page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
+        launch = time.perf_counter() - asked
         browser.close()
-        return up, drawn
+        return up, drawn, launch
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--reading", type=float, default=5.0, help="seconds on the first page")
     args = parser.parse_args()
 
     from fabricate import fake_run
@@ -108,20 +116,30 @@ def main() -> int:
     times = []
     with sync_playwright() as playwright:
         for repeat in range(args.repeat):
-            up, drawn = one_start(root, playwright)
-            times.append((up, drawn, up + drawn))
-            print(f"repeat {repeat + 1}: server up {up:.2f} s, first page {drawn:.2f} s")
+            up, drawn, launch = one_start(root, playwright, args.reading)
+            times.append((up, drawn, up + drawn, launch))
+            print(
+                f"repeat {repeat + 1}: server up {up:.2f} s, first page {drawn:.2f} s, "
+                f"launch page {launch:.2f} s"
+            )
     benchmark_csv.save(
         __file__,
         [
-            {"repeat": i, "runs": args.runs, "server_up_s": up, "first_page_s": drawn}
-            for i, (up, drawn, _) in enumerate(times, 1)
+            {
+                "repeat": i,
+                "runs": args.runs,
+                "server_up_s": up,
+                "first_page_s": drawn,
+                "reading_s": args.reading,
+                "launch_page_s": launch,
+            }
+            for i, (up, drawn, _, launch) in enumerate(times, 1)
         ],
     )
     print(f"\n{args.runs} runs, {args.repeat} fresh servers (median, min-max)")
     print("| measure | median (s) | spread (s) |\n| --- | --- | --- |")
     for name, column in zip(
-        ("server up", "first page", "total"), zip(*times, strict=True), strict=True
+        ("server up", "first page", "total", "launch page"), zip(*times, strict=True), strict=True
     ):
         print(f"| {name} | {statistics.median(column):.2f} | {min(column):.2f}-{max(column):.2f} |")
     return 0

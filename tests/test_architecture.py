@@ -30,6 +30,7 @@ LAYERS = {  # bottom to top, as docs/notes/architecture.md's table gives them (t
         "safe_yaml",
         "files",
         "advice",
+        "words",
     },
     "run directory": {"runs"},
     "arithmetic": {"optimizers", "scaling", "parallel"},
