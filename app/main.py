@@ -10,6 +10,7 @@ starts, stops and deletes runs through ``toolkit.launching.launch``.
 import importlib
 import sys
 import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,12 +49,23 @@ with st.sidebar:
     st.code(str(data.root().resolve()), language=None, wrap_lines=True)
 
 
+WARM_AFTER_S = 2.0
+"""How long the first page has to reach the browser before the Launch form's modules load: an
+import holds the interpreter's lock, and the server sends the page under the same lock."""
+
+
+def _import_the_launch_form() -> None:
+    time.sleep(WARM_AFTER_S)
+    importlib.import_module("app.form")
+
+
 @st.cache_resource(show_spinner=False)
 def warm_the_launch_form() -> threading.Thread:
     """Import the Launch form's modules (Keras and TensorFlow: ~4 s on 2 cores) in the
-    background, once per server, after the first page: its first visit then finds them loaded
-    (a visit meanwhile waits on Python's import lock for the rest, never imports twice)."""
-    loading = threading.Thread(target=importlib.import_module, args=("app.form",), daemon=True)
+    background, once per server, :data:`WARM_AFTER_S` after the first page: its first visit
+    then finds them loaded (a visit meanwhile waits on Python's import lock for the rest, never
+    imports twice)."""
+    loading = threading.Thread(target=_import_the_launch_form, daemon=True)
     loading.start()
     return loading
 
