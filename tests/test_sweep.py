@@ -215,15 +215,15 @@ def test_dry_run_prints_each_cell_with_its_batch_rate_and_steps(tmp_path):
     # quickstart: 2 workers, 4,000 training examples, 20 epochs; sqrt scaling from base 64
     assert lars["global_batch"] == "256" and float(lars["scaled_lr"]) == pytest.approx(1.0)
     assert int(lars["total_steps"]) == 20 * (2000 // 128)
-    # no run here to price them: their start-up only, a total that is a lower bound
+    # no run here to price them: their start-up only, and still a total
     assert {(r["estimated_s"], r["priced"]) for r in rows} == {("13", "start-up")}
     cost = lines[-1]
-    assert cost.startswith("estimated time: at least ")
+    assert re.match(r"estimated time: \d+ (s|min) for 4 cells, \d at a time;", cost), cost
     assert "each cell counts 13 s of start-up (no run here measured one)" in cost
     named = ", ".join(r["run_id"] for r in rows)  # each cell without a peer, named
     assert cost.endswith(
-        f"4 of 4 cells have no completed run of their dataset and model here, only their "
-        f"start-up counted: {named}"
+        "4 of 4 cells have no completed run of their dataset and model here: their start-up "
+        f"alone is counted, their training is not priced: {named}"
     )
     assert not (tmp_path / "runs").exists()  # nothing created
 
@@ -490,7 +490,7 @@ def test_sweep_page_builds_a_grid_dry_runs_and_launches_it(tmp_path, monkeypatch
     assert plan["global_batch"].tolist() == [64, 128] and plan["workers"].tolist() == [1, 1]
     assert plan["total_steps"].tolist() == [4000 // 64, 4000 // 128]
     assert plan["state"].tolist() == ["pending"] * 2 and plan["priced"].eq("start-up").all()
-    assert {m.label: m.value for m in at.metric}["Estimated time"].startswith("≥ ")
+    assert {m.label: m.value for m in at.metric}["Estimated time"].endswith(" (start-up only)")
     labelled(at.button, "Launch sweep").click().run()
     assert "Sweep page started" in at.success[0].value
     grid = sweep.saved(tmp_path)[0]

@@ -118,12 +118,12 @@ cost[1].metric(
 )
 cost[2].metric(
     "Estimated time",
-    ("≥ " if (estimated.basis == "start-up").any() else "")
-    + sweep_runner.duration(estimated.seconds.sum() / parallel),
+    sweep_runner.duration(estimated.seconds.sum() / parallel)
+    + (" (start-up only)" if (estimated.basis == "start-up").all() else ""),
     help="each cell's start-up, then its training at the samples/s measured by completed runs "
     "of the same dataset, model, workers and batch per worker (else the nearest measured of "
-    "the same dataset and model; ≥: some cells have none, only their start-up counts), spread "
-    "over the cells run at a time",
+    "the same dataset and model; where there is none, only its start-up), spread over the "
+    "cells run at a time",
 )
 st.caption(md_escape(sweep_runner.cost(estimated, cells, int(parallel), startup)))
 big = len(cells) > CONFIRM_CELLS

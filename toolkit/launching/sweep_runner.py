@@ -124,7 +124,7 @@ class Estimate:
     """Each cell's ``seconds`` and how its training was priced (``basis``): ``measured`` (by
     runs like it), ``nearest`` (by runs of its dataset and model at other workers or batch per
     worker: rougher) or ``start-up`` (nothing of its dataset and model measured here: its
-    seconds are only its start-up, a lower bound)."""
+    seconds are only its start-up)."""
 
     seconds: pd.Series
     basis: pd.Series
@@ -166,12 +166,11 @@ def _startup_or_default(startup_s: float | None) -> float:
 
 def cost(estimated: Estimate, plan: pd.DataFrame, parallel: int, startup_s: float | None) -> str:
     """What an :class:`Estimate` comes to with ``parallel`` cells at a time, in words: always a
-    total, said to be a lower bound where some cells could be priced by their start-up only,
-    and how each was priced; the Sweep page and ``sweep --dry-run`` say the same."""
+    total, and how its cells were priced (those priced by their start-up alone named); the
+    Sweep page and ``sweep --dry-run`` say the same."""
     basis = estimated.basis
     total = duration(estimated.seconds.sum() / parallel)
-    bound = "at least " if (basis == "start-up").any() else ""
-    said = f"estimated time: {bound}{total} for {counted(len(plan), 'cell')}, {parallel} at a time"
+    said = f"estimated time: {total} for {counted(len(plan), 'cell')}, {parallel} at a time"
     where = "measured here" if startup_s is not None else "no run here measured one"
     said += f"; each cell counts {_startup_or_default(startup_s):.0f} s of start-up ({where})"
     if nearest := int((basis == "nearest").sum()):
@@ -182,7 +181,8 @@ def cost(estimated: Estimate, plan: pd.DataFrame, parallel: int, startup_s: floa
     if missing := list(plan.loc[basis == "start-up", "run_id"]):
         said += (
             f"; {len(missing)} of {len(plan)} cells have no completed run of their dataset and "
-            f"model here, only their start-up counted: {safe_yaml.listed(missing)}"
+            f"model here: their start-up alone is counted, their training is not priced: "
+            f"{safe_yaml.listed(missing)}"
         )
     return said
 
