@@ -35,8 +35,9 @@ class ProbeResult:
     mean ``|G|²`` over the second half of the measurements) with a ``band`` (the 10th and 90th
     percentiles of that ratio over bootstrap resamples of the same measurements; resamples
     whose mean ``|G|²`` is not positive count as unbounded), against the config's
-    ``global_batch``; ``suggested_batch`` (the power of two nearest ``b_simple`` that the
-    workers divide) and the learning rate the config's scaling rule gives there."""
+    ``global_batch``; ``suggested_batch`` (the power of two nearest the task's calibrated
+    ``B_crit`` where it has one, else nearest ``b_simple``, that the workers divide) and the
+    learning rate the config's scaling rule gives there."""
 
     run_id: str
     b_simple: float
@@ -46,7 +47,6 @@ class ProbeResult:
     suggested_learning_rate: float
     learning_rate: float
     lr_rule: str
-    workers: int = 1
     calibration: Calibration | None = None
     """This task's measured ``B_crit`` (:mod:`toolkit.launching.calibrate`), if one was kept."""
 
@@ -98,14 +98,14 @@ class ProbeResult:
         return "\n".join(lines)
 
     def advice(self) -> str:
-        """The batch to use and why: about the calibrated ``B_crit`` where this task has one
-        (past it each doubling saves under a quarter of the steps), else the suggested batch at
-        ``B_simple`` (a floor: B_simple grows as the loss falls)."""
+        """The batch to use (:attr:`suggested_batch`) and why: near the calibrated ``B_crit``
+        where this task has one (past it each doubling saves under a quarter of the steps),
+        else near ``B_simple`` (a floor: B_simple grows as the loss falls)."""
         if self.calibration:
             b_crit = self.calibration.headline["b_crit"]
-            batch = _suggested_batch(b_crit, self.workers)
             return (
-                f"Batch to use: {batch:,}, near this task's calibrated B_crit ({b_crit:,.0f}): "
+                f"Batch to use: {self.suggested_batch:,}, near this task's calibrated B_crit "
+                f"({b_crit:,.0f}): "
                 "below it each doubling of the batch still saves over a quarter of the steps to "
                 "the loss, past it less and less."
             )
@@ -135,7 +135,8 @@ def summarize(
     # the empirical quantile, not an interpolation, which would subtract inf from inf
     low, high = np.percentile(ratios, [10, 90], method="inverted_cdf")
     scale = Scale.of(config, world_size)
-    suggested = _suggested_batch(b_simple, world_size)
+    aim = calibration.headline["b_crit"] if calibration else b_simple
+    suggested = _suggested_batch(aim, world_size)
     at_suggested = config.model_copy(
         update={"batch": config.batch.model_copy(update={"global_size": suggested})}
     )
@@ -148,7 +149,6 @@ def summarize(
         suggested_learning_rate=Scale.of(at_suggested, world_size).learning_rate,
         learning_rate=scale.learning_rate,
         lr_rule=config.lr_scaling.rule,
-        workers=world_size,
         calibration=calibration,
     )
 

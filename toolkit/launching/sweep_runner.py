@@ -307,9 +307,7 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s, label) -> pd.Data
             if status["state"] not in LIVE:
                 del in_flight[key]
                 done += 1
-                log(
-                    f"[{done}/{total}] {label(cell)}: {status['state']}{_outcome(run_dir, status)}"
-                )
+                log(f"[{done}/{total}] {label(cell)}: {status['state']}{_outcome(run_dir, status)}")
     return results(sweep, base)
 
 

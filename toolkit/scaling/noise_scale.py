@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from numbers import Real
 
 GROWS = (
-    "B_simple grows as training lowers the loss (McCandlish et al. 2018, fig. 4): the probe "
-    "reads it at the start of training, Run detail over a run's last readings and a "
-    "calibration pooled near each target loss, so they come out in that order, smallest first"
+    "Which B_simple: the probe reads it at the start of training, Run detail over a run's last "
+    "readings, a calibration pooled near each target loss; it tends to grow as training lowers "
+    "the loss (McCandlish et al. 2018), so a later reading is usually the larger, and each also "
+    "depends on the batch and rate it was read at"
 )
 """Why the doors' ``B_simple`` differ: each names which it reads and ends with this."""
 
