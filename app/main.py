@@ -49,9 +49,10 @@ with st.sidebar:
     st.code(str(data.root().resolve()), language=None, wrap_lines=True)
 
 
+# How long the first page has to reach the browser before the Launch form's modules load: an
+# import holds the interpreter's lock, and the server sends the page under the same lock. (A
+# comment, not a docstring: Streamlit draws a main script's bare strings on the page.)
 WARM_AFTER_S = 2.0
-"""How long the first page has to reach the browser before the Launch form's modules load: an
-import holds the interpreter's lock, and the server sends the page under the same lock."""
 
 
 def _import_the_launch_form() -> None:
@@ -62,7 +63,7 @@ def _import_the_launch_form() -> None:
 @st.cache_resource(show_spinner=False)
 def warm_the_launch_form() -> threading.Thread:
     """Import the Launch form's modules (Keras and TensorFlow: ~4 s on 2 cores) in the
-    background, once per server, :data:`WARM_AFTER_S` after the first page: its first visit
+    background, once per server, ``WARM_AFTER_S`` after the first page: its first visit
     then finds them loaded (a visit meanwhile waits on Python's import lock for the rest, never
     imports twice)."""
     loading = threading.Thread(target=_import_the_launch_form, daemon=True)

@@ -558,6 +558,7 @@ def test_runs_shows_progress_first_and_no_none_for_missing_values(three_runs):
     ]  # no horizontal scroll to see how it went
     assert table.loc["alpha-lars", "progress"] == 1.0
     assert table.loc["alpha-lars", "epochs_done"] == "10 of 10"
+    assert (table["checkpoint"] == "").all()  # no run here has a damaged checkpoint
     live = read_events(three_runs / "gamma-live" / "events.jsonl")
     epoch = live[live["phase"] == "train"]["epoch"].iloc[-1]
     assert table.loc["gamma-live", "progress"] == pytest.approx(epoch / 10)
@@ -883,6 +884,19 @@ def test_compare_plots_any_config_field_against_an_outcome_a_point_per_run(compa
     by_label(at.selectbox, "Colour by").set_value("optimizer.name").run()
     (chart,) = [f for f in figures(at) if "against optimizer.name" in f["layout"]["title"]["text"]]
     assert {t["name"] for t in chart["data"]} == {"optimizer.name=lars", "optimizer.name=sgd"}
+
+
+def test_no_page_script_draws_a_stray_string():
+    """Streamlit's magic draws a page script's bare strings (a constant's docstring) on the
+    page: every page script's only one is its module docstring."""
+    for path in [MAIN, *sorted((MAIN.parent / "views").glob("*.py"))]:
+        body = ast.parse(path.read_text()).body
+        strays = [
+            node.lineno
+            for node in body[1:]
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        ]
+        assert not strays, (path.name, strays)
 
 
 def test_a_config_fields_axis_is_ticked_at_its_values():

@@ -92,7 +92,8 @@ def summaries(runs: list) -> pd.DataFrame:
     rows = [data.summary(r) for r in runs]
     frame = pd.DataFrame(rows)
     frame["epochs_done"] = [progress_text(row) for row in rows]
-    frame["checkpoint"] = frame["damaged_checkpoint"].map(lambda said: "⚠ damaged" if said else "")
+    damaged = frame["damaged_checkpoint"].fillna("").astype(bool)  # None reads NaN: truthy
+    frame["checkpoint"] = damaged.map({True: "⚠ damaged", False: ""})
     frame["queue"] = frame["run_id"].map(slots.positions(data.root()))
     frame["started"] = pd.to_datetime(frame["started"], unit="s", errors="coerce")
     return frame
