@@ -130,6 +130,8 @@ def slurm_section(key: str, given: dict | None) -> dict:
         for name, (nodes, gpus, default) in partitions.items()
     )
     st.caption(f"Slurm reports {told}." if told else "Slurm does not answer here (sinfo).")
+    asked = given.get("partition") or ""  # a preset's partition, listed or not
+    choices = list(dict.fromkeys(["", *partitions, asked]))
 
     def count(cell, label: str, field: str, hint: str) -> int | None:  # empty: Slurm's
         value = cell.number_input(
@@ -141,8 +143,8 @@ def slurm_section(key: str, given: dict | None) -> dict:
         "nodes": count(cells[0], "Nodes", "nodes", "empty: Slurm's placement of the ranks"),
         "partition": cells[1].selectbox(
             "Partition",
-            ["", *partitions, *([given["partition"]] if given.get("partition") else [])],
-            index=0 if not given.get("partition") else len(partitions) + 1,
+            choices,
+            index=choices.index(asked),
             format_func=lambda name: name or "(the cluster's default)",
             accept_new_options=True,
             key=f"{key}:slurm.partition",

@@ -189,6 +189,25 @@ def test_a_failed_collective_gives_way_to_the_worker_it_echoes_and_nothing_else_
     assert not failures.overrides(failures.Failure("horovodrun exited"), SHUT_DOWN)
 
 
+def test_an_error_is_said_in_one_line_with_where_its_traceback_is():
+    """Defect 2 of the third walk: TensorFlow's message for a failed collective went on with a
+    screen of stack frames, and was the run's reason."""
+    from toolkit.train import said_of
+
+    raised = RuntimeError(
+        "Graph execution error:\n\nDetected at node LARS/HorovodGroupedAllreduce defined at "
+        '(most recent call last):\n  File "train.py", line 1, in <module>\n'
+    )
+    said = said_of(raised, "the traceback is in stdout.log")
+    assert said == (
+        "training raised RuntimeError: Graph execution error in a Horovod collective "
+        "(the traceback is in stdout.log)"
+    )
+    assert failures.collective_failed(said)  # so a sentence naming the lost worker replaces it
+    plain = said_of(ValueError("loss is nan at step 21"), "raised to its caller")
+    assert plain == "training raised ValueError: loss is nan at step 21 (raised to its caller)"
+
+
 def stop_a_worker(run: RunDir, rank: int, epoch: int = 1) -> int:
     """SIGSTOP ``run``'s worker of ``rank`` once its ``epoch`` checkpoint exists; its pid."""
     deadline = time.time() + 180

@@ -137,23 +137,25 @@ def _record_end(run: RunDir, error: BaseException, supervised: bool) -> None:
     elif supervised and any(
         entry.get("role") == "supervisor" for entry in run.recorded_status().get("processes", [])
     ):
-        run.note(training_said=said_of(error))
-    else:
-        run.finish(State.FAILED, reason=said_of(error), finished=time.time())
+        run.note(training_said=said_of(error, "the traceback is in stdout.log"))
+    else:  # the caller (a notebook, a script) gets the error with its traceback
+        said = said_of(error, "raised to its caller with the traceback")
+        run.finish(State.FAILED, reason=said, finished=time.time())
 
 
-def said_of(error: BaseException) -> str:
+def said_of(error: BaseException, traceback_at: str) -> str:
     """An error as a reason: a :class:`WriteError` says the file and the cause itself; any
     other is its class and its message's first line (a TensorFlow error's message goes on with
-    stack frames, which stay in ``stdout.log``), said to be a Horovod collective's failure
-    where its message shows one (:func:`~toolkit.parallel.collective_errors.collective_failed`:
-    the echo of another worker's, which the supervisor's reading then names)."""
+    stack frames), with where its traceback is (``traceback_at``), said to be a Horovod
+    collective's failure where its message shows one
+    (:func:`~toolkit.parallel.collective_errors.collective_failed`: the echo of another
+    worker's, which the supervisor's reading then names)."""
     if isinstance(error, WriteError):
         return str(error)
     first = (str(error).strip().splitlines() or [""])[0].strip().rstrip(":")
     said = f"{type(error).__name__}: {first}" if first else type(error).__name__
     where = "in a Horovod collective " if collective_failed(str(error)) else ""
-    return f"training raised {said} {where}(the traceback is in stdout.log)"
+    return f"training raised {said} {where}({traceback_at})"
 
 
 def _recorder(run: RunDir | None, run_dir) -> RunDir | None:

@@ -72,13 +72,13 @@ def grid(
 
     A run at the config's global batch ``B0`` trains ``epochs`` passes over the data (default:
     the config's epochs, at most :data:`EPOCHS`); one at ``B`` trains ``sqrt(B / B0)`` times as
-    many (at least ``epochs``),
-    since a larger batch needs more examples to reach the same loss (all of ``B/B0`` more far
-    above ``B_crit``, none far below it). Each run's updates are cut into :data:`EVALUATIONS`
-    "epochs" of equal length (``steps_per_epoch``, each a fresh shuffle's first batches), so
-    that its held-out loss is read as often whatever its batch: a small batch reaches the
-    targets within its first data epoch. Raises :class:`~toolkit.launching.sweep.SweepError`
-    naming every cell that cannot be built."""
+    many (at least ``epochs``), since a larger batch needs more examples to reach the same loss
+    (all of ``B/B0`` more far above ``B_crit``, none far below it). Each run's updates are cut
+    into :data:`EVALUATIONS` rounds of equal length (its config's "epochs" of
+    ``steps_per_epoch`` updates, each a fresh shuffle's first batches: :data:`ROUNDS`), so that
+    its held-out loss is read as often whatever its batch: a small batch reaches the targets
+    within its first pass. Raises :class:`~toolkit.launching.sweep.SweepError` naming every
+    cell that cannot be built, or :func:`refuse_unfittable`'s grid."""
     batches = sorted(set(batches or default_batches(config)))
     refuse_unfittable(batches, rate_factors)
     epochs, own = epochs or min(config.epochs, EPOCHS), Scale.of(config).global_batch
@@ -137,16 +137,20 @@ def refuse_unfittable(batches: Sequence[int], rate_factors: Sequence[float]) -> 
 def shown(cells: pd.DataFrame, config: ExperimentConfig) -> pd.DataFrame:
     """A calibration's cells (:func:`~toolkit.launching.sweep_runner.dry_run`'s rows) in the
     calibration's words (:data:`ROUNDS`), with each run's ``passes`` over the training data."""
-    passes = (cells["updates"] * cells["global_batch"] / train_size(config)).round(2)
+    passes = passes_over(cells["updates"] * cells["global_batch"], config).round(2)
     return cells.rename(columns=ROUNDS).assign(passes=passes)
+
+
+def passes_over(examples, config: ExperimentConfig):
+    """``examples`` (a number or a column) as passes over the config's training data."""
+    return examples / train_size(config)
 
 
 def described(cell) -> str:
     """A calibration cell in its words (:data:`ROUNDS`): ``batch 32, rate 0.25, seed 0: 32
     rounds of 4 updates, 1 pass``."""
     config, at = cell.config, cell.coordinates
-    updates = config.epochs * config.steps_per_epoch
-    passes = updates * at[BATCH] / train_size(config)
+    passes = passes_over(config.epochs * config.steps_per_epoch * at[BATCH], config)
     return (
         f"batch {at[BATCH]}, rate {at[RATE]:g}, seed {at[sweep_lib.SEED]}: "
         f"{counted(config.epochs, 'round')} of {counted(config.steps_per_epoch, 'update')}, "

@@ -134,6 +134,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
             paused_s=rundir.paused_s(run.recorded_status()),
             resumed_from=intact.name,
             passed_over=[[checkpoint.name, problem] for checkpoint, problem in damaged],
+            training_said=None,  # the last attempt's words are not this one's
         )
         try:
             executor.start(run, config, resume=True, meta={})
