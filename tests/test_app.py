@@ -803,6 +803,32 @@ def test_detail_header_says_what_the_run_is_how_it_went_and_how_sure_b_simple_is
     assert md_escape("from 1 reading(s)") in band and "too few to trust" in band
 
 
+def test_lab_starts_demo_run_points_to_the_dashboard_that_comes_next(root, monkeypatch, capsys):
+    """Defect 12 of the third walk: ``./lab start``'s demo run said "or ./lab start" while
+    ``./lab start`` was running; the script tells ``launch --wait`` the dashboard is next."""
+    from toolkit.__main__ import _wait
+
+    run = fake_run(root, "demo", events=100)
+    assert "LBL_DASHBOARD_NEXT=1" in (ROOT / "lab").read_text()
+    monkeypatch.setenv("LBL_DASHBOARD_NEXT", "1")
+    assert _wait(run) == 0
+    said = capsys.readouterr().out
+    assert "the dashboard starts next" in said and "./lab start" not in said
+    monkeypatch.delenv("LBL_DASHBOARD_NEXT")
+    _wait(run)
+    assert "or ./lab start (Runs, Run detail, Compare)" in capsys.readouterr().out
+
+
+def test_a_run_that_did_not_complete_has_a_last_accuracy_not_a_final_one(root):
+    """Defect 10 of the third walk: a stopped run's last value was its "final accuracy"."""
+    fake_run(root, "cut-short", events=300, state="stopped")
+    at = page("detail")
+    by_label(at.selectbox, "Run").set_value("cut-short").run()
+    row = table.summary(RunDir(root / "cut-short"))
+    assert md_escape(f"last accuracy {row['last_eval_accuracy']:.4f}") in header(at)
+    assert "final accuracy" not in header(at)
+
+
 def test_stop_from_run_detail_ends_the_run_and_its_log_says_so(root):
     run = fake_run(root, "watched", events=100, state="running")
     sleeper = subprocess.Popen(["sleep", "120"])

@@ -204,6 +204,7 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
     batch's rates for some batch and S_min and B_crit are positive (~60 s: 9 short runs)."""
     from toolkit.__main__ import main
     from toolkit.launching import sweep, sweep_results
+    from toolkit.runs import table
     from toolkit.runs.events import read_events
 
     overrides = ["workers=1", "optimizer.name=sgd", "optimizer.params={momentum: 0.9}"]
@@ -216,6 +217,9 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
     refused = capsys.readouterr()
     assert "pass --yes to start it" in refused.err
     assert "sweep cal-quickstart: 9 cells" in refused.out and "estimated time" in refused.out
+    # defect 4 of the third walk: its "epochs" are rounds; epochs are passes over the data
+    header = next(line for line in refused.out.splitlines() if "run_id" in line).split()
+    assert {"rounds", "updates_per_round", "passes"} <= set(header) and "epochs" not in header
     assert not any(tmp_path.glob("cal-*"))
 
     result = run_cli([*args, "--yes", "--max-parallel", "2"], tmp_path, subprocess_env)
@@ -224,6 +228,8 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
     assert kept.name == "mnist1d-cnn1d-sgd.json"
     record = json.loads(kept.read_text())
     assert record["sweep"] == "cal-quickstart" and "calibrated on this task" in result.stdout
+    assert "batch 32, rate 0.05, seed 0: 36 rounds of 7 updates, 2.02 passes" in result.stdout
+    assert result.stdout.count(" rounds of ") == 9  # each cell, in the calibration's words
     assert main(["--runs", str(tmp_path), *args, "--dry-run"]) == 0  # what is kept, said first
     assert capsys.readouterr().out.startswith("kept for this task: B_crit")
 
@@ -241,6 +247,8 @@ def test_a_small_calibration_from_the_terminal_is_kept_and_is_the_fit_of_its_run
         interval = cell.config.steps_per_epoch  # cut into at most 40 evaluations
         assert cell.config.epochs <= 40 and 0 <= cell.config.epochs * interval - updates < interval
         assert len(evals) == cell.config.epochs
+        row = table.summary(runs[cell.key])
+        assert table.progress_text(row) == f"{cell.config.epochs} of {cell.config.epochs} rounds"
         assert cell.config.schedule.name == "constant" and cell.config.lr_scaling.rule == "none"
         curves[batch, rate] = (evals.loss.tolist(), evals.step.iloc[0] / evals.epoch.iloc[0])
         noise[batch, rate] = events[events.phase == "gns"]
