@@ -213,13 +213,17 @@ def leaves(url: str) -> bool:
 
 
 def wait_until_idle(lab: Lab, timeout_s: float) -> None:
-    """Until the server's one kernel exists and is idle."""
+    """Until the server's one kernel exists and is idle. An answer that is not the list of
+    kernels (an error object, while the kernel's session is being made: seen once in a CI run)
+    is asked again."""
     deadline = time.time() + timeout_s
     while True:
-        kernels = json.loads(lab.get("/api/kernels", lab.token)[1])
-        if kernels and all(k["execution_state"] == "idle" for k in kernels):
+        status, body = lab.get("/api/kernels", lab.token)
+        kernels = json.loads(body) if status == 200 else None
+        listed = isinstance(kernels, list) and kernels
+        if listed and all(k["execution_state"] == "idle" for k in kernels):
             return
-        assert time.time() < deadline, f"kernel not idle: {kernels}"
+        assert time.time() < deadline, f"kernel not idle: {status} {body[:500]!r}"
         time.sleep(0.5)
 
 

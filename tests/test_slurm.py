@@ -487,7 +487,7 @@ def test_the_launch_form_submits_the_quickstart_to_slurm_on_two_nodes(slurm_host
     by_label(at.radio, "Where").set_value("Slurm").run()
     # defect 9 of the third walk: Slurm's choices, as sinfo reports them
     partitions = slurm.partitions_here()
-    assert by_label(at.selectbox, "Partition").options == ["", *partitions]
+    assert by_label(at.selectbox, "Partition").options == ["(the cluster's default)", *partitions]
     (told,) = [c.value for c in at.caption if c.value.startswith("Slurm reports")]
     assert all(
         f"{name} (default): {nodes} nodes" in told
