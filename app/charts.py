@@ -30,7 +30,7 @@ HOVER = "epoch %{{x:.2f}} (step %{{customdata[0]}})<br>{name} %{{y:.4g}}<extra><
 @dataclass
 class Series:
     """One curve: a name, aligned x/y arrays, and optionally its colour (a run's, from
-    :func:`app.data.colors`; default: the next of :data:`COLORS`) and dash. An ``exact`` curve
+    :func:`app.data.color`; default: the next of :data:`COLORS`) and dash. An ``exact`` curve
     (a value the run set, :data:`~toolkit.runs.curves.EXACT`) is never smoothed."""
 
     name: str

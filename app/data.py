@@ -56,17 +56,15 @@ def runs() -> list[RunDir]:
         return []
 
 
-def colors() -> dict[str, str]:
-    """One colour per run, the same on every chart of every page, at every reload, whatever
-    is created or deleted meanwhile: the palette's entry at the ``number`` its status recorded
+def color(run: RunDir) -> str:
+    """The run's colour, the same on every chart of every page, at every reload, whatever is
+    created or deleted meanwhile: the palette's entry at the ``number`` its status recorded
     when it was made (:meth:`~toolkit.runs.rundir.RunDir.create`: consecutive runs differ), or
-    for a run made before runs were numbered, at a hash of its id."""
-    return {r.run_id: COLORS[_number(r) % len(COLORS)] for r in runs()}
-
-
-def _number(run: RunDir) -> int:
+    for a run made before runs were numbered, at a hash of its id. Reads that run's status
+    only."""
     number = run.recorded_status().get("number")
-    return number if isinstance(number, int) else zlib.crc32(run.run_id.encode())
+    number = number if isinstance(number, int) else zlib.crc32(run.run_id.encode())
+    return COLORS[number % len(COLORS)]
 
 
 def config_columns(selected: list[RunDir]) -> pd.DataFrame:

@@ -39,7 +39,6 @@ if not runs:
     st.info("No runs yet. Start one on the Launch page.")
     st.stop()
 by_id = {r.run_id: r for r in runs}
-colors = data.colors()
 if "compare_widget" not in st.session_state:  # first visit: a shared link, or where we left
     linked = [r for r in st.query_params.get_all("run") if r in by_id]
     remembered = [r for r in st.session_state.get("compare_runs", []) if r in by_id]
@@ -55,6 +54,7 @@ if not chosen:
     st.stop()
 
 split = {run_id: data.phases(by_id[run_id]) for run_id in chosen}
+colors = {run_id: data.color(by_id[run_id]) for run_id in chosen}
 # what the charts and the table depend on: each chosen run's directory, events' stamp and colour
 drawn = tuple((str(by_id[r].path), data.stamp(by_id[r].events_path), colors[r]) for r in chosen)
 NONE = pd.DataFrame()
