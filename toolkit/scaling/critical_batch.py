@@ -14,8 +14,9 @@ nothing left to check the curve by), ``S_min`` and ``B_crit`` are finite and pos
 best run was already there at its first evaluation (its steps only an upper bound), and at
 least one batch's best rate had a slower rate on each side of it (where every best rate is the
 grid's lowest or highest, a rate beyond the grid may be faster, and the steps are not the
-fewest): :func:`flaws`. A calibration (:class:`Calibration`) keeps the usable fits with their bootstrap bands
-and the simple noise scale ``B_simple`` measured on the same runs near each target, so that
+fewest): :func:`flaws`. A calibration (:class:`Calibration`) keeps the usable fits with their
+bootstrap bands and the simple noise scale ``B_simple`` measured on the same runs near each
+target, so that
 :mod:`toolkit.launching.probe` can answer with this task's ``B_crit`` instead of a factor
 measured on another. It is kept in the runs root per task (:func:`task_key`: dataset, model,
 optimizer), as strict JSON (a value that is not finite is ``null``), by :func:`save` and
