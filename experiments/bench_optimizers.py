@@ -4,12 +4,14 @@ Keras backend ``KERAS_BACKEND`` names (TensorFlow by default; JAX and PyTorch to
     python experiments/bench_optimizers.py [--repeats 30] [--jit] [--model tiny]
     KERAS_BACKEND=jax python experiments/bench_optimizers.py [--repeats 30]
     KERAS_BACKEND=torch python experiments/bench_optimizers.py [--repeats 30]
+    KERAS_BACKEND=torch OMP_NUM_THREADS=1 python experiments/bench_optimizers.py --model mlp
 
 Each update runs as a training loop runs it on that backend: inside a compiled ``tf.function``
 on TensorFlow (XLA off by default, as under Horovod on CPU; ``--jit`` turns it on), as one
 jitted ``stateless_apply`` on JAX (each optimizer on its own copy of the variables, donated so
 that it updates in place, as Keras's JAX trainer does), eagerly on PyTorch (as Keras's
-PyTorch trainer runs its optimizer).
+PyTorch trainer runs its optimizer; there the toolkit's SGD, LARS and LBSGD-lars also run their
+per-variable update, ``multi_tensor=False``, which their multi-tensor one replaces).
 Updates are interleaved, so machine noise hits every optimizer alike; on a GPU the clock
 stops when the device has finished the update, not when it was launched. Printed for each:
 the median time of ``--repeats`` updates, its ratio to ``keras.optimizers.SGD(momentum=0.9)``,
@@ -47,6 +49,23 @@ CANDIDATES = {
         0.1, momentum=0.9, weight_decay=5e-4, warmup_strategy="lars"
     ),
 }
+PER_VARIABLE = (OUR_SGD, "LARS momentum=0.9 wd=5e-4", "LBSGD lars warmup")
+"""Also timed with their per-variable update on PyTorch (``multi_tensor=False``)."""
+
+
+def candidates(backend: str) -> dict:
+    """The optimizers to time, by name: :data:`CANDIDATES`, and on PyTorch the
+    :data:`PER_VARIABLE` ones again without their multi-tensor update."""
+    chosen = dict(CANDIDATES)
+    if backend == "torch":
+        for name in PER_VARIABLE:
+            chosen[f"{name} (per variable)"] = lambda make=CANDIDATES[name]: per_variable(make())
+    return chosen
+
+
+def per_variable(optimizer):
+    optimizer.multi_tensor = False
+    return optimizer
 
 
 def update_step(optimizer, grads, variables, jit: bool):
@@ -107,7 +126,20 @@ def tiny_model() -> keras.Model:
     return keras.Sequential([keras.Input((64,)), *(keras.layers.Dense(64) for _ in range(3))])
 
 
-MODELS = {"resnet50": lambda: keras.applications.ResNet50(weights=None), "tiny": tiny_model}
+def mlp() -> keras.Model:
+    """784-1024-1024-512-10 with a batch normalisation (2.4M parameters): a CPU-sized model."""
+    widths = (1024, 1024, 512)
+    return keras.Sequential(
+        [keras.Input((784,)), *(keras.layers.Dense(w) for w in widths)]
+        + [keras.layers.BatchNormalization(), keras.layers.Dense(10)]
+    )
+
+
+MODELS = {
+    "resnet50": lambda: keras.applications.ResNet50(weights=None),
+    "mlp": mlp,
+    "tiny": tiny_model,
+}
 
 
 def main(repeats: int, jit: bool, model_name: str = "resnet50") -> pd.DataFrame:
@@ -119,7 +151,7 @@ def main(repeats: int, jit: bool, model_name: str = "resnet50") -> pd.DataFrame:
         for v in model.trainable_variables
     ]
     steps = {}
-    for name, make in CANDIDATES.items():
+    for name, make in candidates(backend).items():
         optimizer = make()
         optimizer.build(model.trainable_variables)
         steps[name] = update_step(optimizer, grads, model.trainable_variables, jit)
@@ -141,7 +173,11 @@ def main(repeats: int, jit: bool, model_name: str = "resnet50") -> pd.DataFrame:
             for name in times
             for i, seconds in enumerate(times[name], 1)
         ],
-        variant if backend == "tensorflow" else backend,
+        "_".join(
+            part
+            for part in (variant if backend == "tensorflow" else backend, model_name)
+            if part and part not in ("resnet50", "tiny")
+        ),
     )
     ours = times[OUR_SGD]
     ratios = times.div(ours, axis=0)

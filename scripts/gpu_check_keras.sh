@@ -11,10 +11,12 @@
 # PYTHONPATH, without their dependencies and without touching the machine's packages. Then:
 #   1. the machine: Python, the GPUs, JAX's and PyTorch's devices
 #   2. bench_optimizers.py on JAX and on PyTorch: one update of ResNet-50's variables with our
-#      SGD, LARS and LBSGD against Keras's SGD
-#   3. bench_resnet50.py on JAX: images/s of ResNet-50 trained with our LARS against Keras's SGD
+#      SGD, LARS and LBSGD against Keras's SGD (on PyTorch, our multi-tensor update and the
+#      per-variable one it replaced)
+#   3. bench_resnet50.py on JAX and on PyTorch: images/s of ResNet-50 trained with our LARS
+#      against Keras's SGD
 #   4. the optimizer, schedule and AdaScale oracle tests on each backend, on its default (GPU)
-#      device
+#      device, and on PyTorch the multi-tensor update against the per-variable one
 # --smoke runs the benchmarks at a toy size (tiny models in place of ResNet-50) and leaves out
 # the tests, which CI runs on every backend anyway: CI runs the smoke on the CPU, so that the
 # check works on first contact with a GPU. Each step writes OUT/<step>.log and a line to
@@ -70,11 +72,16 @@ for backend in jax torch; do
   step "2-bench-optimizers-$backend" env KERAS_BACKEND=$backend \
     "$PY" experiments/bench_optimizers.py "${updates[@]}"
 done
-step 3-bench-resnet50-jax env KERAS_BACKEND=jax "$PY" experiments/bench_resnet50.py "${resnet[@]}"
+for backend in jax torch; do
+  step "3-bench-resnet50-$backend" env KERAS_BACKEND=$backend \
+    "$PY" experiments/bench_resnet50.py "${resnet[@]}"
+done
 if ((!SMOKE)); then  # CI runs these on every backend already (tests/test_every_backend.py)
   for backend in jax torch; do
+    only=()
+    [[ $backend == torch ]] && only=(tests/on_torch)
     step "4-oracle-tests-$backend" env KERAS_BACKEND=$backend "$PY" -m pytest -q \
-      -p no:cacheprovider "${ORACLE_TESTS[@]}"
+      -p no:cacheprovider "${ORACLE_TESTS[@]}" "${only[@]}"
   done
 fi
 for log in "$OUT"/2-*.log "$OUT"/3-*.log; do grep '^|' "$log" >>"$OUT/summary.md" && echo >>"$OUT/summary.md"; done

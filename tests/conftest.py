@@ -20,6 +20,8 @@ import pytest  # noqa: E402
 from toolkit.launching import horovodrun  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+collect_ignore = [] if os.environ.get("KERAS_BACKEND") == "torch" else ["on_torch"]
+"""``tests/on_torch`` tests what exists on PyTorch alone (``test_every_backend`` runs it)."""
 CHROMIUM = "/usr/bin/chromium"  # Debian's: the browser tests never download one
 
 

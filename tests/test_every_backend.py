@@ -40,10 +40,15 @@ def run_on(backend: str, args: list[str], env: dict) -> subprocess.CompletedProc
     )
 
 
+ONLY_ON = {"torch": ["tests/on_torch"]}
+"""Tests of what exists on one backend alone (PyTorch's multi-tensor update)."""
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_oracle_tests_pass_on(backend, subprocess_env):
+    tests = [*ORACLE_TESTS, *ONLY_ON.get(backend, [])]
     result = run_on(
-        backend, ["-m", "pytest", "-q", "-p", "no:cacheprovider", *ORACLE_TESTS], subprocess_env
+        backend, ["-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], subprocess_env
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
@@ -193,14 +198,15 @@ def test_the_keras_gpu_check_runs_on_the_cpu(tmp_path, subprocess_env):
     )
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert result.returncode == 0, summary + result.stderr[-2000:]
-    assert summary.count(": ok in ") == 4 and "FAILED" not in summary
+    assert summary.count(": ok in ") == 5 and "FAILED" not in summary
     for name, backend, rows in [
         ("bench_optimizers_jax", "jax", 2 * 7),
-        ("bench_optimizers_torch", "torch", 2 * 7),
+        ("bench_optimizers_torch", "torch", 2 * (7 + 3)),  # and 3 per-variable updates
         ("bench_resnet50_jax", "jax", 2),
+        ("bench_resnet50_torch", "torch", 2),
     ]:
         frame = pd.read_csv(tmp_path / "out" / f"{name}.csv")
         assert len(frame) == rows and set(frame.backend) == {backend}, name
         assert (frame.filter(["seconds", "images_per_second"]).to_numpy() > 0).all(), name
         assert frame.device.notna().all()
-    assert summary.count("| keras SGD momentum=0.9") == 3
+    assert summary.count("| keras SGD momentum=0.9") == 4

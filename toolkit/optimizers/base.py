@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import keras
+from keras import ops
 
 from toolkit.optimizer_rules import momentum_refusals, non_negative, uses_momentum
 from toolkit.optimizers.kernels import coupled, heavy_ball
@@ -53,6 +54,10 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
 
     moved_momentum: Hyperparameter | None = None  # see take_momentum
     _gradient_norms = None  # see use_gradient_norms
+    multi_tensor = True
+    """On PyTorch, update every variable at once (:meth:`_update_all`, multi-tensor kernels, as
+    Keras's own SGD does there); ``False``: Keras's loop of :meth:`update_step` per variable,
+    the reference the fast path is tested against. TensorFlow and JAX compile the loop."""
 
     def __init__(self, learning_rate, momentum, weight_decay, name, **kwargs):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
@@ -74,6 +79,7 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
         self.velocities = (
             self.add_optimizer_variables(variables, "velocity") if self.uses_momentum else []
         )
+        self._one_dtype = len({v.dtype for v in variables}) == 1
 
     def take_momentum(self) -> Hyperparameter:
         """Hand the momentum over to the allreduce (Deep Gradient Compression's momentum
@@ -102,17 +108,99 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
             return None
         return self._gradient_norms[self._get_variable_index(variable)]
 
+    def _given_norms(self, update) -> list | None:
+        """The norms :meth:`use_gradient_norms` gave for ``update``'s variables (``None``: none
+        given)."""
+        if self._gradient_norms is None:
+            return None
+        return [self._gradient_norms[i] for i in update.indices]
+
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         """Keras's update of every variable, then the trust ratios it recorded kept at once,
         by updates that apply only: on TensorFlow and PyTorch this runs in Keras's accumulation
         branch alone; JAX runs it on every call and keeps its result where the call applies,
         so the ratios are kept the same way. Gradient norms given for the update are used up
         by it."""
-        super()._backend_update_step(grads, trainable_variables, learning_rate)
+        if self._updates_all_at_once():
+            import torch
+
+            from toolkit.optimizers.multi_tensor import Update
+
+            with torch.no_grad():
+                update = Update.of(self, grads, trainable_variables)
+                self._update_all(update, ops.cast(learning_rate, update.variables[0].dtype))
+        else:
+            super()._backend_update_step(grads, trainable_variables, learning_rate)
         self._gradient_norms = None
         if self._applied_ratios is not None:
             steps = self.gradient_accumulation_steps
             self._applied_ratios.write((self._iterations + 1) % steps == 0 if steps else True)
+
+    # On PyTorch: every variable at once (toolkit/optimizers/multi_tensor.py)
+
+    def _updates_all_at_once(self) -> bool:
+        """Whether updates run :meth:`_update_all`: on PyTorch, with :attr:`multi_tensor`,
+        over variables of one dtype, unless a momentum schedule is at 0 now (PyTorch's kernel
+        keeps no buffer then, and the velocities must still move)."""
+        if not (self.multi_tensor and self._one_dtype and keras.backend.backend() == "torch"):
+            return False
+        return not (callable(self.momentum) and self._number(self.momentum, "float32") == 0)
+
+    def _update_all(self, update, learning_rate) -> None:
+        """:meth:`update_step` on every variable of ``update`` (a
+        :class:`~toolkit.optimizers.multi_tensor.Update`) at once, ``learning_rate`` in their
+        dtype (each subclass gives its own)."""
+        raise NotImplementedError
+
+    def _velocities(self, update) -> list | None:
+        """The PyTorch tensors of the velocity slots of ``update``'s variables (``None``: no
+        momentum)."""
+        if not self.uses_momentum:
+            return None
+        return [self.velocities[i].value for i in update.indices]
+
+    def _number(self, value: Hyperparameter, dtype) -> float:
+        """A hyperparameter at the current step as a Python number (what PyTorch's kernels
+        take), rounded to ``dtype`` as :meth:`_hyper`'s tensor is."""
+        return float(self._hyper(value, dtype))
+
+    def _heavy_ball_all(self, update, rates, nesterov=False, decay=True):
+        """:meth:`_heavy_ball_step` on every variable of ``update`` at once, with ``rates`` one
+        rate or a list of numbers, one per variable."""
+        from toolkit.optimizers import multi_tensor
+
+        dtype = update.variables[0].dtype
+        multi_tensor.heavy_ball(
+            update.weights,
+            self._velocities(update),
+            rates,
+            update.gradients,
+            momentum=self._number(self.momentum, dtype) if self.uses_momentum else 0.0,
+            nesterov=nesterov,
+            weight_decay=self._number(self.weight_decay, dtype) if decay else 0.0,
+        )
+
+    def _backend_increment_gradient_accumulators(self, grads, acc_grads):
+        """Keras's, by one multi-tensor add on PyTorch (as Keras's own SGD does there)."""
+        if not self._updates_all_at_once():
+            return super()._backend_increment_gradient_accumulators(grads, acc_grads)
+        import torch
+
+        from toolkit.optimizers.multi_tensor import like
+
+        with torch.no_grad():
+            accumulators = [a.value for a in acc_grads]
+            grads = [like(g, a) for g, a in zip(grads, accumulators, strict=True)]
+            torch._foreach_add_(accumulators, grads)
+
+    def _backend_reset_gradient_accumulators(self):
+        """Keras's, by one multi-tensor zeroing on PyTorch."""
+        if not self._updates_all_at_once():
+            return super()._backend_reset_gradient_accumulators()
+        import torch
+
+        with torch.no_grad():
+            torch._foreach_zero_([a.value for a in self._accumulated_gradients if a is not None])
 
     def applied_trust_ratios(self) -> dict[str, float]:
         """The trust ratio each variable got in the latest update (NaN before the first),

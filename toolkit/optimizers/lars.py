@@ -87,22 +87,44 @@ class LARS(CoupledDecayOptimizer):
 
     def trust_ratio_tensors(self, gradients, variables) -> dict:
         """The per-variable ``local`` ratios an update with ``gradients`` would use, keyed by
-        variable path (adapted variables only), as scalar tensors (see :meth:`trust_ratios`)."""
+        variable path (adapted variables only), as scalar tensors (see :meth:`trust_ratios`),
+        computed as the update computes them."""
+        pairs = [(g, v) for g, v in zip(gradients, variables, strict=True) if self.is_adapted(v)]
+        if not pairs:
+            return {}
+        if self._updates_all_at_once():
+            from toolkit.optimizers.multi_tensor import Update
+
+            local = self._local_rates_all(Update.of(self, *zip(*pairs, strict=True))).unbind()
+        else:
+            local = [self._local_rate(ops.cast(g, v.dtype), v) for g, v in pairs]
+        return {v.path: ratio for (_, v), ratio in zip(pairs, local, strict=True)}
+
+    def _local_rates_all(self, update):
+        """The ``local`` ratios of ``update``'s variables (all adapted), as one vector."""
+        from toolkit.optimizers import multi_tensor
+
+        return multi_tensor.trust_ratios(
+            update.weights,
+            update.gradients,
+            self._hyper(self.weight_decay, update.variables[0].dtype),
+            **self._ratio_rule,
+            gradient_norms=self._given_norms(update),
+        )
+
+    @property
+    def _ratio_rule(self) -> dict:
+        """How ``local`` is read from the norms (:func:`layer_trust_ratio`'s arguments)."""
         return {
-            v.path: self._local_rate(ops.cast(g, v.dtype), v)
-            for g, v in zip(gradients, variables, strict=True)
-            if self.is_adapted(v)
+            "epsilon": self.epsilon,
+            "coefficient": self.trust_coefficient,
+            "unit_at_zero": True,
         }
 
     def _local_rate(self, gradient, variable, grad_norm=None):
+        weight_decay = self._hyper(self.weight_decay, variable.dtype)
         return layer_trust_ratio(
-            variable,
-            gradient,
-            self._hyper(self.weight_decay, variable.dtype),
-            epsilon=self.epsilon,
-            coefficient=self.trust_coefficient,
-            unit_at_zero=True,
-            grad_norm=grad_norm,
+            variable, gradient, weight_decay, **self._ratio_rule, grad_norm=grad_norm
         )
 
     def update_step(self, gradient, variable, learning_rate):
@@ -118,6 +140,24 @@ class LARS(CoupledDecayOptimizer):
         if self.clip:
             rate = ops.minimum(rate, learning_rate)
         self._heavy_ball_step(variable, rate, gradient, self.nesterov)
+
+    def _update_all(self, update, learning_rate):
+        """:meth:`update_step`'s rule on every variable at once (PyTorch, multi-tensor): the
+        excluded variables in one heavy-ball step at ``lr``, the adapted ones in another at
+        their rates, their trust ratios from one vector."""
+        adapted = [self._adapted[i] for i in update.indices]
+        excluded = update.part([not a for a in adapted])
+        if len(excluded):
+            self._heavy_ball_all(excluded, learning_rate, self.nesterov, decay=False)
+        update = update.part(adapted)
+        if not len(update):
+            return
+        local = self._local_rates_all(update)
+        self._applied_ratios.record_all(update.indices, local)
+        rates = learning_rate * local
+        if self.clip:
+            rates = ops.minimum(rates, learning_rate)
+        self._heavy_ball_all(update, rates.tolist(), self.nesterov)
 
     def get_config(self):
         return {

@@ -116,16 +116,14 @@ class LBSGD(CoupledDecayOptimizer):
     def applies_trust_ratios(self) -> bool:
         return self.warmup_strategy == "lars"
 
+    _LARS_WARMUP = {"power": 2, "epsilon": 1e-18, "bounds": (0.01, 100.0)}
+    """The ``lars`` strategy's trust ratio: MXNet's ``sqrt(||w||^2 / (||g||^2 + wd * ||w||^2 +
+    1e-18))``, clipped to [0.01, 100]."""
+
     def _lars_multiplier(self, gradient, variable, grad_norm=None):
         weight_decay = self._hyper(self.weight_decay, variable.dtype)
         return layer_trust_ratio(
-            variable,
-            gradient,
-            weight_decay,
-            power=2,
-            epsilon=1e-18,
-            bounds=(0.01, 100.0),
-            grad_norm=grad_norm,
+            variable, gradient, weight_decay, **self._LARS_WARMUP, grad_norm=grad_norm
         )
 
     def trust_ratio_tensors(self, gradients, variables) -> dict:
@@ -133,10 +131,29 @@ class LBSGD(CoupledDecayOptimizer):
         path, as scalar tensors (see :meth:`trust_ratios`)."""
         if self.warmup_strategy != "lars":
             raise ValueError("trust ratios exist only with warmup_strategy='lars'")
-        return {
-            v.path: self._lars_multiplier(ops.cast(g, v.dtype), v)
-            for g, v in zip(gradients, variables, strict=True)
-        }
+        if self._updates_all_at_once():
+            from toolkit.optimizers.multi_tensor import Update
+
+            multipliers = self._lars_multipliers_all(Update.of(self, gradients, variables))
+            multipliers = multipliers.unbind()
+        else:
+            multipliers = [
+                self._lars_multiplier(ops.cast(g, v.dtype), v)
+                for g, v in zip(gradients, variables, strict=True)
+            ]
+        return {v.path: m for v, m in zip(variables, multipliers, strict=True)}
+
+    def _lars_multipliers_all(self, update):
+        """The ``lars`` strategy's multipliers of ``update``'s variables, as one vector."""
+        from toolkit.optimizers import multi_tensor
+
+        return multi_tensor.trust_ratios(
+            update.weights,
+            update.gradients,
+            self._hyper(self.weight_decay, update.variables[0].dtype),
+            **self._LARS_WARMUP,
+            gradient_norms=self._given_norms(update),
+        )
 
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype
@@ -148,6 +165,18 @@ class LBSGD(CoupledDecayOptimizer):
             multiplier = ops.cast(self.warmup_multiplier(self._iterations + 1), dtype)
         rate = ops.cast(learning_rate, dtype) * multiplier
         self._heavy_ball_step(variable, rate, gradient)
+
+    def _update_all(self, update, learning_rate):
+        """:meth:`update_step`'s rule on every variable at once (PyTorch, multi-tensor): the
+        ``lars`` multipliers from one vector."""
+        if self.warmup_strategy == "lars":
+            multipliers = self._lars_multipliers_all(update)
+            self._applied_ratios.record_all(update.indices, multipliers)
+            rates = (learning_rate * multipliers).tolist()
+        else:
+            multiplier = self.warmup_multiplier(self._iterations + 1)
+            rates = learning_rate * ops.cast(multiplier, learning_rate.dtype)
+        self._heavy_ball_all(update, rates)
 
     def get_config(self):
         config = super().get_config()

@@ -61,19 +61,43 @@ class SGD(CoupledDecayOptimizer):
         if not self.uses_momentum:
             self.assign_sub(variable, learning_rate * coupled(gradient, variable, weight_decay))
             return
-        if callable(self.dampening) or self.dampening != 0.0:
-            # The buffer starts at zero, so `momentum * buf + g` is `buf = g` on the first step;
-            # later steps add the dampened gradient (Nesterov, which uses the undampened one,
-            # requires dampening == 0).
-            first = ops.equal(self.iterations, 0)
-            weight = ops.where(first, 1.0, 1.0 - self._hyper(self.dampening, dtype))
-            gradient = ops.cast(weight, dtype) * coupled(gradient, variable, weight_decay)
+        if self._dampens:
+            gradient = self._dampening_weight(dtype) * coupled(gradient, variable, weight_decay)
             weight_decay = 0.0
         buffer = self.velocities[self._get_variable_index(variable)]
         momentum = self._hyper(self.momentum, dtype)
         buffered_momentum(
             variable, buffer, learning_rate, gradient, momentum, self.nesterov, weight_decay
         )
+
+    def _update_all(self, update, learning_rate):
+        """:meth:`update_step`'s rule on every variable at once: PyTorch's fused SGD kernel."""
+        from toolkit.optimizers import multi_tensor
+
+        dtype = update.variables[0].dtype
+        multi_tensor.buffered_momentum(
+            update.weights,
+            self._velocities(update),
+            learning_rate,
+            update.gradients,
+            momentum=self._number(self.momentum, dtype) if self.uses_momentum else 0.0,
+            nesterov=self.nesterov,
+            weight_decay=self._number(self.weight_decay, dtype),
+            dampening=self._number(self.dampening, dtype),
+            first_step=self._dampens and int(self.iterations) == 0,
+        )
+
+    @property
+    def _dampens(self) -> bool:
+        return callable(self.dampening) or self.dampening != 0.0
+
+    def _dampening_weight(self, dtype):
+        """The weight of the gradient added to the buffer: ``1 - dampening``, but 1 on the
+        first step (the buffer starts at zero, so ``momentum * buf + g`` is ``buf = g`` there;
+        Nesterov, which uses the undampened gradient, requires dampening == 0)."""
+        first = ops.equal(self.iterations, 0)
+        weight = ops.where(first, 1.0, 1.0 - self._hyper(self.dampening, dtype))
+        return ops.cast(weight, dtype)
 
     def get_config(self):
         return {**super().get_config(), "nesterov": self.nesterov}

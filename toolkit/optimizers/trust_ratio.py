@@ -64,6 +64,31 @@ def layer_trust_ratio(
         )
     weight_norm = l2_norm(variable)
     grad_norm = l2_norm(gradient) if grad_norm is None else ops.cast(grad_norm, weight_norm.dtype)
+    return ratio_from_norms(
+        weight_norm,
+        grad_norm,
+        weight_decay,
+        power=power,
+        epsilon=epsilon,
+        coefficient=coefficient,
+        unit_at_zero=unit_at_zero,
+        bounds=bounds,
+    )
+
+
+def ratio_from_norms(
+    weight_norm,
+    grad_norm,
+    weight_decay,
+    *,
+    power: int,
+    epsilon: float,
+    coefficient: float,
+    unit_at_zero: bool,
+    bounds: tuple[float, float],
+):
+    """:func:`layer_trust_ratio`'s rule from the norms ``||w||`` and ``||g||`` (scalars, or
+    vectors of one norm per variable)."""
     ratio = coefficient * trust_ratio(
         weight_norm, grad_norm, weight_decay, power=power, epsilon=epsilon
     )
@@ -106,6 +131,7 @@ class AppliedRatios:
                 ops.full((len(indices),), math.nan, self._dtype), trainable=False
             )
         self._pending = {}
+        self._whole = None
 
     @property
     def variable(self) -> keras.Variable:
@@ -116,16 +142,27 @@ class AppliedRatios:
         """Hold ``ratio``, the one the update of variable ``index`` applies now."""
         self._pending[self._position[index]] = ops.cast(ratio, self._dtype)
 
+    def record_all(self, indices: list[int], ratios) -> None:
+        """Hold ``ratios``, the vector of the ratios the update of variables ``indices`` applies
+        now (the multi-tensor update's): kept as it is when it holds every ratio in order."""
+        if [self._position[i] for i in indices] == list(range(len(self._paths))):
+            self._whole = ops.cast(ratios, self._dtype)
+            return
+        for index, ratio in zip(indices, ops.unstack(ratios), strict=True):
+            self.record(index, ratio)
+
     def write(self, applies=True) -> None:
         """Keep the ratios recorded since the last write (the others keep their value), where
         ``applies`` (a Python or tensor boolean: whether the update applied) holds."""
-        if not self._pending:
-            return
-        positions, ratios = zip(*sorted(self._pending.items()), strict=True)
-        self._pending = {}
-        old, new = self._ratios.value, ops.stack(ratios)
-        if len(positions) < len(self._paths):
-            new = ops.scatter_update(old, [[p] for p in positions], new)
+        old, new, self._whole = self._ratios.value, self._whole, None
+        if new is None:
+            if not self._pending:
+                return
+            positions, ratios = zip(*sorted(self._pending.items()), strict=True)
+            self._pending = {}
+            new = ops.stack(ratios)
+            if len(positions) < len(self._paths):
+                new = ops.scatter_update(old, [[p] for p in positions], new)
         self._ratios.assign(new if applies is True else ops.where(applies, new, old))
 
     def read(self) -> dict[str, float]:

@@ -1,0 +1,176 @@
+"""The SGD family's update of every variable at once, on PyTorch.
+
+Keras's PyTorch backend runs an optimizer eagerly, so a per-variable ``update_step`` costs a
+few small kernels per variable, and Python's dispatch of each: on ResNet-50's 161 variables the
+toolkit's LARS took 30x Keras's SGD on an H100. Keras's own SGD updates every variable with one
+multi-tensor call per operation (``torch._foreach_*``), but only for its exact class. Here are
+the toolkit's steps over lists of PyTorch tensors, in as few passes over memory as PyTorch's
+kernels allow:
+
+* :func:`buffered_momentum` is PyTorch's own SGD rule, so it is PyTorch's fused kernel
+  (``torch._fused_sgd_``: one pass reads ``w``, ``g`` and the buffer and writes ``w`` and the
+  buffer);
+* :func:`heavy_ball` (MXNet's rule, the rate inside the velocity) is the same kernel given
+  ``-rate * d`` as its gradient and ``-1`` as its rate, the velocity stored negated:
+  ``v = m * v - rate * d; w -= -1 * v``;
+* :func:`trust_ratios` gives every variable's ratio as one vector, from two multi-tensor norms.
+
+The kernels add and multiply in another order than :mod:`toolkit.optimizers.kernels`' steps
+(``torch._foreach_norm`` sums in its own order too), so the two paths agree to float32's
+rounding, not bit for bit. Hyperparameters are Python numbers, as the kernels take them (a
+rate may also be a 0-d tensor): on a GPU, reading a scheduled value or the trust ratios is one
+wait for the device per update, as Keras's own SGD waits for its rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from toolkit.optimizers.trust_ratio import ratio_from_norms
+
+
+def like(value, weight: torch.Tensor) -> torch.Tensor:
+    """``value`` (a gradient: a tensor, or an array from a notebook) as a tensor of
+    ``weight``'s dtype on its device (itself when it is one already)."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dtype == weight.dtype
+        and value.device == weight.device
+    ):
+        return value
+    return torch.as_tensor(value, dtype=weight.dtype, device=weight.device)
+
+
+@dataclass
+class Update:
+    """The variables one update moves, as PyTorch tensors, with what the optimizer knows them
+    by: ``indices`` (each one's :meth:`_get_variable_index`), ``variables`` (Keras's), their
+    tensors ``weights`` and their ``gradients`` (in their dtype and on their device)."""
+
+    indices: list[int]
+    variables: list
+    weights: list
+    gradients: list
+
+    @classmethod
+    def of(cls, optimizer, gradients, variables) -> Update:
+        weights = [v.value for v in variables]
+        return cls(
+            [optimizer._get_variable_index(v) for v in variables],
+            list(variables),
+            weights,
+            [like(g, w) for g, w in zip(gradients, weights, strict=True)],
+        )
+
+    def part(self, chosen: list[bool]) -> Update:
+        """The variables where ``chosen`` (one flag per variable) holds."""
+        return Update(
+            *(
+                [item for item, keep in zip(every, chosen, strict=True) if keep]
+                for every in (self.indices, self.variables, self.weights, self.gradients)
+            )
+        )
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def coupled(gradients: list, weights: list, weight_decay: float) -> list:
+    """``g + wd * w`` for each pair, in one pass; ``gradients`` themselves when ``wd`` is 0."""
+    if weight_decay == 0:
+        return gradients
+    return torch._foreach_add(gradients, weights, alpha=weight_decay)
+
+
+def buffered_momentum(
+    weights,
+    buffers,
+    learning_rate,
+    gradients,
+    *,
+    momentum: float,
+    nesterov: bool,
+    weight_decay: float = 0.0,
+    dampening: float = 0.0,
+    first_step: bool = False,
+) -> None:
+    """PyTorch's SGD on every variable: ``d = g + wd * w``; ``buf = d`` on the first step, else
+    ``buf = momentum * buf + (1 - dampening) * d``; ``w -= lr * buf`` (Nesterov: ``w -= lr *
+    (d + momentum * buf)``). ``buffers=None``: no momentum, ``w -= lr * d``."""
+    torch._fused_sgd_(
+        weights,
+        gradients,
+        buffers if momentum else [],
+        weight_decay=weight_decay,
+        momentum=momentum,
+        lr=learning_rate,
+        dampening=dampening,
+        nesterov=nesterov,
+        maximize=False,
+        is_first_step=first_step,
+    )
+
+
+def heavy_ball(
+    weights, velocities, rates, gradients, *, momentum: float, nesterov: bool, weight_decay: float
+) -> None:
+    """:func:`toolkit.optimizers.kernels.heavy_ball` on every variable: ``d = g + wd * w; v =
+    momentum * v - rate * d; w += v`` (Nesterov: ``w += momentum * v - rate * d``), velocities
+    stored negated; ``velocities=None``: no momentum, ``w -= rate * d``. ``rates``: one rate
+    for every variable, or a list of numbers, one per variable."""
+    if isinstance(rates, list):  # -rate * (g + wd * w), by a pass for each operation
+        negated = [-r for r in rates]
+        if weight_decay == 0:
+            steps = torch._foreach_mul(gradients, negated)
+        else:  # scaled where it was made, not copied again
+            steps = coupled(gradients, weights, weight_decay)
+            torch._foreach_mul_(steps, negated)
+        weight_decay = 0.0
+    else:  # -rate * g here, and -rate * wd * w inside the kernel
+        rate = float(rates)
+        steps, weight_decay = torch._foreach_mul(gradients, -rate), -rate * weight_decay
+    buffered_momentum(
+        weights,
+        velocities,
+        -1.0,
+        steps,
+        momentum=momentum,
+        nesterov=nesterov,
+        weight_decay=weight_decay,
+    )
+
+
+@torch.no_grad()
+def trust_ratios(
+    weights,
+    gradients,
+    weight_decay,
+    *,
+    power: int = 1,
+    epsilon: float = 0.0,
+    coefficient: float = 1.0,
+    unit_at_zero: bool = False,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+    gradient_norms=None,
+) -> torch.Tensor:
+    """Every variable's :func:`~toolkit.optimizers.trust_ratio.layer_trust_ratio` as one
+    vector, in order: two multi-tensor norms, then a few vector operations.
+    ``gradient_norms``, if given, are taken as the ``||g||`` (``gradients`` are then not
+    read)."""
+    weight_norms = torch.stack(torch._foreach_norm(weights))
+    if gradient_norms is None:
+        gradient_norms = torch._foreach_norm(gradients)
+    gradient_norms = torch.stack([torch.as_tensor(n) for n in gradient_norms]).to(weight_norms)
+    return ratio_from_norms(
+        weight_norms,
+        gradient_norms,
+        weight_decay,
+        power=power,
+        epsilon=epsilon,
+        coefficient=coefficient,
+        unit_at_zero=unit_at_zero,
+        bounds=bounds,
+    )
