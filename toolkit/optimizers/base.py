@@ -161,8 +161,9 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
 
     def _number(self, value: Hyperparameter, dtype) -> float:
         """A hyperparameter at the current step as a Python number (what PyTorch's kernels
-        take), rounded to ``dtype`` as :meth:`_hyper`'s tensor is."""
-        return float(self._hyper(value, dtype))
+        take, rounding it to the tensors' dtype as :meth:`_hyper` does): a constant as it is,
+        with no trip to the device; a schedule's value rounded to ``dtype``."""
+        return float(self._hyper(value, dtype)) if callable(value) else float(value)
 
     def _heavy_ball_all(self, update, rates, nesterov=False, decay=True):
         """:meth:`_heavy_ball_step` on every variable of ``update`` at once, with ``rates`` one

@@ -107,7 +107,7 @@ class LARS(CoupledDecayOptimizer):
         return multi_tensor.trust_ratios(
             update.weights,
             update.gradients,
-            self._hyper(self.weight_decay, update.variables[0].dtype),
+            self._number(self.weight_decay, update.variables[0].dtype),
             **self._ratio_rule,
             gradient_norms=self._given_norms(update),
         )

@@ -150,7 +150,7 @@ class LBSGD(CoupledDecayOptimizer):
         return multi_tensor.trust_ratios(
             update.weights,
             update.gradients,
-            self._hyper(self.weight_decay, update.variables[0].dtype),
+            self._number(self.weight_decay, update.variables[0].dtype),
             **self._LARS_WARMUP,
             gradient_norms=self._given_norms(update),
         )
