@@ -148,7 +148,6 @@ def test_a_one_worker_run_writes_the_run_the_dashboard_reads(
 @pytest.mark.parametrize(
     "change, field",
     [
-        ("workers=2", "workers 1, got 2"),
         ("allreduce.compression=topk", "allreduce.compression"),
         ("sync.mode=local_sgd", "sync.mode"),
         ("lr_scaling={rule: adascale, base_batch: 32}", "lr_scaling.rule"),
@@ -166,7 +165,17 @@ def test_what_needs_tensorflow_is_refused_naming_the_field_and_the_backend(chang
         assert field in str(error.value)
 
 
-def test_a_launch_on_jax_with_two_workers_is_refused_before_anything_starts(
+def test_two_workers_are_refused_on_torch_alone_naming_the_field_and_the_backend():
+    from toolkit.config import ConfigError, load
+    from toolkit.config_rules import check_backend
+
+    config = load(ROOT / "experiments/quickstart.yaml", ["workers=2"])
+    check_backend(config, "jax")  # JAX's own engine: tests/test_jax_workers.py
+    with pytest.raises(ConfigError, match="KERAS_BACKEND=torch .* needs workers 1, got 2"):
+        check_backend(config, "torch")
+
+
+def test_a_launch_on_torch_with_two_workers_is_refused_before_anything_starts(
     tmp_path, subprocess_env
 ):
     from conftest import run_cli
@@ -174,10 +183,10 @@ def test_a_launch_on_jax_with_two_workers_is_refused_before_anything_starts(
     result = run_cli(
         ["launch", "experiments/quickstart.yaml", "--np", "2"],
         tmp_path / "runs",
-        env={**subprocess_env, "KERAS_BACKEND": "jax"},
+        env={**subprocess_env, "KERAS_BACKEND": "torch"},
     )
     assert result.returncode != 0
-    assert "KERAS_BACKEND=jax" in result.stderr and "workers 1, got 2" in result.stderr
+    assert "KERAS_BACKEND=torch" in result.stderr and "workers 1, got 2" in result.stderr
     assert not any((tmp_path / "runs").glob("*/config.yaml"))
 
 

@@ -152,12 +152,12 @@ def test_trust_ratios_report_the_trust_ratio():
     rng = np.random.default_rng(4)
     kernel = keras.Variable(rng.standard_normal((4, 4)).astype("float32"), name="k")
     grad = rng.standard_normal((4, 4)).astype("float32")
-    opt = LARS(trust_coefficient=0.01, weight_decay=0.1)
-    opt.build([kernel])
     wn, gn = np.linalg.norm(kernel.numpy()), np.linalg.norm(grad)
-    assert opt.trust_ratios([grad], [kernel]) == {
-        "k": pytest.approx(0.01 * wn / (gn + 0.1 * wn), rel=1e-5)
-    }
+    expected = {"k": pytest.approx(0.01 * wn / (gn + 0.1 * wn), rel=1e-5)}
+    opt = LARS(trust_coefficient=0.01, weight_decay=0.1)
+    assert opt.trust_ratios([grad], [kernel]) == expected  # before it is built, too
+    opt.build([kernel])
+    assert opt.trust_ratios([grad], [kernel]) == expected
 
 
 def test_the_ratios_of_the_latest_update_are_kept_outside_the_optimizer_state():

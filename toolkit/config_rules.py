@@ -40,18 +40,21 @@ def check(config: ExperimentConfig) -> None:
 
 def check_backend(config: ExperimentConfig, backend: str) -> None:
     """Raise :class:`~toolkit.errors.ConfigError`, naming the field and ``backend``, where
-    ``config`` needs what only Keras's TensorFlow backend runs: Horovod's allreduce (more than
-    one worker, an elastic world, a compressed or averaged exchange, an adaptive batch's
-    accumulation in it) and AdaScale, whose rate the compiled step reads from state set by a
-    callback (a jitted JAX step would keep the first value). The rest runs on one worker on
-    every backend. Checked before anything starts: by the launcher, for the backend its
-    workers will get (:func:`toolkit.backends.requested`), and by ``train``."""
+    ``config`` needs what only Keras's TensorFlow backend runs: Horovod's gradient allreduce (an
+    elastic world, a compressed or averaged exchange, an adaptive batch's accumulation in it;
+    and on PyTorch more than one worker, which JAX's own engine gives JAX,
+    :mod:`toolkit.parallel.jax_engine`) and AdaScale, whose rate the compiled step reads from
+    state set by a callback (a jitted JAX step would keep the first value). Checked before
+    anything starts: by the launcher, for the backend its workers will get
+    (:func:`toolkit.backends.requested`), and by ``train``."""
     if backend == "tensorflow":
         return
+    several = "; several workers on jax go through JAX's engine" if backend == "jax" else ""
     _refuse_first(
-        f"KERAS_BACKEND={backend} (Horovod's allreduce and AdaScale run on tensorflow only)",
+        f"KERAS_BACKEND={backend} (Horovod's allreduce and AdaScale run on tensorflow "
+        f"only{several})",
         (
-            (config.workers > 1, f"workers 1, got {config.workers}"),
+            (config.workers > 1 and backend != "jax", f"workers 1, got {config.workers}"),
             (config.elastic is not None, "no elastic section"),
             (
                 config.allreduce.codec is not codecs.DENSE,

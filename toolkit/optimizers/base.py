@@ -54,6 +54,7 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
 
     moved_momentum: Hyperparameter | None = None  # see take_momentum
     _gradient_norms = None  # see use_gradient_norms
+    _one_dtype = False  # built over variables of one dtype (see build)
     multi_tensor = True
     """On PyTorch, update every variable at once (:meth:`_update_all`, multi-tensor kernels, as
     Keras's own SGD does there); ``False``: Keras's loop of :meth:`update_step` per variable,
@@ -142,7 +143,7 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
         """Whether updates run :meth:`_update_all`: on PyTorch, with :attr:`multi_tensor`,
         over variables of one dtype, unless a momentum schedule is at 0 now (PyTorch's kernel
         keeps no buffer then, and the velocities must still move)."""
-        if not (self.multi_tensor and self._one_dtype and keras.backend.backend() == "torch"):
+        if not (self.multi_tensor and keras.backend.backend() == "torch" and self._one_dtype):
             return False
         return not (callable(self.momentum) and self._number(self.momentum, "float32") == 0)
 
@@ -214,7 +215,7 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
         """:meth:`trust_ratio_tensors` (defined by LARS and LBSGD) as floats, keyed by variable
         path: eager, for logging, plots and notebooks."""
         ratios = self.trust_ratio_tensors(gradients, variables)
-        return {path: float(ratio) for path, ratio in ratios.items()}
+        return {path: float(ops.convert_to_numpy(r)) for path, r in ratios.items()}
 
     def _hyper(self, value: Hyperparameter, dtype):
         return value_at(value, self._iterations, dtype)

@@ -98,6 +98,12 @@ def ratio_from_norms(
     return ops.clip(ratio, *bounds) if bounds != (-math.inf, math.inf) else ratio
 
 
+NONE_YET = -1.0
+"""What :class:`AppliedRatios` holds for a variable no update has given a ratio yet (a ratio is
+never negative), read as NaN: not NaN itself, which JAX's check that every worker creates the
+same variable (several workers) cannot compare."""
+
+
 class AppliedRatios:
     """The ratio the latest update applied to each of some variables, for logging (NaN before
     the first update). Kept in one vector outside the optimizer's tracked variables, so
@@ -122,13 +128,13 @@ class AppliedRatios:
         if keras.backend.backend() == "jax":
             self._ratios = optimizer.add_variable(
                 (len(indices),),
-                keras.initializers.Constant(math.nan),
+                keras.initializers.Constant(NONE_YET),
                 self._dtype,
                 name="applied_trust_ratios",
             )
         else:
             self._ratios = keras.Variable(
-                ops.full((len(indices),), math.nan, self._dtype), trainable=False
+                ops.full((len(indices),), NONE_YET, self._dtype), trainable=False
             )
         self._pending = {}
         self._whole = None
@@ -167,4 +173,8 @@ class AppliedRatios:
 
     def read(self) -> dict[str, float]:
         """The latest ratios, keyed by variable path."""
-        return dict(zip(self._paths, ops.convert_to_numpy(self._ratios).tolist(), strict=True))
+        ratios = ops.convert_to_numpy(self._ratios).tolist()
+        return {
+            path: math.nan if ratio == NONE_YET else ratio
+            for path, ratio in zip(self._paths, ratios, strict=True)
+        }

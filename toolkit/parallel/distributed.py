@@ -95,6 +95,10 @@ def init() -> None:
     if hvd.is_initialized():
         return
     hvd.init()
+    if hvd.size() > 1 and keras.backend.backend() == "jax":
+        from toolkit.parallel import jax_engine
+
+        jax_engine.start(hvd.rank(), hvd.size(), lambda value: hvd.broadcast_object(value, 0))
     gpu = gpu_for_worker(hvd.local_rank(), hvd.local_size(), tf.config.list_physical_devices("GPU"))
     if gpu is not None:
         try:
@@ -137,9 +141,10 @@ def elastic() -> bool:
 
 
 def collective_gradients() -> bool:
-    """Whether gradients need collectives: more than one worker now, or an elastic run, which
-    may grow while it trains."""
-    return size() > 1 or elastic()
+    """Whether gradients need Horovod's collectives: more than one worker now, or an elastic
+    run, which may grow while it trains; on TensorFlow (on JAX, JAX's engine averages them in
+    the compiled step: :mod:`toolkit.parallel.jax_engine`)."""
+    return (size() > 1 or elastic()) and keras.backend.backend() == "tensorflow"
 
 
 def rank() -> int:
@@ -482,8 +487,9 @@ def check_model(model: keras.Model) -> None:
     """Raise ``ValueError`` if the compiled ``model`` cannot train with more than one worker:
     XLA (``jit_compile=True``), or a ``LossScaleOptimizer`` (added by ``compile`` under
     ``mixed_float16``) around a distributed optimizer, whose local finite check would let
-    workers disagree on which steps to apply and hang. A no-op with one worker."""
-    if size() == 1:
+    workers disagree on which steps to apply and hang. A no-op with one worker, and on JAX,
+    whose engine is XLA's."""
+    if not collective_gradients():
         return
     if model.jit_compile:
         raise ValueError(
@@ -522,9 +528,15 @@ def broadcast_variables(
 def broadcast_values(variables: list[keras.Variable], root_rank: int = 0) -> None:
     """Assign rank ``root_rank``'s values to ``variables`` (Keras 3 or TensorFlow variables)
     on every worker: one grouped broadcast. A no-op with one worker."""
-    if size() > 1:
-        values = [v.value if isinstance(v, keras.Variable) else v for v in variables]
-        hvd.broadcast_variables(values, root_rank=root_rank)
+    if size() == 1:
+        return
+    if keras.backend.backend() == "jax":  # every worker assigns its part of the global values
+        values = broadcast_object([keras.ops.convert_to_numpy(v) for v in variables], root_rank)
+        for variable, value in zip(variables, values, strict=True):
+            variable.assign(value)
+        return
+    values = [v.value if isinstance(v, keras.Variable) else v for v in variables]
+    hvd.broadcast_variables(values, root_rank=root_rank)
 
 
 class BroadcastInitialState(keras.callbacks.Callback):

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from toolkit import backends
 from toolkit.optimizers import unwrapped
+from toolkit.parallel import jax_engine
 from toolkit.parallel.distributed import allgather_rows
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints
@@ -440,14 +441,18 @@ class Checkpointer(keras.callbacks.Callback):
     def _save(self, position: checkpoints.Position, mid_epoch: bool = False) -> None:
         residuals = self.gather() if self.gather is not None else None
         if self.directory is not None:
-            checkpoints.save(
-                self.directory,
-                self.model,
-                position,
-                residuals=residuals,
-                state=self.state,
-                mid_epoch=mid_epoch,
-            )
+            with jax_engine.alone():
+                self._write(position, residuals, mid_epoch)
+
+    def _write(self, position, residuals, mid_epoch: bool) -> None:
+        checkpoints.save(
+            self.directory,
+            self.model,
+            position,
+            residuals=residuals,
+            state=self.state,
+            mid_epoch=mid_epoch,
+        )
 
 
 class SystemLogger(keras.callbacks.Callback):

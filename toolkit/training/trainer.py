@@ -29,7 +29,7 @@ import tensorflow as tf
 from toolkit import backends
 from toolkit.config import ExperimentConfig
 from toolkit.optimizers import applies_trust_ratios
-from toolkit.parallel import distributed, elastic, noise_meter
+from toolkit.parallel import distributed, elastic, jax_engine, noise_meter
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints, processes
 from toolkit.runs.events import EventWriter, read_events, truncate_after
@@ -47,6 +47,11 @@ from toolkit.training.experiment import (
     load_dataset,
     test_batches,
     train_batches,
+)
+
+NO_NOISE_SCALE_ON_JAX = (
+    "the gradient noise scale is not measured: with several workers on JAX, JAX's engine "
+    "averages the gradients inside the compiled step, where no hook sees each worker's"
 )
 
 
@@ -152,9 +157,13 @@ class Trainer:
             print(f"checkpoint {checkpoint.name} is damaged, passed over: {problem}", flush=True)
         if rank0 and latest is None:
             raise FileNotFoundError(f"--resume: {checkpoints.none_intact(checkpoint_dir, damaged)}")
+        if jax_engine.joined():  # assignments are collective there: every worker loads it
+            name = distributed.broadcast_object(latest.name if latest is not None else None)
+            latest = checkpoint_dir / name if name is not None else None
         if latest is not None:
             position = checkpoints.restore(latest, self.model, self.state)
-            print(f"resuming from checkpoint {latest.name} (step {position.step})", flush=True)
+            if rank0:
+                print(f"resuming from checkpoint {latest.name} (step {position.step})", flush=True)
         if distributed.elastic():  # no collective: its state's first sync gives rank 0's
             residuals = checkpoints.residuals(latest) if latest is not None else None
         else:
@@ -265,7 +274,11 @@ class Trainer:
         # the noise scale: from the meter's norms (the allreduce hook's with several workers, so
         # none with one worker of an elastic run: its hook has one gradient; one worker's under
         # AdaScale), else from two half batches
-        if meter is None:
+        if meter is None and plan.world_size > 1:  # JAX's engine: no hook sees each gradient
+            measurable = False
+            if writer and plan.noise_every:
+                print(NO_NOISE_SCALE_ON_JAX, flush=True)
+        elif meter is None:
             measurable = plan.noise_batch >= 2
         else:
             measurable = plan.world_size > 1 or isinstance(meter, callbacks.HalfBatchMeter)
