@@ -1,7 +1,9 @@
 """Two workers on Keras's JAX backend through JAX's own engine (``toolkit/parallel/jax_engine.py``),
 launched as any run is (real ``horovodrun``, 2 Gloo workers on this machine): the run a one-worker
 run at the same global batch is, step for step; resumed from a checkpoint, the run it would have
-been; the noise scale said to be unmeasured. Cost: about 60 s (3 short runs on 2 cores)."""
+been; the noise scale said to be unmeasured; and the same run on two hosts over ssh and as a
+Slurm job of two nodes, on the namespace cluster. Cost: about 100 s (5 short runs on 2
+cores)."""
 
 from __future__ import annotations
 
@@ -24,15 +26,16 @@ STEPS = EPOCHS * 4000 // 32  # global batch 32: 2 workers of 16, or 1 of 32
 
 @pytest.fixture(scope="module")
 def on_jax(tmp_path_factory):
-    """Launch on JAX: ``launch(id, *changes)`` starts the quickstart, shortened, with its
-    workers' ``KERAS_BACKEND=jax``, and returns its run."""
+    """Launch on JAX: ``launch(id, *changes, **where)`` starts the quickstart, shortened, with
+    its workers' ``KERAS_BACKEND=jax`` (``where``: :func:`launch`'s hosts or slurm), and returns
+    its run. The runs root is on the file system the cluster's hosts share."""
     root = tmp_path_factory.mktemp("jax-runs")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("KERAS_BACKEND", "jax")
 
-        def launch(run_id: str, *changes: str):
+        def launch(run_id: str, *changes: str, **where):
             config = load(ROOT / "experiments/quickstart.yaml", [*SHORT, *changes])
-            return launcher.launch(config, runs_root_dir=root, run_id=run_id)
+            return launcher.launch(config, runs_root_dir=root, run_id=run_id, **where)
 
         yield launch
 
@@ -87,3 +90,16 @@ def test_a_stopped_two_worker_run_resumes_into_the_run_it_would_have_been(two_an
     ):
         for key in want.files:  # step counter, velocities and trust ratios, bit for bit
             np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_the_same_run_on_two_hosts_and_as_a_two_node_slurm_job(two_and_one, on_jax, slurm_hosts):
+    two, _ = two_and_one
+    runs = [
+        on_jax("hosts", "workers=2", "batch.per_worker=16", hosts="lbl-h1:1,lbl-h2:1"),
+        on_jax("slurm", "batch.per_worker=16", "slurm={nodes: 2}", np=2, slurm=True),
+    ]
+    for run in runs:
+        assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+        workers = [p for p in run.recorded_status()["processes"] if p["role"] == "worker"]
+        assert sorted(p["host"] for p in workers) == ["lbl-h1", "lbl-h2"], workers
+        np.testing.assert_allclose(train_losses(run), train_losses(two), rtol=1e-6)
