@@ -15,7 +15,7 @@ from conftest import ROOT
 
 from toolkit import optimizers
 from toolkit.optimizers import kernels
-from toolkit.optimizers.trust_ratio import layer_trust_ratio
+from toolkit.optimizers.trust_ratio import RatioRule, layer_trust_ratio
 
 # Odd sizes: a vector tail, several of the trust ratio's 32,768-element chunks, many threads.
 SHAPES = [(7,), (301, 1001)]
@@ -114,16 +114,14 @@ def test_trust_ratio_matches_its_formula(case, shape, zero):
             (w if zero == "w" else g)[...] = 0
         expected = numpy_trust_ratio(w, g, 5e-4, **options)
         variable = keras.Variable(w)
-        got = layer_trust_ratio(
-            variable,
-            tf.constant(g),
-            tf.constant(5e-4),
+        rule = RatioRule(
             power=options["power"],
             epsilon=options["eps"],
             coefficient=options["coefficient"],
             unit_at_zero=options["unit_at_zero"],
             bounds=options["bounds"],
         )
+        got = layer_trust_ratio(variable, tf.constant(g), tf.constant(5e-4), rule)
         np.testing.assert_allclose(float(got), expected, rtol=1e-6)
 
 
@@ -131,11 +129,11 @@ def test_trust_ratio_does_not_depend_on_the_number_of_threads():
     script = (
         "import tensorflow as tf, numpy as np, keras\n"
         "tf.config.threading.set_intra_op_parallelism_threads({threads})\n"
-        "from toolkit.optimizers.trust_ratio import layer_trust_ratio\n"
+        "from toolkit.optimizers.trust_ratio import RatioRule, layer_trust_ratio\n"
         "rng = np.random.default_rng(2)\n"
         "w, g = (rng.standard_normal(1_000_003).astype('float32') for _ in range(2))\n"
         "print(float(layer_trust_ratio(keras.Variable(w), tf.constant(g), 1e-4,"
-        " power=2).numpy().view('uint32')))\n"
+        " RatioRule(power=2)).numpy().view('uint32')))\n"
     )
     bits = {
         subprocess.run(

@@ -182,6 +182,29 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
             weight_decay=self._number(self.weight_decay, dtype) if decay else 0.0,
         )
 
+    def _trust_ratios_all(self, update, rule):
+        """The trust ratios by ``rule`` (a :class:`~toolkit.optimizers.trust_ratio.RatioRule`)
+        of ``update``'s variables, as one vector."""
+        from toolkit.optimizers import multi_tensor
+
+        weight_decay = self._number(self.weight_decay, update.variables[0].dtype)
+        norms = self._given_norms(update)
+        return multi_tensor.trust_ratios(
+            update.weights, update.gradients, weight_decay, rule, norms
+        )
+
+    def _ratios_as_updated(self, gradients, variables, rule, per_variable) -> list:
+        """The trust ratios by ``rule`` of ``variables`` for ``gradients``, as an update
+        computes them: from one vector where it updates every variable at once, else
+        ``per_variable(gradient, variable)`` for each."""
+        if self._updates_all_at_once():
+            from toolkit.optimizers.multi_tensor import Update
+
+            update = Update.of(self, gradients, variables)
+            return list(self._trust_ratios_all(update, rule).unbind())
+        pairs = zip(gradients, variables, strict=True)
+        return [per_variable(ops.cast(g, v.dtype), v) for g, v in pairs]
+
     def _backend_increment_gradient_accumulators(self, grads, acc_grads):
         """Keras's, by one multi-tensor add on PyTorch (as Keras's own SGD does there)."""
         if not self._updates_all_at_once():

@@ -10,7 +10,7 @@ from keras import ops
 
 from toolkit.optimizer_rules import check_lars
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
-from toolkit.optimizers.trust_ratio import AppliedRatios, layer_trust_ratio
+from toolkit.optimizers.trust_ratio import AppliedRatios, RatioRule, layer_trust_ratio
 
 
 @keras.saving.register_keras_serializable(package="toolkit")
@@ -92,39 +92,21 @@ class LARS(CoupledDecayOptimizer):
         pairs = [(g, v) for g, v in zip(gradients, variables, strict=True) if self.is_adapted(v)]
         if not pairs:
             return {}
-        if self._updates_all_at_once():
-            from toolkit.optimizers.multi_tensor import Update
-
-            local = self._local_rates_all(Update.of(self, *zip(*pairs, strict=True))).unbind()
-        else:
-            local = [self._local_rate(ops.cast(g, v.dtype), v) for g, v in pairs]
-        return {v.path: ratio for (_, v), ratio in zip(pairs, local, strict=True)}
-
-    def _local_rates_all(self, update):
-        """The ``local`` ratios of ``update``'s variables (all adapted), as one vector."""
-        from toolkit.optimizers import multi_tensor
-
-        return multi_tensor.trust_ratios(
-            update.weights,
-            update.gradients,
-            self._number(self.weight_decay, update.variables[0].dtype),
-            **self._ratio_rule,
-            gradient_norms=self._given_norms(update),
-        )
+        gradients, variables = zip(*pairs, strict=True)
+        local = self._ratios_as_updated(gradients, variables, self._ratio_rule, self._local_rate)
+        return {v.path: ratio for v, ratio in zip(variables, local, strict=True)}
 
     @property
-    def _ratio_rule(self) -> dict:
-        """How ``local`` is read from the norms (:func:`layer_trust_ratio`'s arguments)."""
-        return {
-            "epsilon": self.epsilon,
-            "coefficient": self.trust_coefficient,
-            "unit_at_zero": True,
-        }
+    def _ratio_rule(self) -> RatioRule:
+        """How ``local`` is read from the norms."""
+        return RatioRule(
+            epsilon=self.epsilon, coefficient=self.trust_coefficient, unit_at_zero=True
+        )
 
     def _local_rate(self, gradient, variable, grad_norm=None):
         weight_decay = self._hyper(self.weight_decay, variable.dtype)
         return layer_trust_ratio(
-            variable, gradient, weight_decay, **self._ratio_rule, grad_norm=grad_norm
+            variable, gradient, weight_decay, self._ratio_rule, grad_norm=grad_norm
         )
 
     def update_step(self, gradient, variable, learning_rate):
@@ -152,7 +134,7 @@ class LARS(CoupledDecayOptimizer):
         update = update.part(adapted)
         if not len(update):
             return
-        local = self._local_rates_all(update)
+        local = self._trust_ratios_all(update, self._ratio_rule)
         self._applied_ratios.record_all(update.indices, local)
         rates = learning_rate * local
         if self.clip:

@@ -8,7 +8,7 @@ from keras import ops
 from toolkit.optimizer_rules import check_lbsgd
 from toolkit.optimizers.base import CoupledDecayOptimizer, Hyperparameter
 from toolkit.optimizers.schedules import warmup_ramp
-from toolkit.optimizers.trust_ratio import AppliedRatios, layer_trust_ratio
+from toolkit.optimizers.trust_ratio import AppliedRatios, RatioRule, layer_trust_ratio
 
 
 @keras.saving.register_keras_serializable(package="toolkit")
@@ -116,14 +116,14 @@ class LBSGD(CoupledDecayOptimizer):
     def applies_trust_ratios(self) -> bool:
         return self.warmup_strategy == "lars"
 
-    _LARS_WARMUP = {"power": 2, "epsilon": 1e-18, "bounds": (0.01, 100.0)}
+    _LARS_WARMUP = RatioRule(power=2, epsilon=1e-18, bounds=(0.01, 100.0))
     """The ``lars`` strategy's trust ratio: MXNet's ``sqrt(||w||^2 / (||g||^2 + wd * ||w||^2 +
     1e-18))``, clipped to [0.01, 100]."""
 
     def _lars_multiplier(self, gradient, variable, grad_norm=None):
         weight_decay = self._hyper(self.weight_decay, variable.dtype)
         return layer_trust_ratio(
-            variable, gradient, weight_decay, **self._LARS_WARMUP, grad_norm=grad_norm
+            variable, gradient, weight_decay, self._LARS_WARMUP, grad_norm=grad_norm
         )
 
     def trust_ratio_tensors(self, gradients, variables) -> dict:
@@ -131,29 +131,10 @@ class LBSGD(CoupledDecayOptimizer):
         path, as scalar tensors (see :meth:`trust_ratios`)."""
         if self.warmup_strategy != "lars":
             raise ValueError("trust ratios exist only with warmup_strategy='lars'")
-        if self._updates_all_at_once():
-            from toolkit.optimizers.multi_tensor import Update
-
-            multipliers = self._lars_multipliers_all(Update.of(self, gradients, variables))
-            multipliers = multipliers.unbind()
-        else:
-            multipliers = [
-                self._lars_multiplier(ops.cast(g, v.dtype), v)
-                for g, v in zip(gradients, variables, strict=True)
-            ]
-        return {v.path: m for v, m in zip(variables, multipliers, strict=True)}
-
-    def _lars_multipliers_all(self, update):
-        """The ``lars`` strategy's multipliers of ``update``'s variables, as one vector."""
-        from toolkit.optimizers import multi_tensor
-
-        return multi_tensor.trust_ratios(
-            update.weights,
-            update.gradients,
-            self._number(self.weight_decay, update.variables[0].dtype),
-            **self._LARS_WARMUP,
-            gradient_norms=self._given_norms(update),
+        multipliers = self._ratios_as_updated(
+            gradients, variables, self._LARS_WARMUP, self._lars_multiplier
         )
+        return {v.path: m for v, m in zip(variables, multipliers, strict=True)}
 
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype
@@ -170,7 +151,7 @@ class LBSGD(CoupledDecayOptimizer):
         """:meth:`update_step`'s rule on every variable at once (PyTorch, multi-tensor): the
         ``lars`` multipliers from one vector."""
         if self.warmup_strategy == "lars":
-            multipliers = self._lars_multipliers_all(update)
+            multipliers = self._trust_ratios_all(update, self._LARS_WARMUP)
             self._applied_ratios.record_all(update.indices, multipliers)
             rates = (learning_rate * multipliers).tolist()
         else:

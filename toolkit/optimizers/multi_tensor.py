@@ -24,12 +24,11 @@ wait for the device per update, as Keras's own SGD waits for its rate.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from toolkit.optimizers.trust_ratio import ratio_from_norms
+from toolkit.optimizers.trust_ratio import RatioRule
 
 
 def like(value, weight: torch.Tensor) -> torch.Tensor:
@@ -144,33 +143,13 @@ def heavy_ball(
 
 
 @torch.no_grad()
-def trust_ratios(
-    weights,
-    gradients,
-    weight_decay,
-    *,
-    power: int = 1,
-    epsilon: float = 0.0,
-    coefficient: float = 1.0,
-    unit_at_zero: bool = False,
-    bounds: tuple[float, float] = (-math.inf, math.inf),
-    gradient_norms=None,
-) -> torch.Tensor:
-    """Every variable's :func:`~toolkit.optimizers.trust_ratio.layer_trust_ratio` as one
-    vector, in order: two multi-tensor norms, then a few vector operations.
+def trust_ratios(weights, gradients, weight_decay, rule: RatioRule, gradient_norms=None):
+    """Every variable's :func:`~toolkit.optimizers.trust_ratio.layer_trust_ratio` by ``rule``
+    as one vector, in order: two multi-tensor norms, then a few vector operations.
     ``gradient_norms``, if given, are taken as the ``||g||`` (``gradients`` are then not
     read)."""
     weight_norms = torch.stack(torch._foreach_norm(weights))
     if gradient_norms is None:
         gradient_norms = torch._foreach_norm(gradients)
     gradient_norms = torch.stack([torch.as_tensor(n) for n in gradient_norms]).to(weight_norms)
-    return ratio_from_norms(
-        weight_norms,
-        gradient_norms,
-        weight_decay,
-        power=power,
-        epsilon=epsilon,
-        coefficient=coefficient,
-        unit_at_zero=unit_at_zero,
-        bounds=bounds,
-    )
+    return rule.of_norms(weight_norms, gradient_norms, weight_decay)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import keras
@@ -26,27 +27,41 @@ def trust_ratio(weight_norm, grad_norm, weight_decay, *, power: int = 1, epsilon
     raise ValueError(f"trust_ratio power must be 1 or 2, got {power}")
 
 
-def layer_trust_ratio(
-    variable,
-    gradient,
-    weight_decay,
-    *,
-    power: int = 1,
-    epsilon: float = 0.0,
-    coefficient: float = 1.0,
-    unit_at_zero: bool = False,
-    bounds: tuple[float, float] = (-math.inf, math.inf),
-    grad_norm=None,
-):
-    """The ratio an optimizer applies to ``variable`` for ``gradient``, as a scalar tensor::
+@dataclasses.dataclass(frozen=True)
+class RatioRule:
+    """How a trust ratio is read from the norms ``||w||`` and ``||g||``::
 
-        ratio = coefficient * trust_ratio(||w||, ||g||, weight_decay, power, epsilon)
-        ratio = 1                      where unit_at_zero and ||w|| or ||g|| is not > 0
-        ratio = clip(ratio, *bounds)
+    ratio = coefficient * trust_ratio(||w||, ||g||, weight_decay, power, epsilon)
+    ratio = 1                      where unit_at_zero and ||w|| or ||g|| is not > 0
+    ratio = clip(ratio, *bounds)
+    """
+
+    power: int = 1
+    epsilon: float = 0.0
+    coefficient: float = 1.0
+    unit_at_zero: bool = False
+    bounds: tuple[float, float] = (-math.inf, math.inf)
+
+    def of_norms(self, weight_norm, grad_norm, weight_decay):
+        """The ratio from the norms: scalars, or vectors of one norm per variable."""
+        ratio = self.coefficient * trust_ratio(
+            weight_norm, grad_norm, weight_decay, power=self.power, epsilon=self.epsilon
+        )
+        if self.unit_at_zero:
+            both_positive = ops.logical_and(weight_norm > 0, grad_norm > 0)
+            ratio = ops.where(both_positive, ratio, ops.ones_like(ratio))
+        unbounded = self.bounds == (-math.inf, math.inf)
+        return ratio if unbounded else ops.clip(ratio, *self.bounds)
+
+
+def layer_trust_ratio(variable, gradient, weight_decay, rule=RatioRule(), *, grad_norm=None):
+    """The ratio an optimizer applies to ``variable`` for ``gradient`` by ``rule``, as a
+    scalar tensor.
 
     On a CPU variable with the fused library (``fused_kernels.cc``) this is one kernel making
-    one parallel pass over ``w`` and ``g``, computed in double; otherwise the ops above.
-    ``grad_norm``, if given, is taken as ``||g||`` (``gradient`` is then not read).
+    one parallel pass over ``w`` and ``g``, computed in double; otherwise the norms, then
+    :meth:`RatioRule.of_norms`. ``grad_norm``, if given, is taken as ``||g||`` (``gradient``
+    is then not read).
     """
     fused = fused_kernels_for(variable) if grad_norm is None else None
     if fused is not None:
@@ -55,47 +70,16 @@ def layer_trust_ratio(
             var=variable,
             grad=gradient,
             weight_decay=ops.cast(weight_decay, dtype),
-            epsilon=ops.cast(epsilon, dtype),
-            coefficient=ops.cast(coefficient, dtype),
-            power=power,
-            unit_at_zero=unit_at_zero,
-            min_ratio=bounds[0],
-            max_ratio=bounds[1],
+            epsilon=ops.cast(rule.epsilon, dtype),
+            coefficient=ops.cast(rule.coefficient, dtype),
+            power=rule.power,
+            unit_at_zero=rule.unit_at_zero,
+            min_ratio=rule.bounds[0],
+            max_ratio=rule.bounds[1],
         )
     weight_norm = l2_norm(variable)
     grad_norm = l2_norm(gradient) if grad_norm is None else ops.cast(grad_norm, weight_norm.dtype)
-    return ratio_from_norms(
-        weight_norm,
-        grad_norm,
-        weight_decay,
-        power=power,
-        epsilon=epsilon,
-        coefficient=coefficient,
-        unit_at_zero=unit_at_zero,
-        bounds=bounds,
-    )
-
-
-def ratio_from_norms(
-    weight_norm,
-    grad_norm,
-    weight_decay,
-    *,
-    power: int,
-    epsilon: float,
-    coefficient: float,
-    unit_at_zero: bool,
-    bounds: tuple[float, float],
-):
-    """:func:`layer_trust_ratio`'s rule from the norms ``||w||`` and ``||g||`` (scalars, or
-    vectors of one norm per variable)."""
-    ratio = coefficient * trust_ratio(
-        weight_norm, grad_norm, weight_decay, power=power, epsilon=epsilon
-    )
-    if unit_at_zero:
-        both_positive = ops.logical_and(weight_norm > 0, grad_norm > 0)
-        ratio = ops.where(both_positive, ratio, ops.ones_like(ratio))
-    return ops.clip(ratio, *bounds) if bounds != (-math.inf, math.inf) else ratio
+    return rule.of_norms(weight_norm, grad_norm, weight_decay)
 
 
 NONE_YET = -1.0
