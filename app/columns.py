@@ -18,6 +18,7 @@ RUN_COLUMNS = {
     "optimizer": st.column_config.TextColumn("optimizer"),
     "global_batch": st.column_config.NumberColumn("global batch", format="%d"),
     "workers": st.column_config.NumberColumn("workers", format="%d"),
+    "backend": st.column_config.TextColumn("backend", help="the Keras backend its workers run"),
     "where": st.column_config.TextColumn("where"),
     "tags": st.column_config.ListColumn("tags"),
     "started": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm:ss"),

@@ -414,7 +414,8 @@ def test_launch_preset_through_the_launcher(root, launches):
     assert not at.exception
     ((config, kwargs),) = launches
     preset = config_lib.load(ROOT / "experiments" / "large_batch_lars.yaml")
-    assert kwargs == {"runs_root_dir": root, "run_id": None}  # no run id given: a new one
+    # no run id given: a new one; the backend this app's workers would get (none chosen)
+    assert kwargs == {"runs_root_dir": root, "run_id": None, "backend": "tensorflow"}
     assert config.optimizer.name == "lars" and config.optimizer.params["momentum"] == 0.95
     assert config.epochs == 3
     assert config.model_dump(exclude={"epochs", "optimizer"}) == preset.model_dump(
@@ -423,6 +424,21 @@ def test_launch_preset_through_the_launcher(root, launches):
     assert config.optimizer.params == {**preset.optimizer.params, "momentum": 0.95}
     assert at.session_state["current_run"] == "large-batch-lars-fake1"
     assert "large\\-batch\\-lars\\-fake1" in at.success[0].value
+
+
+def test_launch_backend_is_a_choice_checked_before_anything_starts(root, launches):
+    at = launch_page()
+    by_label(at.number_input, "Workers").set_value(2)
+    by_label(at.selectbox, "Keras backend").set_value("torch").run()
+    (refused,) = [e.value for e in at.error if "keras\\_backend" in e.value]
+    assert "KERAS\\_BACKEND\\=torch" in refused and "needs workers 1\\, got 2" in refused
+    by_label(at.button, "Launch").click().run()
+    assert launches == []
+    by_label(at.selectbox, "Keras backend").set_value("jax").run()  # JAX's own engine
+    assert not at.error
+    by_label(at.button, "Launch").click().run()
+    ((config, kwargs),) = launches
+    assert kwargs["backend"] == "jax" and config.workers == 2
 
 
 def test_launch_form_sets_dgcs_switches(root, launches):

@@ -219,3 +219,14 @@ def test_the_keras_gpu_check_runs_on_the_cpu(tmp_path, subprocess_env):
         assert (frame.filter(["seconds", "images_per_second"]).to_numpy() > 0).all(), name
         assert frame.device.notna().all()
     assert summary.count("| keras SGD momentum=0.9") == 4
+
+
+def test_a_launch_on_a_backend_keras_has_not_is_refused_naming_the_ones_it_has(tmp_path):
+    from toolkit.config import ConfigError
+    from toolkit.launching import launch as launcher
+
+    with pytest.raises(ConfigError, match="one of tensorflow, jax, torch, got 'mxnet'"):
+        launcher.launch(
+            ROOT / "experiments/quickstart.yaml", runs_root_dir=tmp_path, backend="mxnet"
+        )
+    assert not list(tmp_path.iterdir())

@@ -17,6 +17,7 @@ from test_train import stop_after_the_first_checkpoint_and_resume, wait
 from toolkit.config import load
 from toolkit.launching import launch as launcher
 from toolkit.runs.events import read_events
+from toolkit.runs.table import summary
 from toolkit.training.trainer import NO_NOISE_SCALE_ON_JAX
 
 EPOCHS = 6
@@ -61,6 +62,7 @@ def test_two_workers_train_as_one_worker_of_their_global_batch(two_and_one):
     two, one = two_and_one
     assert two.meta()["versions"]["keras_backend"] == "jax" and two.meta()["world_size"] == 2
     assert two.status()["world_size"] == 2 and one.status()["world_size"] == 1
+    assert summary(two)["backend"] == "jax"  # the runs table's column
     losses, alone = train_losses(two), train_losses(one)
     assert losses.index.tolist() == alone.index.tolist() == list(range(10, STEPS + 1, 10))
     # the same mean over the same 32 examples, every update, summed in another order: equal
@@ -77,9 +79,15 @@ def test_the_noise_scale_is_said_not_measured_with_several_workers_on_jax(two_an
     assert NO_NOISE_SCALE_ON_JAX not in one.stdout_path.read_text()
 
 
-def test_a_stopped_two_worker_run_resumes_into_the_run_it_would_have_been(two_and_one, on_jax):
+def test_a_stopped_two_worker_run_resumes_into_the_run_it_would_have_been(
+    two_and_one, on_jax, monkeypatch
+):
+    """Resumed from a shell whose ``KERAS_BACKEND`` is another: it resumes on JAX, the backend
+    it was launched on."""
     two, _ = two_and_one
     run = on_jax("resumed", "workers=2", "batch.per_worker=16")
+    assert run.meta()["keras_backend"] == "jax"
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     stop_after_the_first_checkpoint_and_resume(run)
     log = run.stdout_path.read_text()
     assert re.search(f"resuming from checkpoint epoch-000[1-{EPOCHS - 1}]", log), log[-3000:]

@@ -56,7 +56,10 @@ def test_the_job_script_asks_for_one_task_per_rank_and_execs_the_driver(tmp_path
         }
     )
     run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    run.update_meta(keras_backend="jax")  # the backend it was launched on, whatever the shell's
     script = slurm.job_script(config, run).splitlines()
+    assert "export KERAS_BACKEND=jax" in script
     options = [line.removeprefix("#SBATCH ") for line in script if line.startswith("#SBATCH")]
     assert options == [
         "--open-mode=append",

@@ -35,6 +35,36 @@ def requested() -> str:
         return "tensorflow"
 
 
+BACKENDS = ("tensorflow", "jax", "torch")
+"""Keras's backends, the names ``KERAS_BACKEND`` takes."""
+
+
+def chosen(backend: str | None) -> str:
+    """``backend`` for a launch (``None``: :func:`requested`); ``ValueError`` naming the
+    allowed ones if it is not one of Keras's."""
+    backend = backend or requested()
+    if backend not in BACKENDS:
+        raise ValueError(f"KERAS_BACKEND must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    return backend
+
+
+def of_run(meta: dict) -> str:
+    """The backend a run trains on, from its ``meta.json``: the one it was launched on (its
+    ``keras_backend``; for a run from before that field, the one its workers recorded), else
+    the one a launch from here gets (:func:`requested`). A resumed run's workers get it
+    whatever this process's ``KERAS_BACKEND``: a checkpoint reads back on its own backend."""
+    return recorded(meta) or requested()
+
+
+def recorded(meta: dict) -> str | None:
+    """The backend a run's ``meta.json`` records: the launch's (``keras_backend``), else the
+    one its workers ran (``versions``); ``None`` for a run that records neither."""
+    versions = meta.get("versions")
+    workers = versions.get("keras_backend") if isinstance(versions, dict) else None
+    found = meta.get("keras_backend") or workers
+    return found if found in BACKENDS else None
+
+
 def name() -> str:
     """The Keras backend this process runs: ``tensorflow``, ``jax`` or ``torch``."""
     import keras

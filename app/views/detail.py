@@ -9,7 +9,7 @@ from app import charts, data
 from app.axes import X_AXES, x_values
 from app.charts import Series
 from app.data import md_escape
-from toolkit import advice
+from toolkit import advice, backends
 from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
 from toolkit.plan import Scale
@@ -92,9 +92,10 @@ def setup_line(frame) -> str:
         aim = f", aiming at {adaptive.aim:g} × B_simple" if adaptive.aim != 1 else ""
         steady = f", hysteresis {adaptive.hysteresis:g}" if adaptive.hysteresis else ""
         batch = f"adaptive global batch {adaptive.min:,} to {adaptive.max:,} ({every}{aim}{steady})"
+    on = backends.recorded(run.meta())
     return (
         f"{config.optimizer.name} · {batch} on "
-        f"{counted(config.workers, 'worker')} · {rate} · {schedule} · "
+        f"{counted(config.workers, 'worker')}{f' ({on})' if on else ''} · {rate} · {schedule} · "
         f"{epochs}"
     )
 

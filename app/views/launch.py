@@ -10,7 +10,7 @@ import yaml
 
 from app import calibration, charts, data, form
 from app.data import md_escape
-from toolkit import advice, safe_yaml
+from toolkit import advice, backends, config_rules, safe_yaml
 from toolkit import config as config_lib
 from toolkit.catalog import SCHEDULES
 from toolkit.config import ConfigError, field_errors
@@ -135,7 +135,7 @@ def component(title: str, registry, path: str, section: str, skip=(), more=froze
 
 slots.add("config")
 raw = {}
-top = st.columns([2, 1, 1, 2])
+top = st.columns([2, 1, 1, 1, 2])
 with top[0]:
     raw["name"] = text("Run name", "name")
 with top[1]:
@@ -143,6 +143,16 @@ with top[1]:
 with top[2]:
     raw["workers"] = number("Workers", "workers")
 with top[3]:
+    backend = st.selectbox(
+        "Keras backend",
+        backends.BACKENDS,
+        index=backends.BACKENDS.index(backends.chosen(None)),
+        key=key("keras_backend"),
+        help="what the workers run (their KERAS_BACKEND; default: this app's); several "
+        "workers: tensorflow (Horovod) or jax (JAX's own engine)",
+    )
+    slots.add("keras_backend")
+with top[4]:
     placed = 2 if form.get(given, "slurm") is not None else 1 if form.get(given, "hosts") else 0
     where = st.radio("Where", form.WHERE, index=placed, horizontal=True, key=key("where"))
 raw["hosts"], raw["slurm"] = None, None
@@ -516,8 +526,9 @@ with st.expander("Logging and checkpoints"):
 config, errors = None, dict(local)
 try:
     config = config_lib.from_mapping(raw)
+    config_rules.check_backend(config, backend)
 except ConfigError as error:
-    errors.update(field_errors(error))
+    errors.update(field_errors(error) if config is None else {"keras_backend": str(error)})
 
 st.subheader("Before it starts")
 preview = None
@@ -581,7 +592,9 @@ if st.button("Launch", type="primary"):
         st.error("Nothing was launched: the config is not valid.")
     else:
         try:
-            run = launcher.launch(config, runs_root_dir=data.root(), run_id=run_id or None)
+            run = launcher.launch(
+                config, runs_root_dir=data.root(), run_id=run_id or None, backend=backend
+            )
         except (ConfigError, ValueError, OSError) as error:
             st.error(md_escape(f"Nothing was launched: {error}"))
         else:

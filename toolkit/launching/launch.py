@@ -53,6 +53,7 @@ def launch(
     max_np: int | None = None,
     discovery: str | Path | None = None,
     slurm: dict | bool | None = None,
+    backend: str | None = None,
 ) -> RunDir:
     """Validate ``config`` (a path or an object), have the executor it chooses check that it can
     go there (pre-flight), create its run directory and start it with ``np`` workers
@@ -64,6 +65,8 @@ def launch(
     run's (see :meth:`~toolkit.runs.rundir.RunDir.set_tags`), checked before anything is created.
     ``slurm``: submit the run to Slurm (:mod:`toolkit.launching.slurm`): ``True``, or the fields
     of the config's ``slurm`` section to set (``{"nodes": 2, "time": "1:00:00"}``).
+    ``backend``: the Keras backend its workers run (default: this process's ``KERAS_BACKEND``,
+    :func:`toolkit.backends.requested`), recorded in ``meta.json`` and kept on resume.
     :mod:`toolkit.advice`'s findings are issued as warnings and written to the run's log."""
     labels = {"tags": sorted({rundir.check_tag(t) for t in tags})} if tags else {}
     if notes:
@@ -90,7 +93,11 @@ def launch(
         config = config.model_copy(
             update={"elastic": config.elastic.model_copy(update={"discovery": discovery})}
         )
-    config_rules.check_backend(config, backends.requested())
+    try:
+        backend = backends.chosen(backend)
+    except ValueError as error:
+        raise config_lib.ConfigError(str(error)) from None
+    config_rules.check_backend(config, backend)
     num_train = check_fits_dataset(config)
     findings = advice.warn(config, rates.peak_learning_rate(config, num_train), stacklevel=2)
     executor = registry.choose(config)
@@ -102,6 +109,7 @@ def launch(
     )
     try:
         with run.lock():
+            run.update_meta(keras_backend=backend)  # before the executor, which reads it
             executor.start(run, config, resume=False, meta={**(meta or {}), **labels})
     except OSError as error:  # nothing was started: leave nothing behind
         slots.leave_line(run)
@@ -114,8 +122,9 @@ def launch(
 
 def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir:
     """Continue a stopped or failed run from its latest intact checkpoint, in the same
-    directory, recording which (``resumed_from``) and the damaged ones passed over on the way
-    (``passed_over``: name and what is wrong) in its status."""
+    directory and on the backend it was launched on, recording which (``resumed_from``) and the
+    damaged ones passed over on the way (``passed_over``: name and what is wrong) in its
+    status."""
     run = _as_run(run, runs_root_dir)
     with run.lock():
         state = run.status()["state"]
@@ -126,7 +135,7 @@ def resume(run: RunDir | str, runs_root_dir: str | Path | None = None) -> RunDir
             where = checkpoints.none_intact(run.checkpoints_path, damaged)
             raise RunError(f"run {run.run_id} cannot resume: {where}")
         config = config_lib.from_mapping(run.config().model_dump(mode="json"))  # checked again
-        config_rules.check_backend(config, backends.requested())
+        config_rules.check_backend(config, backends.of_run(run.meta()))
         executor = registry.choose(config)
         executor.check(config, run.path.parent)
         run.set_status(

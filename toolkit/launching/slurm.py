@@ -34,6 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from toolkit import backends
 from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.files import writing
 from toolkit.launching.remote import PACKAGE_ROOT
@@ -79,10 +80,11 @@ def job_script(config: ExperimentConfig, run: RunDir) -> str:
             "# by hand the same way (it resumes from the run's latest checkpoint, if it has one).",
         ],
         [str(run.path.resolve())],
+        backends.of_run(run.meta()),
     )
 
 
-def _script(options: list[str], comment: list[str], driver_args: list[str]) -> str:
+def _script(options: list[str], comment: list[str], driver_args: list[str], backend: str) -> str:
     driver = [sys.executable, "-m", "toolkit.launching.slurm_job", "drive", *driver_args]
     return "\n".join(
         [
@@ -92,6 +94,7 @@ def _script(options: list[str], comment: list[str], driver_args: list[str]) -> s
             f"#SBATCH --chdir={PACKAGE_ROOT}",
             *(f"#SBATCH {option}" for option in options),  # the user's sbatch_args last: they win
             "export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2",
+            f"export KERAS_BACKEND={backend}",  # the run's: toolkit.backends.of_run
             f"export PYTHONPATH={shlex.quote(str(PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
             # the driver is the batch step itself: Slurm's signal reaches it, not a shell
             f"exec {shlex.join(driver)}",
@@ -137,6 +140,7 @@ def submit_array(
                     f"# i + 1 of {listing.name} (each run's own job.sbatch reruns it alone).",
                 ],
                 ["--list", str(listing.resolve())],
+                backends.of_run(runs[0][1].meta()),
             )
         )
     array = _sbatch(script)

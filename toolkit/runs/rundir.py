@@ -135,6 +135,7 @@ META_FIELDS = _fields(
     coordinates=dict[str, Any],
     tags=list[str],
     notes=str,
+    keras_backend=str,
 )
 MAX_TAG_CHARS = 64
 MAX_NOTES_CHARS = 10_000

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from toolkit import backends
 from toolkit.config import ConfigError
 from toolkit.plan import Scale
 from toolkit.runs import checkpoints, placement
@@ -75,6 +76,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         "optimizer": None,
         "global_batch": meta.get("global_batch"),
         "workers": meta.get("world_size"),
+        "backend": backends.recorded(meta),
         "epochs": None,
         "rounds": False,
         "adascale": False,

@@ -21,6 +21,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from toolkit import backends
 from toolkit.config import ExperimentConfig
 from toolkit.files import writing
 from toolkit.launching import horovodrun, preflight, remote, slots, supervisor
@@ -57,6 +58,7 @@ class LocalExecutor(Executor):
         self.record_launch(run, config, argv, meta)
         slots.enqueue(run, slots.slots_of(config))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env["KERAS_BACKEND"] = backends.of_run(run.meta())
         env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(remote.PACKAGE_ROOT), env.get("PYTHONPATH")])
         )
