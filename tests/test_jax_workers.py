@@ -1,9 +1,8 @@
 """Two workers on Keras's JAX backend through JAX's own engine (``toolkit/parallel/jax_engine.py``),
 launched as any run is (real ``horovodrun``, 2 Gloo workers on this machine): the run a one-worker
 run at the same global batch is, step for step; resumed from a checkpoint, the run it would have
-been; the noise scale said to be unmeasured; and the same run on two hosts over ssh and as a
-Slurm job of two nodes, on the namespace cluster. Cost: about 100 s (5 short runs on 2
-cores)."""
+been; the noise scale said to be unmeasured; the same run on two hosts over ssh, on the
+namespace cluster. Cost: about 90 s (4 short runs on 2 cores)."""
 
 from __future__ import annotations
 
@@ -21,24 +20,28 @@ from toolkit.runs.table import summary
 from toolkit.training.trainer import NO_NOISE_SCALE_ON_JAX
 
 EPOCHS = 6
-SHORT = [f"epochs={EPOCHS}", "checkpoint.every_epochs=1", "schedule.warmup.epochs=0"]
 STEPS = EPOCHS * 4000 // 32  # global batch 32: 2 workers of 16, or 1 of 32
+
+
+def short(*changes: str):
+    """The quickstart, :data:`EPOCHS` epochs long with a checkpoint each, without warm-up."""
+    shortened = [f"epochs={EPOCHS}", "checkpoint.every_epochs=1", "schedule.warmup.epochs=0"]
+    return load(ROOT / "experiments/quickstart.yaml", [*shortened, *changes])
 
 
 @pytest.fixture(scope="module")
 def on_jax(tmp_path_factory):
-    """Launch on JAX: ``launch(id, *changes, **where)`` starts the quickstart, shortened, with
-    its workers' ``KERAS_BACKEND=jax`` (``where``: :func:`launch`'s hosts or slurm), and returns
-    its run. The runs root is on the file system the cluster's hosts share."""
+    """``launch(id, *changes, **where)`` starts :func:`short`'s quickstart on JAX (``where``:
+    :func:`launch`'s hosts) and returns its run. The runs root is on the file system the
+    cluster's hosts share."""
     root = tmp_path_factory.mktemp("jax-runs")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("KERAS_BACKEND", "jax")
 
-        def launch(run_id: str, *changes: str, **where):
-            config = load(ROOT / "experiments/quickstart.yaml", [*SHORT, *changes])
-            return launcher.launch(config, runs_root_dir=root, run_id=run_id, **where)
+    def launch(run_id: str, *changes: str, **where):
+        return launcher.launch(
+            short(*changes), runs_root_dir=root, run_id=run_id, backend="jax", **where
+        )
 
-        yield launch
+    return launch
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +103,11 @@ def test_a_stopped_two_worker_run_resumes_into_the_run_it_would_have_been(
             np.testing.assert_array_equal(got[key], want[key])
 
 
-def test_the_same_run_on_two_hosts_and_as_a_two_node_slurm_job(two_and_one, on_jax, slurm_hosts):
+def test_the_same_run_on_two_hosts_over_ssh(two_and_one, on_jax, cluster_hosts):
+    """(As a Slurm job of two nodes: ``tests/test_slurm.py``.)"""
     two, _ = two_and_one
-    runs = [
-        on_jax("hosts", "workers=2", "batch.per_worker=16", hosts="lbl-h1:1,lbl-h2:1"),
-        on_jax("slurm", "batch.per_worker=16", "slurm={nodes: 2}", np=2, slurm=True),
-    ]
-    for run in runs:
-        assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
-        workers = [p for p in run.recorded_status()["processes"] if p["role"] == "worker"]
-        assert sorted(p["host"] for p in workers) == ["lbl-h1", "lbl-h2"], workers
-        np.testing.assert_allclose(train_losses(run), train_losses(two), rtol=1e-6)
+    run = on_jax("hosts", "workers=2", "batch.per_worker=16", hosts="lbl-h1:1,lbl-h2:1")
+    assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+    workers = [p for p in run.recorded_status()["processes"] if p["role"] == "worker"]
+    assert sorted(p["host"] for p in workers) == ["lbl-h1", "lbl-h2"], workers
+    np.testing.assert_allclose(train_losses(run), train_losses(two), rtol=1e-6)
