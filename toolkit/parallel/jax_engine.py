@@ -71,11 +71,11 @@ def start(rank: int, size: int, broadcast: Callable[[object], object]) -> None:
 
 @contextlib.contextmanager
 def alone() -> Iterator[None]:
-    """Run what one worker does by itself (rank 0 writing or reading a checkpoint) outside the
-    workers' distribution: under it, an array Keras makes (a loaded weight, the throwaway
-    optimizer ``save_weights`` builds) is put on every worker's devices, a collective the
-    others are not in. Values made alone are this worker's own until an assignment on every
-    worker (:func:`toolkit.parallel.distributed.broadcast_values`) spreads them."""
+    """Run what one worker does by itself (rank 0 writing a checkpoint) outside the workers'
+    distribution: under it, a variable Keras makes (the throwaway optimizer ``save_weights``
+    builds) is put on every worker's devices, a collective the others are not in. (Assigning
+    to the run's own variables is collective whatever the distribution, so a checkpoint is
+    read by every worker.)"""
     import keras
 
     shared = keras.distribution.distribution()
