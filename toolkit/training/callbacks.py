@@ -441,18 +441,15 @@ class Checkpointer(keras.callbacks.Callback):
     def _save(self, position: checkpoints.Position, mid_epoch: bool = False) -> None:
         residuals = self.gather() if self.gather is not None else None
         if self.directory is not None:
-            with jax_engine.alone():
-                self._write(position, residuals, mid_epoch)
-
-    def _write(self, position, residuals, mid_epoch: bool) -> None:
-        checkpoints.save(
-            self.directory,
-            self.model,
-            position,
-            residuals=residuals,
-            state=self.state,
-            mid_epoch=mid_epoch,
-        )
+            with jax_engine.alone():  # rank 0's write: no collective the others miss
+                checkpoints.save(
+                    self.directory,
+                    self.model,
+                    position,
+                    residuals=residuals,
+                    state=self.state,
+                    mid_epoch=mid_epoch,
+                )
 
 
 class SystemLogger(keras.callbacks.Callback):

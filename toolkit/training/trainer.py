@@ -274,7 +274,7 @@ class Trainer:
         # the noise scale: from the meter's norms (the allreduce hook's with several workers, so
         # none with one worker of an elastic run: its hook has one gradient; one worker's under
         # AdaScale), else from two half batches
-        if meter is None and plan.world_size > 1:  # JAX's engine: no hook sees each gradient
+        if meter is None and jax_engine.joined():  # no hook sees each worker's gradient
             measurable = False
             if writer and plan.noise_every:
                 print(NO_NOISE_SCALE_ON_JAX, flush=True)
