@@ -3,21 +3,22 @@
 #
 #   scripts/setup.sh           runtime: Debian build tools, .venv, requirements, Horovod,
 #                              the fused optimizer kernels
-#   scripts/setup.sh --test    also the test dependencies (torch CPU, pytest, Chromium, Slurm)
+#   scripts/setup.sh --test    also the test dependencies (pytest, Chromium, Slurm)
 #   scripts/setup.sh --detect  only say which build this machine gets, CPU or GPU, and why
 #
 # The GPU build is chosen where `nvidia-smi -L` lists a GPU (the rule the launch queue counts
 # its slots by, toolkit/launching/slots.py); LBL_GPU=1 forces it (it builds without a GPU: nvcc needs
 # none) and LBL_GPU=0 forces the CPU build. The two differ in two things:
-#   CPU  tensorflow-cpu; Horovod with TensorFlow and Gloo
+#   CPU  tensorflow-cpu; Horovod with TensorFlow, PyTorch and Gloo
 #   GPU  tensorflow[and-cuda] (CUDA 12 and cuDNN as PyPI wheels); Horovod also with NCCL,
 #        compiled by CUDA 13's nvcc from PyPI wheels (PyPI ships no CUDA 12 nvcc), so no
 #        system CUDA toolkit is needed; HOROVOD_CUDA_HOME=/usr/local/cuda-12.x uses one.
-# Horovod 0.28.1 is built from source once, against the TensorFlow in .venv (no MPI, no
-# PyTorch, no MXNet). The wheel is cached in $LBL_CACHE (default ~/.cache/large-batch-lab)
-# under a name that gives the TensorFlow version and, for GPUs, "gpu", so later runs and
-# fresh clones reuse it and CPU and GPU wheels never mix. Set-up ends with `horovodrun
-# --check-build`, which must show TensorFlow and Gloo (and NCCL on the GPU build).
+# Horovod 0.28.1 is built from source once, against the TensorFlow and PyTorch in .venv (no
+# MPI, no MXNet). The wheel is cached in $LBL_CACHE (default ~/.cache/large-batch-lab)
+# under a name that gives the TensorFlow and PyTorch versions and, for GPUs, "gpu", so later
+# runs and fresh clones reuse it and CPU and GPU wheels never mix. Set-up ends with
+# `horovodrun --check-build`, which must show TensorFlow, PyTorch and Gloo (and NCCL on the GPU
+# build).
 # Python packages are installed at the exact versions in constraints.txt, plus
 # constraints-gpu.txt on the GPU build (scripts/lock.sh writes both).
 set -euo pipefail
@@ -125,16 +126,17 @@ for name in sys.argv[1:]:
 PYEOF
 }
 tf_version="$(version_of tensorflow-cpu tensorflow)"
-build_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
-  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)")
-built_with=(TensorFlow Gloo)
-wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-tf$tf_version-py311"
+torch_version="$(version_of torch)"
+build_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1
+  HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)")
+built_with=(TensorFlow PyTorch Gloo)
+wheel_dir="$CACHE/horovod-$HOROVOD_VERSION-tf$tf_version-torch${torch_version%%+*}-py311"
 if [[ $FLAVOUR == gpu ]]; then
   built_with+=(NCCL)
   wheel_dir+="-gpu"
 fi
 hstamp="$VENV/.lbl-horovod"
-hwant="horovod $HOROVOD_VERSION, tensorflow $tf_version, ${built_with[*]}"
+hwant="horovod $HOROVOD_VERSION, tensorflow $tf_version, torch $torch_version, ${built_with[*]}"
 
 cuda_build_home() {  # a CUDA toolkit with nvcc for Horovod's build: HOROVOD_CUDA_HOME, or PyPI's
   if [[ -n "${HOROVOD_CUDA_HOME:-}" ]]; then
@@ -154,6 +156,26 @@ cuda_build_home() {  # a CUDA toolkit with nvcc for Horovod's build: HOROVOD_CUD
   echo "$home"
 }
 
+horovod_source() {  # Horovod's sdist, unpacked into a temporary directory and patched: its path
+  # Horovod 0.28.1 compiles with C++14, and PyTorch 2's headers need C++17 ("You need C++17 to
+  # compile PyTorch": horovod/horovod#3996, #4014). The fix (#3998: C++17 for the PyTorch
+  # plugin) was merged after the last release, so the same change is made here, to the whole
+  # build as well: the plugin links Gloo's static library, and Gloo compiled as C++14 defines a
+  # constexpr member that C++17 code defines again (a "multiple definition" at link time).
+  local dir
+  dir="$(mktemp -d)"
+  "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-binary horovod \
+    -d "$dir" "horovod==$HOROVOD_VERSION" >&2
+  tar -xzf "$dir"/horovod-*.tar.gz -C "$dir"
+  sed -i 's/^set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$dir/horovod-$HOROVOD_VERSION/CMakeLists.txt"
+  sed -i 's/^    set(CMAKE_CXX_STANDARD 14)/    set(CMAKE_CXX_STANDARD 17)/' \
+    "$dir/horovod-$HOROVOD_VERSION/horovod/torch/CMakeLists.txt"
+  [[ $(grep -c 'CMAKE_CXX_STANDARD 17)' "$dir/horovod-$HOROVOD_VERSION/CMakeLists.txt" \
+    "$dir/horovod-$HOROVOD_VERSION/horovod/torch/CMakeLists.txt" | grep -c ':[1-9]') == 2 ]] \
+    || die "Horovod's sdist changed: its C++ standard is not where setup.sh patches it"
+  echo "$dir/horovod-$HOROVOD_VERSION"
+}
+
 if [[ "$(version_of horovod)" != "$HOROVOD_VERSION" || "$(cat "$hstamp" 2>/dev/null)" != "$hwant" ]]; then
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     if [[ $FLAVOUR == gpu ]]; then
@@ -164,11 +186,13 @@ if [[ "$(version_of horovod)" != "$HOROVOD_VERSION" || "$(cat "$hstamp" 2>/dev/n
       build_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$(cuda_build_home)"
         HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB="$nccl/lib" HOROVOD_NCCL_LINK=SHARED)
     fi
-    say "building Horovod $HOROVOD_VERSION with ${built_with[*]} against TensorFlow $tf_version (about 3 minutes on 2 cores)"
+    say "building Horovod $HOROVOD_VERSION with ${built_with[*]} against TensorFlow $tf_version and PyTorch $torch_version (about 4 minutes on 2 cores)"
     mkdir -p "$wheel_dir"
+    source_dir="$(horovod_source)"
     env "${build_env[@]}" "$PY" -m pip wheel --disable-pip-version-check -q --no-cache-dir \
-        --no-build-isolation --no-deps --no-binary horovod -w "$wheel_dir" "horovod==$HOROVOD_VERSION" \
+        --no-build-isolation --no-deps -w "$wheel_dir" "$source_dir" \
       || { rm -rf "$wheel_dir"; die "Horovod build failed (see above). It needs cmake and g++ (apt-get install cmake g++)."; }
+    rm -rf "$(dirname "$source_dir")"
   fi
   say "installing Horovod from $wheel_dir"
   pip_quiet --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
