@@ -429,16 +429,18 @@ def test_launch_preset_through_the_launcher(root, launches):
 def test_launch_backend_is_a_choice_checked_before_anything_starts(root, launches):
     at = launch_page()
     by_label(at.number_input, "Workers").set_value(2)
-    by_label(at.selectbox, "Keras backend").set_value("torch").run()
+    by_label(at.selectbox, "Compression").set_value("fp16")
+    by_label(at.selectbox, "Keras backend").set_value("jax").run()
     (refused,) = [e.value for e in at.error if "keras\\_backend" in e.value]
-    assert "KERAS\\_BACKEND\\=torch" in refused and "needs workers 1\\, got 2" in refused
+    assert "KERAS\\_BACKEND\\=jax" in refused and "compression \\'none\\'" in refused
     by_label(at.button, "Launch").click().run()
     assert launches == []
-    by_label(at.selectbox, "Keras backend").set_value("jax").run()  # JAX's own engine
+    by_label(at.selectbox, "Keras backend").set_value("torch").run()  # Horovod's PyTorch allreduce
     assert not at.error
     by_label(at.button, "Launch").click().run()
     ((config, kwargs),) = launches
-    assert kwargs["backend"] == "jax" and config.workers == 2
+    assert kwargs["backend"] == "torch" and config.workers == 2
+    assert config.allreduce.compression == "fp16"
 
 
 def test_launch_form_sets_dgcs_switches(root, launches):

@@ -165,28 +165,31 @@ def test_what_needs_tensorflow_is_refused_naming_the_field_and_the_backend(chang
         assert field in str(error.value)
 
 
-def test_two_workers_are_refused_on_torch_alone_naming_the_field_and_the_backend():
+def test_several_workers_run_on_every_backend_and_fp16_on_torch_too():
     from toolkit.config import ConfigError, load
     from toolkit.config_rules import check_backend
 
     config = load(ROOT / "experiments/quickstart.yaml", ["workers=2"])
-    check_backend(config, "jax")  # JAX's own engine: tests/test_jax_workers.py
-    with pytest.raises(ConfigError, match="KERAS_BACKEND=torch .* needs workers 1, got 2"):
-        check_backend(config, "torch")
+    for backend in BACKENDS:  # tests/test_backend_workers.py
+        check_backend(config, backend)
+    fp16 = load(ROOT / "experiments/quickstart.yaml", ["workers=2", "allreduce.compression=fp16"])
+    check_backend(fp16, "torch")  # Horovod's PyTorch allreduce carries float16
+    with pytest.raises(ConfigError, match="KERAS_BACKEND=jax .* allreduce.compression 'none'"):
+        check_backend(fp16, "jax")
 
 
-def test_a_launch_on_torch_with_two_workers_is_refused_before_anything_starts(
+def test_a_launch_on_torch_with_what_it_lacks_is_refused_before_anything_starts(
     tmp_path, subprocess_env
 ):
     from conftest import run_cli
 
     result = run_cli(
-        ["launch", "experiments/quickstart.yaml", "--np", "2"],
+        ["launch", "experiments/quickstart.yaml", "--np", "2", "--set", "sync.mode=local_sgd"],
         tmp_path / "runs",
         env={**subprocess_env, "KERAS_BACKEND": "torch"},
     )
     assert result.returncode != 0
-    assert "KERAS_BACKEND=torch" in result.stderr and "workers 1, got 2" in result.stderr
+    assert "KERAS_BACKEND=torch" in result.stderr and "sync.mode 'full'" in result.stderr
     assert not any((tmp_path / "runs").glob("*/config.yaml"))
 
 

@@ -40,25 +40,25 @@ def check(config: ExperimentConfig) -> None:
 
 def check_backend(config: ExperimentConfig, backend: str) -> None:
     """Raise :class:`~toolkit.errors.ConfigError`, naming the field and ``backend``, where
-    ``config`` needs what only Keras's TensorFlow backend runs: Horovod's gradient allreduce (an
-    elastic world, a compressed or averaged exchange, an adaptive batch's accumulation in it;
-    and on PyTorch more than one worker, which JAX's own engine gives JAX,
-    :mod:`toolkit.parallel.jax_engine`) and AdaScale, whose rate the compiled step reads from
-    state set by a callback (a jitted JAX step would keep the first value). Checked before
-    anything starts: by the launcher, for the backend its workers will get
-    (:func:`toolkit.backends.requested`), and by ``train``."""
+    ``config`` needs what only Keras's TensorFlow backend runs. Several workers run on every
+    backend: on PyTorch through Horovod's PyTorch allreduce, which carries float32 and fp16
+    gradients; on JAX through JAX's own engine, which averages float32 gradients in the
+    compiled step (:mod:`toolkit.parallel.jax_engine`). TensorFlow's alone: an elastic world, a
+    sparsified or parameter-averaging exchange, an adaptive batch's accumulation, and AdaScale,
+    whose rate the compiled step reads from state set by a callback (a jitted JAX step would
+    keep the first value). Checked before anything starts: by the launcher, for the backend its
+    workers will get (:func:`toolkit.backends.requested`), and by ``train``."""
     if backend == "tensorflow":
         return
-    several = "; several workers on jax go through JAX's engine" if backend == "jax" else ""
+    codecs_here = (codecs.DENSE, codecs.FP16) if backend == "torch" else (codecs.DENSE,)
     _refuse_first(
-        f"KERAS_BACKEND={backend} (Horovod's allreduce and AdaScale run on tensorflow "
-        f"only{several})",
+        f"KERAS_BACKEND={backend} (elastic runs, AdaScale and the other exchanges run on "
+        "tensorflow only)",
         (
-            (config.workers > 1 and backend != "jax", f"workers 1, got {config.workers}"),
             (config.elastic is not None, "no elastic section"),
             (
-                config.allreduce.codec is not codecs.DENSE,
-                f"allreduce.compression {codecs.DENSE.name!r}",
+                config.allreduce.codec not in codecs_here,
+                f"allreduce.compression {' or '.join(repr(c.name) for c in codecs_here)}",
             ),
             (config.sync.mode != "full", "sync.mode 'full'"),
             (config.batch.adaptive is not None, "no batch.adaptive section"),

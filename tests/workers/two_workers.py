@@ -69,6 +69,57 @@ def state_variables(model: keras.Model) -> list:
     return [*model.weights, *model.optimizer.variables]
 
 
+def skip_a_step_not_finite_on_rank1(weights: dict, x, y) -> float:
+    """Mixed precision: rank 1 alone gets non-finite gradients on the first step; every rank
+    must skip it (global finite check) instead of one waiting in the allreduce forever. Keeps
+    the weights before, after the skip and after training on as ``mixed_*``; returns the loss
+    scale after the skip."""
+    rank, size = distributed.rank(), distributed.size()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = make_model(100 + rank, keras.optimizers.LossScaleOptimizer(sgd()))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    distributed.broadcast_variables(model, model.optimizer)
+    weights["mixed_initial"] = model.get_weights()
+    half = GLOBAL_BATCH // size
+    poisoned = x[:half] if rank == 0 else np.full_like(x[:half], np.inf)
+    model.train_on_batch(poisoned, y[:half])
+    weights["mixed_skipped"] = model.get_weights()
+    scale = float(keras.ops.convert_to_numpy(model.optimizer.dynamic_scale))
+    train(model, x, y, STEPS)
+    weights["mixed"] = model.get_weights()
+    return scale
+
+
+def fit_with_the_callbacks(weights: dict, info: dict, x, y) -> keras.Model:
+    """model.fit with the callbacks; rank-dependent momentum buffers, so the workers only agree
+    if BroadcastInitialState broadcasts the optimizer's state too. Keeps the weights as
+    ``fit``, each rank's own epoch logs and the averaged history; returns the model."""
+    rank, size = distributed.rank(), distributed.size()
+    model = make_model(100 + rank, SGD(0.1, momentum=0.9))
+    model.optimizer.build(model.trainable_variables)
+    for velocity in model.optimizer.velocities:
+        velocity.assign(np.full(velocity.shape, 0.01 * (rank + 1), "float32"))
+    local = LocalLogs()
+    history = model.fit(
+        x[rank::size],
+        y[rank::size],
+        batch_size=16,
+        epochs=2,
+        verbose=0,
+        callbacks=[
+            distributed.BroadcastInitialState(),
+            local,
+            distributed.MetricAverageCallback(),
+        ],
+    )
+    weights["fit"] = model.get_weights()
+    info["local_logs"] = local.epochs
+    info["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+    return model
+
+
 def main(out: Path) -> None:
     distributed.init()
     rank, size = distributed.rank(), distributed.size()
@@ -114,22 +165,7 @@ def main(out: Path) -> None:
         train(model, x, y, STEPS)
         weights[name] = model.get_weights()
 
-    # Mixed precision: rank 1 alone gets non-finite gradients on the first step; both ranks
-    # must skip it (global finite check) instead of one waiting in the allreduce forever.
-    keras.config.set_dtype_policy("mixed_float16")
-    try:
-        model = make_model(100 + rank, keras.optimizers.LossScaleOptimizer(sgd()))
-    finally:
-        keras.config.set_dtype_policy("float32")
-    distributed.broadcast_variables(model, model.optimizer)
-    weights["mixed_initial"] = model.get_weights()
-    half = GLOBAL_BATCH // size
-    poisoned = x[:half] if rank == 0 else np.full_like(x[:half], np.inf)
-    model.train_on_batch(poisoned, y[:half])
-    weights["mixed_skipped"] = model.get_weights()
-    info["mixed_scale_after_skip"] = float(model.optimizer.dynamic_scale.numpy())
-    train(model, x, y, STEPS)
-    weights["mixed"] = model.get_weights()
+    info["mixed_scale_after_skip"] = skip_a_step_not_finite_on_rank1(weights, x, y)
 
     # The gradient noise scale's meter in the allreduce hook: known per-rank gradients (the
     # same in each scenario), applied once or accumulated over two passes, or loss-scaled.
@@ -187,28 +223,7 @@ def main(out: Path) -> None:
             model.fit(x[rows], y[rows], batch_size=GLOBAL_BATCH // size, shuffle=False, verbose=0)
             weights[f"execution_{name}_{k}"] = model.get_weights()
 
-    # model.fit with the callbacks; rank-dependent momentum buffers, so the workers only agree
-    # if BroadcastInitialState broadcasts the optimizer's state too.
-    model = make_model(100 + rank, SGD(0.1, momentum=0.9))
-    model.optimizer.build(model.trainable_variables)
-    for velocity in model.optimizer.velocities:
-        velocity.assign(np.full(velocity.shape, 0.01 * (rank + 1), "float32"))
-    local = LocalLogs()
-    history = model.fit(
-        x[rank::size],
-        y[rank::size],
-        batch_size=16,
-        epochs=2,
-        verbose=0,
-        callbacks=[
-            distributed.BroadcastInitialState(),
-            local,
-            distributed.MetricAverageCallback(),
-        ],
-    )
-    weights["fit"] = model.get_weights()
-    info["local_logs"] = local.epochs
-    info["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+    model = fit_with_the_callbacks(weights, info, x, y)
     distributed.on_rank0(model.save)(out / "fit.keras")
 
     # The elastic state (toolkit.parallel.elastic): sync from rank 0, commit, train on, restore, and

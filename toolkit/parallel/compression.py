@@ -79,6 +79,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -116,7 +117,12 @@ class Traffic:
 
     def count_dense(self, tensors: list) -> None:
         """Record ``dense_bytes`` from the gradients (or parameters) being averaged."""
-        self.dense_bytes = sum(t.shape.num_elements() * 4 for t in tensors)
+        self.dense_bytes = sum(elements(t) * 4 for t in tensors)
+
+
+def elements(tensor) -> int:
+    """The number of entries of a TensorFlow or torch tensor (static shape)."""
+    return math.prod(tensor.shape)
 
 
 def nbytes(tensors: list) -> int:
@@ -140,22 +146,23 @@ def fusion_buckets(sizes: list[int], threshold: int) -> list[list[int]]:
 
 class Float16:
     """A Horovod compressor (``compress``/``decompress``) that casts to float16 after clipping
-    finite values to ``[-clip, clip]``."""
+    finite values to ``[-clip, clip]``; for TensorFlow's and PyTorch's Horovod alike."""
 
     def __init__(self, clip: float = FLOAT16_MAX):
         if not 0 < clip <= FLOAT16_MAX:
             raise ValueError(f"fp16 clip must be in (0, {FLOAT16_MAX:g}], got {clip!r}")
         self.clip = clip
 
-    def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, tf.DType]:
-        if not tensor.dtype.is_floating:
-            return tensor, tensor.dtype
-        clipped = tf.clip_by_value(tensor, -self.clip, self.clip)
-        kept = tf.where(tf.math.is_finite(tensor), clipped, tensor)
-        return tf.cast(kept, tf.float16), tensor.dtype
+    def compress(self, tensor) -> tuple[object, str]:
+        dtype = keras.backend.standardize_dtype(tensor.dtype)
+        if not keras.backend.is_float_dtype(dtype):
+            return tensor, dtype
+        clipped = keras.ops.clip(tensor, -self.clip, self.clip)
+        kept = keras.ops.where(keras.ops.isfinite(tensor), clipped, tensor)
+        return keras.ops.cast(kept, "float16"), dtype
 
-    def decompress(self, tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-        return tf.cast(tensor, dtype) if dtype.is_floating else tensor
+    def decompress(self, tensor, dtype: str):
+        return keras.ops.cast(tensor, dtype) if keras.backend.is_float_dtype(dtype) else tensor
 
 
 class Sparse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import keras
 import tensorflow as tf
 
 
@@ -34,10 +35,13 @@ class GradientNoiseMeter:
         """Count one update; on every ``every``-th, record the two norms (every worker must
         call it, as the allreduce hook does). ``reduced=None``: the hook's reduced gradient is
         not the mean one (a sparsified allreduce), so the mean is allreduced here, on the
-        measured updates only."""
-        import horovod.tensorflow as hvd  # only where the hook allreduces: Horovod is there
-
+        measured updates only. On PyTorch the hook runs eagerly and so does this."""
         count = self._updates.assign_add(1)
+        if keras.backend.backend() == "torch":
+            if int(count) % self.every == 0:
+                self._record_eagerly(local, reduced, int(count))
+            return
+        import horovod.tensorflow as hvd  # only where the hook allreduces: Horovod is there
 
         def record():
             small = hvd.allreduce(squared_norm(local), op=hvd.Average, name="noise_small_sq")
@@ -50,6 +54,18 @@ class GradientNoiseMeter:
             return tf.constant(True)
 
         tf.cond(count % self.every == 0, record, lambda: tf.constant(False))
+
+    def _record_eagerly(self, local: list, reduced: list | None, count: int) -> None:
+        import horovod.torch as hvd
+
+        small = hvd.allreduce(torch_squared_norm(local), op=hvd.Average, name="noise_small_sq")
+        mean = hvd.grouped_allreduce(local, op=hvd.Average) if reduced is None else reduced
+        self._small_sq.assign(float(small))
+        big = torch_squared_norm(mean)
+        self._big_sq.assign(float(big))
+        self._measured.assign(count)
+        if self.on_measure is not None:
+            self.on_measure(small, big)
 
     def continue_from(self, updates: int) -> None:
         """Count on from ``updates`` done before (a resumed run), so measurements fall on the
@@ -75,3 +91,8 @@ class GradientNoiseMeter:
 def squared_norm(tensors: list[tf.Tensor]) -> tf.Tensor:
     """``Σ‖t‖²`` over ``tensors`` in float64 (one pass each: ``l2_loss`` is ``‖t‖²/2``)."""
     return tf.add_n([2 * tf.cast(tf.nn.l2_loss(t), tf.float64) for t in tensors])
+
+
+def torch_squared_norm(tensors: list):
+    """:func:`squared_norm` of torch tensors."""
+    return sum(t.double().square().sum() for t in tensors)

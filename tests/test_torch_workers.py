@@ -1,0 +1,123 @@
+"""toolkit.parallel.distributed on Keras's PyTorch backend: Horovod's PyTorch allreduce in Keras's
+train step, under real ``horovodrun`` with 2 Gloo workers on this machine. The worker script
+(tests/workers/torch_workers.py) also runs alone, one process taking each global batch whole:
+the oracle the two workers are held to. Cost: about 40 s (two runs of the script)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, run_workers, weights
+from test_distributed import assert_all_close
+
+SCRIPT = "torch_workers.py"
+
+
+@pytest.fixture(scope="module")
+def on_torch(tmp_path_factory, subprocess_env):
+    """``(two, alone)``: each process's ``(arrays, info)``, of the script under ``horovodrun
+    -np 2`` (ranks 0 and 1) and run alone (rank 0 only)."""
+    env = {**subprocess_env, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    two, alone = tmp_path_factory.mktemp("torch-two"), tmp_path_factory.mktemp("torch-alone")
+    run_workers(SCRIPT, two, env, "-H", "localhost:2")
+    worker = ROOT / "tests" / "workers" / SCRIPT
+    result = subprocess.run(
+        [sys.executable, str(worker), str(alone)], env=env, cwd=ROOT, capture_output=True,
+        text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    def read(out, ranks):
+        return [
+            (np.load(out / f"rank{r}.npz"), json.loads((out / f"rank{r}.json").read_text()))
+            for r in ranks
+        ]
+
+    return read(two, (0, 1)), read(alone, (0,))
+
+
+def test_the_workers_are_two_and_talk_through_horovods_pytorch_engine(on_torch):
+    two, alone = on_torch
+    infos = [info for _, info in two]
+    assert [i["size"] for i in infos] == [2, 2] and alone[0][1]["size"] == 1
+    assert [i["mean_rank"] for i in infos] == [0.5, 0.5]
+    assert [i["rows"] for i in infos] == [[[0, 0], [1, 10]]] * 2
+    assert [i["from_rank0"] for i in infos] == ["rank 0", "rank 0"]
+    assert not any(i["tensorflow_horovod_started"] for i in infos)  # one Horovod per process
+
+
+@pytest.mark.parametrize("scenario", ["sgd", "accumulate2", "fp16", "lars", "mixed", "fit"])
+def test_workers_started_with_different_seeds_end_identical(on_torch, scenario):
+    (rank0, _), (rank1, _) = on_torch[0]
+    for a, b in zip(weights(rank0, scenario), weights(rank1, scenario), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("scenario", ["sgd", "accumulate2", "lars"])
+def test_two_workers_of_batch_b_equal_one_worker_of_batch_2b(on_torch, scenario):
+    """Each rank reads its own half of every global batch (LARS: its trust ratios from the
+    averaged gradient; accumulate2: each update averages 2 passes of each worker)."""
+    (rank0, _), _ = on_torch[0]
+    ((alone, _),) = on_torch[1]
+    assert_all_close(weights(rank0, scenario), weights(alone, scenario), rtol=1e-5, atol=1e-6)
+
+
+def test_without_the_averaging_the_workers_drift_apart_from_the_run(on_torch):
+    """The shards differ: the same start trained on each rank's own half, not averaged, ends
+    differently on each rank and differently from the averaged run."""
+    (rank0, _), (rank1, _) = on_torch[0]
+    for own in (rank0, rank1):
+        assert any(
+            not np.allclose(a, b, rtol=1e-3)
+            for a, b in zip(weights(own, "unaveraged"), weights(rank0, "sgd"), strict=True)
+        )
+    assert any(
+        not np.allclose(a, b, rtol=1e-3)
+        for a, b in zip(weights(rank0, "unaveraged"), weights(rank1, "unaveraged"), strict=True)
+    )
+
+
+def test_fp16_compression_stays_close_but_is_applied(on_torch):
+    (rank0, _), _ = on_torch[0]
+    fp16, full = weights(rank0, "fp16"), weights(rank0, "sgd")
+    assert_all_close(fp16, full, rtol=1e-2, atol=1e-3)
+    assert any(not np.array_equal(a, b) for a, b in zip(fp16, full, strict=True))
+
+
+def test_a_step_non_finite_on_one_worker_is_skipped_by_every_worker(on_torch):
+    for rank, _ in on_torch[0]:
+        initial, skipped = weights(rank, "mixed_initial"), weights(rank, "mixed_skipped")
+        for a, b in zip(initial, skipped, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert any(
+            not np.array_equal(a, b)
+            for a, b in zip(initial, weights(rank, "mixed"), strict=True)
+        )  # fmt: skip
+
+
+def test_the_noise_meter_measures_each_workers_norm_and_the_averaged_ones(on_torch):
+    """Its norms against numpy's, from the gradients each rank fed it; measured every 2nd of
+    4 updates, so the last reading is the 4th update's."""
+    (rank0, info0), (rank1, info1) = on_torch[0]
+    last = [[g.astype(np.float64) for g in weights(r, "noise_grads3")] for r in (rank0, rank1)]
+    small = np.mean([sum(np.sum(g**2) for g in grads) for grads in last])
+    big = sum(np.sum(((a + b) / 2) ** 2) for a, b in zip(*last, strict=True))
+    for info in (info0, info1):
+        update, small_sq, big_sq = info["noise"]
+        assert update == 4
+        np.testing.assert_allclose([small_sq, big_sq], [small, big], rtol=1e-5)
+        sent, dense = info["traffic"]
+        assert dense == 4 * (15 + 3) and sent == 4 * dense  # 4 float32 allreduces
+
+
+def test_fit_broadcasts_the_initial_state_and_averages_the_epoch_logs(on_torch):
+    (_, info0), (_, info1) = on_torch[0]
+    assert info0["history"] == info1["history"]
+    for epoch, logs in enumerate(info0["history"]["loss"]):
+        local = [info["local_logs"][epoch]["loss"] for info in (info0, info1)]
+        assert local[0] != local[1]  # each rank's own shard
+        np.testing.assert_allclose(logs, np.mean(local), rtol=1e-6)
