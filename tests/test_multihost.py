@@ -280,7 +280,7 @@ def test_the_cluster_commands_refuse_with_what_is_missing(
             capture_output=True,
             text=True,
         ),
-        "missing ip, tc, nsenter, unshare, ssh, ssh-keygen: run scripts/setup.sh": run_cli(
+        "missing ip, tc, nsenter, unshare, taskset, ssh, ssh-keygen: run scripts/setup.sh": run_cli(
             ["cluster", "up"], runs, {**subprocess_env, "PATH": str(tmp_path)}
         ),
         "a cluster of 3 hosts is up": run_cli(["cluster", "up", "--hosts", "2"], runs),
@@ -296,6 +296,26 @@ def test_the_cluster_commands_refuse_with_what_is_missing(
         assert result.returncode == 2, (expected, result.stdout, result.stderr)
         assert expected in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert [r["host"] for r in cluster.status()] == cluster_hosts  # untouched by all of it
+
+
+def test_each_host_runs_on_its_own_share_of_the_cores(cluster_hosts, subprocess_env):
+    """As a real host has CPUs of its own: what a host runs, logged in over ssh or entered,
+    sees its share (on 2 cores, one each, the third host on the first's). ~2 s."""
+    show = "import os; print(sorted(os.sched_getaffinity(0)))"
+    for index, host in enumerate(cluster_hosts, start=1):
+        want = str(cluster.cores_of(index, len(cluster_hosts)))
+        over_ssh = subprocess.run(
+            ["ssh", host, sys.executable, "-c", f"'{show}'"], capture_output=True, text=True
+        )
+        entered = in_host(host, [sys.executable, "-c", show], subprocess_env)
+        assert over_ssh.stdout.strip() == entered.stdout.strip() == want, (over_ssh, entered)
+    shares = [set(cluster.cores_of(i, len(cluster_hosts))) for i in (1, 2, 3)]
+    all_cores = os.sched_getaffinity(0)
+    assert all(len(share) == max(1, len(all_cores) // 3) for share in shares)
+    if len(all_cores) <= 3:  # every core is some host's
+        assert set().union(*shares) == all_cores
+    else:  # each host's own
+        assert all(not a & b for a, b in [(shares[0], shares[1]), (shares[1], shares[2])])
 
 
 def test_shaping_limits_the_link_and_a_delay_needs_netem(cluster_hosts, runs):

@@ -10,7 +10,11 @@
 - a UTS namespace with the host's own hostname, held by the host's ``sshd`` (Debian's
   ``openssh-server``): everything that logs in over ssh, or enters with :func:`exec_argv`,
   sees that hostname;
-- an ``sshd`` listening on the host's address, which accepts the cluster's own key.
+- an ``sshd`` listening on the host's address, which accepts the cluster's own key;
+- its own share of this machine's cores, as the CPU affinity of everything it runs
+  (:func:`cores_of`): a real host has CPUs of its own, and workers that size their thread
+  pools by their host's cores (PyTorch's, :mod:`toolkit.parallel.distributed`) would otherwise
+  take every core each.
 
 The filesystem is shared, as on a cluster with a shared home or NFS: the same repository,
 ``.venv`` and runs root on every host. Names resolve through a marked block in ``/etc/hosts``
@@ -50,7 +54,7 @@ MARK_BEGIN, MARK_END = "# lbl-cluster begin", "# lbl-cluster end"
 RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|tbit)$")
 DELAY = re.compile(r"^[0-9]+(\.[0-9]+)?(us|ms|s)$")
 MAX_HOSTS = 50
-TOOLS = ("ip", "tc", "nsenter", "unshare", "ssh", "ssh-keygen", "/usr/sbin/sshd")
+TOOLS = ("ip", "tc", "nsenter", "unshare", "taskset", "ssh", "ssh-keygen", "/usr/sbin/sshd")
 
 
 class ClusterError(RuntimeError):
@@ -100,7 +104,7 @@ def up(hosts: int = 3, shaping: Shaping | None = None) -> list[Host]:
     STATE.mkdir(parents=True, exist_ok=True)
     _keys()
     _bridge()
-    made = [_host(index) for index in range(1, hosts + 1)]
+    made = [_host(index, cores_of(index, hosts)) for index in range(1, hosts + 1)]
     _write_names(made)
     kept = (existing or {}).get("shaping") or {}
     _describe(made, kept)
@@ -223,7 +227,8 @@ def exec_argv(name: str, argv: list[str]) -> list[str]:
     if not _sshd_alive(host):
         raise ClusterError(f"{name}'s sshd is not running (`python -m toolkit cluster up`)")
     enter = ["nsenter", "--target", str(host.sshd_pid), "--uts", "--"]
-    return ["ip", "netns", "exec", name, *enter, *argv]
+    cores = ",".join(map(str, psutil.Process(host.sshd_pid).cpu_affinity()))
+    return ["ip", "netns", "exec", name, *enter, "taskset", "-c", cores, *argv]
 
 
 def down() -> None:
@@ -278,8 +283,17 @@ def _bridge() -> None:
     _ip("link", "set", INTERFACE, "up")
 
 
-def _host(index: int) -> Host:
-    """Host ``index``'s namespace, link and sshd, each made only if missing."""
+def cores_of(index: int, hosts: int) -> list[int]:
+    """The cores host ``index`` (from 1) of ``hosts`` runs on: an equal share of this
+    machine's, in order (on 2 cores, one each; hosts beyond the cores share them in turn)."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // hosts)
+    first = (index - 1) * share % len(cores)
+    return cores[first : first + share]
+
+
+def _host(index: int, cores: list[int]) -> Host:
+    """Host ``index``'s namespace, link and sshd (on ``cores``), each made only if missing."""
     name, address = host_name(index), f"{SUBNET}.{10 + index}"
     if name not in _namespaces():
         _ip("netns", "add", name)
@@ -303,6 +317,7 @@ def _host(index: int) -> Host:
             stderr=log,
             start_new_session=True,
         )
+    psutil.Process(sshd.pid).cpu_affinity(cores)  # before anyone logs in: sessions inherit it
     return Host(name, address, sshd.pid)
 
 
