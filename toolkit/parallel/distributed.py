@@ -452,18 +452,19 @@ def _reducer(
 def _dense_reducer(
     codec: codecs.Codec, fp16_clip: float | None, traffic: compression_lib.Traffic
 ) -> Callable[[list[tf.Tensor]], list[tf.Tensor]]:
-    """One ``grouped_allreduce`` (average) in float32, or in float16 (``fp16``)."""
+    """One ``grouped_allreduce`` (average) in float32, or in float16 (``fp16``), by the
+    backend's Horovod."""
+    engine = _engine()
     if codec is codecs.FP16:
         clip = fp16_clip if fp16_clip is not None else compression_lib.FLOAT16_MAX / size()
         wire = compression_lib.Float16(clip)
     else:
-        wire = engine.Compression.none if (engine := _engine()) is not None else None
+        wire = engine.Compression.none if engine is not None else None
     element = codec.element_bytes
 
     def allreduce(grads: list[tf.Tensor]) -> list[tf.Tensor]:
         traffic.count_dense(grads)
         traffic.add(element * sum(compression_lib.elements(g) for g in grads))
-        engine = _engine()
         return engine.grouped_allreduce(grads, op=engine.Average, compression=wire)
 
     return allreduce
@@ -497,9 +498,10 @@ def _allreduce_before_clipping(
     clip = optimizer._clip_gradients  # the class's hook, bound
 
     def allreduce_then_clip(grads: list) -> list:
-        if keras.backend.backend() == "tensorflow":  # IndexedSlices -> dense
-            grads = [tf.convert_to_tensor(g) for g in grads]
-        dense = list(grads)
+        if keras.backend.backend() == "tensorflow":
+            dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices -> dense
+        else:
+            dense = list(grads)
         reduced = reduce(dense)
         if noise_meter is not None:
             noise_meter.measure(dense, reduced if mean else None)
