@@ -21,7 +21,7 @@ from toolkit.runs.events import read_events
 from toolkit.runs.table import summary
 from toolkit.training.trainer import NO_NOISE_SCALE_ON_JAX
 
-EPOCHS = 6
+EPOCHS = 4
 STEPS = EPOCHS * 4000 // 32  # global batch 32: 2 workers of 16, or 1 of 32
 OTHER_BACKENDS = ("jax", "torch")
 
@@ -67,18 +67,11 @@ def train_losses(run):
     return events[events.phase == "train"].set_index("step").loss
 
 
-def assert_same_training(run, reference, backend: str) -> None:
-    """``run`` trained as ``reference``, the same run elsewhere, by their losses: on JAX to
-    float32's rounding. On PyTorch a worker's threads are its host's cores over the workers on
-    it (``distributed._place_torch_worker``), so a worker alone on a host sums its convolutions
-    in another order than two sharing one: equal to rounding for the first 100 updates, then
-    apart as training amplifies it (as between two workers and one)."""
-    losses, want = train_losses(run), train_losses(reference)
-    if backend == "jax":
-        np.testing.assert_allclose(losses, want, rtol=1e-6)
-    else:
-        np.testing.assert_allclose(losses.loc[:100], want.loc[:100], rtol=1e-5)
-        np.testing.assert_allclose(losses, want, rtol=5e-2)
+def assert_same_training(run, reference) -> None:
+    """``run`` trained as ``reference``, the same run elsewhere, by their losses, to float32's
+    rounding: the same workers, each on one core (a cluster host has its own share of the
+    cores; two workers here share this machine's two)."""
+    np.testing.assert_allclose(train_losses(run), train_losses(reference), rtol=1e-6)
 
 
 def global_measures(run):
@@ -100,17 +93,16 @@ def test_two_workers_train_as_one_worker_of_their_global_batch(two_and_one, on_b
     assert evals.index.tolist() == evals_alone.index.tolist() == list(range(125, STEPS + 1, 125))
     assert ratios.shape == ratios_alone.shape == (STEPS // 50, 4)
     # the same mean gradient of the same 32 examples, every update, summed in another order:
-    # equal to float32's rounding for the first 100 updates, then apart, as training amplifies
-    # it (from update 150 on JAX, 350 on PyTorch; measured: up to 40% and 15% in a trust ratio,
-    # 3.4% and 0.8% in an evaluation)
-    np.testing.assert_allclose(ratios.loc[:100], ratios_alone.loc[:100], rtol=1e-5)
-    np.testing.assert_allclose(evals, evals_alone, rtol=5e-2)
-    assert evals.iloc[-1] < 0.6 * evals.iloc[0]  # and it learned
+    # equal to float32's rounding over the whole run (measured: 1.3e-6 at most in a trust
+    # ratio, 1.3e-7 in an evaluation; a 6-epoch cosine amplified it to percents after 150 to
+    # 350 updates, so the length is kept where rounding stays rounding)
+    np.testing.assert_allclose(ratios, ratios_alone, rtol=1e-5)
+    np.testing.assert_allclose(evals, evals_alone, rtol=1e-6)
+    assert evals.iloc[-1] < 0.7 * evals.iloc[0]  # and it learned
     losses, alone = train_losses(two), train_losses(one)
     assert losses.index.tolist() == alone.index.tolist() == list(range(10, STEPS + 1, 10))
     if backend == "jax":  # the loss of the global batch (on PyTorch: rank 0's half of it)
-        np.testing.assert_allclose(losses.loc[:100], alone.loc[:100], rtol=1e-6)
-        np.testing.assert_allclose(losses, alone, rtol=5e-2)
+        np.testing.assert_allclose(losses, alone, rtol=1e-6)
 
 
 def test_the_noise_scale_with_several_workers(two_and_one, on_backend):
@@ -158,4 +150,4 @@ def test_the_same_run_on_two_hosts_over_ssh(two_and_one, on_backend, cluster_hos
     assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
     workers = [p for p in run.recorded_status()["processes"] if p["role"] == "worker"]
     assert sorted(p["host"] for p in workers) == ["lbl-h1", "lbl-h2"], workers
-    assert_same_training(run, two, on_backend.backend)
+    assert_same_training(run, two)

@@ -1,0 +1,85 @@
+"""Does a config reach the same accuracy on every Keras backend? The quickstart (MNIST-1D's
+1-D CNN, LARS, 2 workers of 32, 20 epochs: 2,500 updates, 80,000 examples) on TensorFlow,
+JAX and PyTorch, 3 seeds each.
+
+    python experiments/backend_accuracy.py [--runs DIR] [--seeds 0 1 2] [--epochs 20]
+
+Each run is an ordinary run (``launch(config, backend=...)``) in ``--runs``; a run already
+there and completed is read, not trained again. Prints, per backend, the final test accuracy
+and test loss over the seeds (mean ± std; accuracy: higher is better) and the wall time, and
+writes every run's row to ``experiments/backend_accuracy.csv``. The backends start from
+different initial weights (each draws Keras's seeded initialisers with its own generator),
+so the comparison is of distributions over seeds, not of runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from toolkit.config import load
+from toolkit.launching import launch as launcher
+from toolkit.runs import monitor
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import RunDir
+
+HERE = Path(__file__).parent
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def completed(run_id: str, root: Path, config, backend: str) -> RunDir:
+    """The run ``run_id`` of ``config`` on ``backend`` in ``root``, launched if it is not
+    there and waited for; raises if it did not complete."""
+    run = RunDir(root / run_id)
+    if not (run.path / "config.yaml").exists():
+        run = launcher.launch(config, runs_root_dir=root, run_id=run_id, backend=backend)
+    status = monitor.follow(run, progress=False)
+    if status["state"] != "completed":
+        raise RuntimeError(f"{run_id} ended {status['state']}: see {run.stdout_path}")
+    return run
+
+
+def row(run: RunDir, backend: str, seed: int) -> dict:
+    events = read_events(run.events_path)
+    last = events[events.phase == "eval"].iloc[-1]
+    wall = events.wall.max() - events.wall.min()
+    return {
+        "backend": backend,
+        "seed": seed,
+        "run_id": run.run_id,
+        "updates": int(last.step),
+        "test_accuracy": float(last.accuracy),
+        "test_loss": float(last.loss),
+        "wall_s": round(float(wall), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, default=Path("runs-backend-accuracy"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=20)
+    args = parser.parse_args()
+    rows = []
+    for backend in BACKENDS:
+        for seed in args.seeds:
+            config = load(HERE / "quickstart.yaml", [f"seed={seed}", f"epochs={args.epochs}"])
+            run = completed(f"{backend}-seed{seed}", args.runs.resolve(), config, backend)
+            rows.append(row(run, backend, seed))
+            print(rows[-1], flush=True)
+    table = pd.DataFrame(rows)
+    table.to_csv(HERE / "backend_accuracy.csv", index=False)
+    summary = table.groupby("backend", sort=False).agg(
+        accuracy_mean=("test_accuracy", "mean"),
+        accuracy_std=("test_accuracy", "std"),
+        loss_mean=("test_loss", "mean"),
+        loss_std=("test_loss", "std"),
+        wall_s=("wall_s", "mean"),
+    )
+    print(summary.round(4).to_markdown())
+
+
+if __name__ == "__main__":
+    main()
