@@ -1,5 +1,5 @@
 """Does a config reach the same accuracy on every Keras backend? The quickstart (MNIST-1D's
-1-D CNN, LARS, 2 workers of 32, 20 epochs: 2,500 updates, 80,000 examples) on TensorFlow,
+1-D CNN, LARS, 2 workers of 32, 20 epochs: 1,240 updates of 64, 79,360 examples) on TensorFlow,
 JAX and PyTorch, 3 seeds each.
 
     python experiments/backend_accuracy.py [--runs DIR] [--seeds 0 1 2] [--epochs 20]
