@@ -544,10 +544,9 @@ def _allreduces(optimizer: keras.optimizers.Optimizer) -> bool:
 
 
 def _make_finite_check_global(optimizer: keras.optimizers.LossScaleOptimizer) -> None:
-    local_check = optimizer.check_finite
+    local_check, engine = optimizer.check_finite, _engine()
 
     def finite_on_every_worker(grads: list) -> tf.Tensor:
-        engine = _engine()
         finite = keras.ops.cast(local_check(grads), "float32")
         return engine.allreduce(finite, op=engine.Min) > 0.5
 
