@@ -16,6 +16,7 @@ python -m toolkit calibrate CONFIG [--batches B ...] [--rates F ...] [--epochs E
                            [--targets LOSS ...] [--set k=v ...] [--dry-run | --yes]
 python -m toolkit sweep SWEEP [--dry-run | --status] [--max-parallel K] [--retry-failed] [--csv F]
                        [--slurm [--nodes K] [--time T] ...]   (the cells as one Slurm job array)
+python -m toolkit search SEARCH [--dry-run | --status] [--max-parallel K] [--csv F]
 python -m toolkit queue [--capacity h1:2,h2:2 | --capacity default]
 python -m toolkit notebook [JUPYTERLAB ARGS]   (toolkit.launching.jupyter)
 python -m toolkit cluster up [--hosts N] [--slurm] [--bandwidth 1gbit] [--delay 100us]
@@ -180,6 +181,13 @@ def build_parser() -> Parser:
     grid.add_argument("--retry-failed", action="store_true", help="rerun failed/stopped cells")
     grid.add_argument("--csv", help="write the per-cell results table here")
     _slurm_arguments(grid)
+    search = sub.add_parser("search", help="search a config's space with Optuna (sweeps.md)")
+    search.add_argument("search", help="the search's YAML file")
+    shown = search.add_mutually_exclusive_group()
+    shown.add_argument("--dry-run", action="store_true", help="print the space, start nothing")
+    shown.add_argument("--status", action="store_true", help="print each trial so far")
+    search.add_argument("--max-parallel", type=integer(1), help="trials at a time (default: fit)")
+    search.add_argument("--csv", help="write the trials table here")
     queue = sub.add_parser("queue", help="the launch queue: capacity, running and waiting runs")
     queue.add_argument("--capacity", help="set the slots: name:slots,... or 'default'")
     sub.add_parser(
@@ -235,7 +243,7 @@ def _command(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         went_on = (
             "the runs launched so far go on; the same command resumes the sweep"
-            if args.command in ("sweep", "calibrate")
+            if args.command in ("sweep", "calibrate", "search")
             else "the run goes on"
         )
         print(f"\ninterrupted; {went_on} (`python -m toolkit stop RUN`)", file=sys.stderr)
@@ -407,6 +415,32 @@ def _sweep(args) -> int:
     return 0 if (table["state"] == State.COMPLETED).all() else 1
 
 
+def _search(args) -> int:
+    """``search``: the space, the trials so far, or the search run to its end; the best."""
+    from toolkit.launching import search, search_runner
+
+    found = search.load(args.search)
+    if args.dry_run:
+        print(found.space_text())
+        return 0
+    if args.status:
+        table = search_runner.trials(found, args.runs)
+    else:
+        log = functools.partial(print, flush=True)
+        table = search_runner.run(found, args.runs, max_parallel=args.max_parallel, log=log)
+    print(table.drop(columns=["reason"]).map(terminal.cell).to_string(index=False))
+    if (table["state"] == "completed").any():
+        best = search_runner.best(found, args.runs)
+        print(
+            f"\nbest: trial {best.trial} ({best.run_id}), {found.spec.objective.metric} "
+            f"{best.value:.4f}"
+        )
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
+    return 0 if (table["state"] == "completed").any() else 1
+
+
 def _print_plan(grid, root: str | None, max_parallel: int | None, shown=None) -> None:
     """A sweep's cells (as ``shown`` gives them), each with its estimated time and how it was
     priced, and the whole sweep's cost."""
@@ -538,6 +572,7 @@ COMMANDS = {  # the subcommand -> its handler, which returns the exit code (None
     "resume": _resume,
     "delete": _delete,
     "sweep": _sweep,
+    "search": _search,
     "calibrate": _calibrate,
     "queue": lambda args: print(terminal.queue_text(args.runs, args.capacity)),
     "notebook": _notebook,

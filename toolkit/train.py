@@ -89,7 +89,9 @@ def train(
             run.record_processes(*workers)
             # a run trained here again (a notebook resuming a stopped run) starts afresh;
             # a launched run was reset by its launch, and a stop asked meanwhile must hold
-            again = dict(stop_requested=False, exit_code=None, reason=None, finished=None)
+            again = dict(
+                stop_requested=False, stop_as=None, exit_code=None, reason=None, finished=None
+            )
             # the time it lay stopped is not the run's; trained afresh, it has none
             again["paused_s"] = rundir.paused_s(run.recorded_status()) if resume else 0.0
             again = again if role == processes.IN_PROCESS else {}

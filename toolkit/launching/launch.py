@@ -199,19 +199,34 @@ def stop(
     notebook"`` in a Jupyter kernel, else ``"Python"``). It goes into the run's reason and into
     a last line of ``stdout.log``, written once every process has ended, so that the log of a
     stopped run ends by saying so, after horovodrun's own complaints about the signal."""
-    run = _as_run(run, runs_root_dir)
     by = by or ("a notebook" if "ipykernel" in sys.modules else "Python")
+    reason = f"stopped on request from {by} by {getpass.getuser()}@{socket.gethostname()}"
+    said = f"{reason}; resume it with: python -m toolkit resume {{run_id}}"
+    return _end(run, runs_root_dir, timeout, State.STOPPED, reason, said)
+
+
+def prune(
+    run: RunDir | str, why: str, runs_root_dir: str | Path | None = None, timeout: float = 15.0
+) -> RunDir:
+    """End a live run as :func:`stop` does, in state ``pruned``: a search's pruner judged it
+    not worth finishing (``why``, its reason). A pruned run does not resume."""
+    return _end(run, runs_root_dir, timeout, State.PRUNED, why, f"pruned: {why}")
+
+
+def _end(run, runs_root_dir, timeout: float, state: State, reason: str, said: str) -> RunDir:
+    """End a live run in ``state`` with ``reason``, ``said`` last in its log (``{run_id}``
+    filled in); see :func:`stop`."""
+    run = _as_run(run, runs_root_dir)
     with run.lock():
         status = run.status()
         if status["state"] not in LIVE:
             return run
-        run.set_status(status["state"], stop_requested=True)
+        run.set_status(status["state"], stop_requested=True, stop_as=state, reason=reason)
         survivors = registry.of_run(run, status).end(run, status, timeout)
         if survivors:
             raise RunError(f"run {run.run_id}: {'; '.join(survivors)}; still running")
-        reason = f"stopped on request from {by} by {getpass.getuser()}@{socket.gethostname()}"
-        run.finish(State.STOPPED, finished=time.time(), reason=reason)
-        _say_in_log(run, f"{reason}; resume it with: python -m toolkit resume {run.run_id}")
+        run.finish(state, finished=time.time(), reason=reason)
+        _say_in_log(run, said.format(run_id=run.run_id))
     slots.leave_line(run)
     return run
 

@@ -176,11 +176,14 @@ def from_mapping(raw: Any, folder: str | Path = ".") -> Sweep:
     except ValidationError as error:
         raise SweepError(config_lib.format_errors(error, "sweep file")) from None
     if isinstance(spec.base, str):
-        spec = spec.model_copy(update={"base": _read_base(spec.base, Path(folder))})
+        spec = spec.model_copy(update={"base": read_base(spec.base, Path(folder))})
     return Sweep(spec, tuple(expand(spec)))
 
 
-def _read_base(name: str, folder: Path) -> dict[str, Any]:
+def read_base(name: str, folder: Path) -> dict[str, Any]:
+    """The config file ``name`` (a sweep's or search's ``base``), from the working directory
+    or else ``folder``, as a mapping that validates; a bad one raises :class:`SweepError`
+    naming the file."""
     path = next((p for p in (Path(name), folder / name) if p.is_file()), None)
     if path is None:
         raise SweepError(

@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import fcntl
 import json
 import math
-import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
 from toolkit import advice, files, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig, from_mapping
-from toolkit.launching import launch, remote
+from toolkit.launching import launch, remote, runner_lock
 from toolkit.launching.executors import registry
 from toolkit.launching.slots import capacity, check_fits, positions, slots_of
 from toolkit.launching.sweep import (
@@ -287,7 +284,7 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s, label) -> pd.Data
     at_once = [cell for cell in todo if registry.choose(cell.config).starts_sweeps_at_once]
     if at_once:  # their executor paces them, max_parallel at a time: all go now
         todo = [cell for cell in todo if cell not in at_once]
-        cells = [(c.config, _free_id(c.run_id, base), c.meta()) for c in at_once]
+        cells = [(c.config, free_id(c.run_id, base), c.meta()) for c in at_once]
         started = launch.launch_all(cells, sweep.name, base, max_parallel)
         for cell, run_dir in zip(at_once, started, strict=True):
             in_flight[cell.key] = (cell, run_dir)
@@ -296,7 +293,7 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s, label) -> pd.Data
     while todo or in_flight:
         while todo and len(in_flight) < limit:
             cell = todo.pop(0)
-            run_id = _free_id(cell.run_id, base)
+            run_id = free_id(cell.run_id, base)
             run_dir = launch.launch(
                 cell.config, runs_root_dir=base, run_id=run_id, meta=cell.meta()
             )
@@ -311,31 +308,14 @@ def _run(sweep, base, max_parallel, retry_failed, log, poll_s, label) -> pd.Data
     return results(sweep, base)
 
 
-@contextmanager
-def _runner_lock(name: str, base: Path) -> Iterator[None]:
-    path = base / SWEEPS_DIR / f"{name}.lock"
-    with files.writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SweepError(f"sweep {name!r} is already being run by another process") from None
-        yield
-    finally:
-        os.close(fd)
+def _runner_lock(name: str, base: Path):
+    refusal = SweepError(f"sweep {name!r} is already being run by another process")
+    return runner_lock.held(base / SWEEPS_DIR / f"{name}.lock", refusal)
 
 
 def runner_active(name: str, root: str | Path | None = None) -> bool:
     """Whether a runner of sweep ``name`` is alive (it holds the sweep's lock)."""
-    if not (runs_root(root) / SWEEPS_DIR / f"{name}.lock").exists():
-        return False
-    try:
-        with _runner_lock(name, runs_root(root)):
-            return False
-    except SweepError:
-        return True
+    return runner_lock.is_held(runs_root(root) / SWEEPS_DIR / f"{name}.lock")
 
 
 def _check_parallel(max_parallel: int | None) -> None:
@@ -406,7 +386,7 @@ def _slurm_flags(slurm: dict) -> list[str]:
     return flags
 
 
-def _free_id(run_id: str, base: Path) -> str:
+def free_id(run_id: str, base: Path) -> str:
     """``run_id``, or ``run_id-2``, ``-3``... for a rerun beside an earlier attempt."""
     attempt, candidate = 1, run_id
     while (base / candidate).exists():

@@ -108,6 +108,7 @@ STATUS_FIELDS = _fields(
     finished=float | None,
     updated=float,
     stop_requested=bool,
+    stop_as=str | None,
     world_size=int,
     launched=float,
     released=float,
@@ -133,6 +134,9 @@ META_FIELDS = _fields(
     sweep=str,
     cell=str,
     coordinates=dict[str, Any],
+    search=str,
+    trial=int,
+    params=dict[str, Any],
     tags=list[str],
     notes=str,
     keras_backend=str,
@@ -416,17 +420,19 @@ class RunDir:
 
     def set_status(self, state: str, **fields) -> None:
         """Record ``state`` and ``fields`` (earlier fields are kept unless overwritten), under
-        the run's lock. A run whose stop was requested is recorded ``stopped`` where
-        ``completed`` is asked: training that was asked to stop never claims to have completed."""
+        the run's lock. A run whose stop was requested is recorded as the stop asked
+        (``stop_as``: ``stopped`` unless a pruner's ``pruned``) where ``completed`` or
+        ``stopped`` is asked: training that was asked to stop never claims to have completed,
+        and whoever records the stop first records the one asked."""
         if state not in STATES:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
         with self.lock(timeout=120):
             previous = self.recorded_status()
             if previous.get("state") == UNREADABLE:
                 previous = {}
-            if state == State.COMPLETED and previous.get("stop_requested"):
-                state = State.STOPPED
-                fields.setdefault("reason", "stopped on request")
+            if state in (State.COMPLETED, State.STOPPED) and previous.get("stop_requested"):
+                state = previous.get("stop_as") or State.STOPPED
+                fields.setdefault("reason", previous.get("reason") or "stopped on request")
             files.write_json(
                 self.status_path, {**previous, **fields, "state": state, "updated": time.time()}
             )

@@ -78,6 +78,7 @@ class Executor(ABC):
             where=self.where(config, job),
             launcher=self.launcher,
             stop_requested=False,
+            stop_as=None,
             exit_code=None,
             reason=None,
             finished=None,

@@ -1,0 +1,300 @@
+"""Searches (toolkit.launching.search, search_runner): the search file refused naming the bad
+field before anything starts, the objective's rule, and one real search under horovodrun (TPE
+with ASHA, 6 trials of 1 worker on 2 slots, ~45 s) whose runner is killed with SIGKILL beside a
+trial's worker, then run again: every trial ends once, the killed one resumed from its
+checkpoint, the study's values are the runs' own evaluations, the pruned runs are ``pruned``,
+and the best trial launched again scores the same."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from conftest import ROOT, run_cli
+
+from toolkit.launching import launch, search, search_runner, slots
+from toolkit.runs.events import read_events
+from toolkit.runs.rundir import RunDir, list_runs
+
+BASE = {
+    "seed": 0,
+    "dataset": {"name": "mnist1d"},
+    "model": {"name": "cnn1d"},
+    "optimizer": {"name": "sgd", "learning_rate": 0.1, "params": {"momentum": 0.9}},
+    "batch": {"per_worker": 64},
+    "epochs": 3,
+    "workers": 1,
+    "logging": {"every_steps": 20},
+    "checkpoint": {"every_epochs": 1},
+}
+
+
+def spec(**changes) -> dict:
+    return {
+        "name": "s",
+        "base": BASE,
+        "space": {
+            "optimizer.learning_rate": {"low": 1e-4, "high": 1.0, "log": True},
+            "optimizer.params.momentum": {"low": 0.0, "high": 0.95},
+        },
+        "trials": 6,
+        "seed": 3,
+        **changes,
+    }
+
+
+# ------------------------------------------------------------------------ the search file
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"sampler": "bayes"}, "sampler: Input should be 'tpe', 'gp', 'random' or 'grid'"),
+        ({"pruner": "asa"}, "pruner: Input should be 'asha', 'hyperband', 'median' or 'none'"),
+        ({"trials": 0}, "trials: Input should be greater than or equal to 1"),
+        ({"objective": "accuracyy"}, "objective.metric: Input should be 'accuracy' or 'loss'"),
+        ({"samplr": "tpe"}, "samplr: Extra inputs are not permitted"),
+        ({"space": {}}, "space: give a mapping of dotted config paths"),
+        (
+            {"space": {"optimizer.learning_rate": {"low": 2.0, "high": 1.0}}},
+            "space: optimizer.learning_rate: low must be below high",
+        ),
+        (
+            {"space": {"optimizer.learning_rate": {"low": 0.0, "high": 1.0, "log": True}}},
+            "space: optimizer.learning_rate: a log range needs low > 0",
+        ),
+        (
+            {"space": {"optimizer.learning_rate": {"low": 0.1, "hi": 1.0}}},
+            "space: optimizer.learning_rate: high: Field required; hi: Extra inputs are not "
+            "permitted",
+        ),
+        ({"space": {"batch.per_worker": []}}, "space: batch.per_worker has no choices"),
+        ({"space": {"seed": [0, 1]}}, "space: seed is the search's to set"),
+        (
+            {"sampler": "grid"},
+            "space.optimizer.learning_rate: the grid sampler takes lists of choices",
+        ),
+    ],
+)
+def test_a_bad_search_file_is_refused_naming_the_field(changes, named):
+    with pytest.raises(search.SearchError, match="invalid search file") as refused:
+        search.from_mapping(spec(**changes))
+    assert named in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "space, named",
+    [
+        (
+            {"optimizer.learning_rat": {"low": 0.1, "high": 1.0}},
+            "space.optimizer.learning_rat = 0.1: optimizer.learning_rat: Extra inputs are not "
+            "permitted (got 0.1); did you mean learning_rate?",
+        ),
+        (
+            {"batch.per_worker": [16, 0]},
+            "space.batch.per_worker = 0: batch.per_worker: Input should be greater than or "
+            "equal to 1",
+        ),
+        (
+            {"optimizer.learning_rate": {"low": -1.0, "high": 1.0}},
+            "space.optimizer.learning_rate = -1.0: optimizer.learning_rate:",
+        ),
+    ],
+)
+def test_a_space_field_the_config_refuses_is_named_with_the_configs_words(space, named, tmp_path):
+    with pytest.raises(search.SearchError, match="invalid search 's'") as refused:
+        search.from_mapping(spec(space=space))
+    assert named in str(refused.value), str(refused.value)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec(space=space)))
+    result = run_cli(["search", str(path)], tmp_path / "runs", timeout=60)
+    assert result.returncode == 2 and named in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+
+
+def test_a_base_that_is_not_there_is_named(tmp_path):
+    with pytest.raises(search.SearchError, match="base: config file 'nowhere.yaml' does not exist"):
+        search.from_mapping(spec(base="nowhere.yaml"), folder=tmp_path)
+
+
+def test_ranges_are_integer_when_both_bounds_are_and_say_so_in_the_dry_run(tmp_path, capsys):
+    from toolkit.__main__ import main
+
+    space = {
+        "schedule.warmup.epochs": {"low": 0, "high": 2},
+        "optimizer.learning_rate": {"low": 1, "high": 4, "type": "float", "log": True},
+        "optimizer.params.momentum": [0.8, 0.9],
+    }
+    found = search.from_mapping(spec(space=space))
+    kinds = {p: type(d).__name__ for p, d in found.distributions().items()}
+    assert kinds == {
+        "schedule.warmup.epochs": "IntDistribution",
+        "optimizer.learning_rate": "FloatDistribution",
+        "optimizer.params.momentum": "CategoricalDistribution",
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec(space=space)))
+    assert main(["--runs", str(tmp_path / "runs"), "search", str(path), "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "search s: 6 trials, sampler tpe (seed 3), pruner asha" in said
+    assert "schedule.warmup.epochs: int 0 to 2" in said
+    assert "optimizer.learning_rate: float 1 to 4, log" in said
+    assert "optimizer.params.momentum: one of 0.8, 0.9" in said
+
+
+@pytest.mark.parametrize(
+    "metric, at, values, expected",
+    [
+        ("accuracy", "last", [0.2, 0.5, 0.4], 0.4),
+        ("accuracy", "best", [0.2, 0.5, 0.4], 0.5),
+        ("loss", "best", [2.0, 1.0, 1.5], 1.0),
+        ("loss", "last", [2.0, math.nan], math.inf),  # diverged: the worst there is
+        ("accuracy", "best", [math.nan, 0.3], 0.3),
+        ("accuracy", "last", [], None),
+    ],
+)
+def test_the_objective_is_the_metric_at_the_last_or_best_evaluation(metric, at, values, expected):
+    objective = search.Objective(metric=metric, at=at)
+    assert objective.of(values) == expected
+    assert objective.direction == {"accuracy": "maximize", "loss": "minimize"}[metric]
+
+
+# ------------------------------------------------------------- a real search, 2 slots
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, subprocess_env):
+    """The search of :func:`spec` on 2 slots. Before it starts, a trial is asked and never
+    launched (a runner that died between the two). The first runner is killed with SIGKILL
+    once two trials train and one of them has evaluated; that trial's worker is killed too.
+    A second runner then runs the search to its end, and a third finds nothing to do."""
+    root = tmp_path_factory.mktemp("search-runs")
+    slots.set_capacity("localhost:2", root)
+    path = root.parent / "s.yaml"
+    path.write_text(yaml.safe_dump(spec(retries=2)))  # the killed trial may be the rerun
+    found = search.load(path)
+    orphan = search.study(found, root).ask(found.distributions())
+    orphan.set_user_attr(search_runner.RUN_ID, "s-t0")  # then its runner died
+    command = [sys.executable, "-m", "toolkit", "--runs", str(root), "search", str(path)]
+    first = subprocess.Popen(
+        [*command, "--max-parallel", "2"], cwd=ROOT, env=subprocess_env, stdout=subprocess.PIPE
+    )
+    deadline, killed = time.time() + 120, None
+    while killed is None:  # two trials train, and one of them has a checkpoint
+        assert first.poll() is None and time.time() < deadline
+        training = [r for r in list_runs(root) if r.status()["state"] == "running"]
+        evaluated = [r for r in training if list(r.checkpoints_path.glob("epoch-*"))]
+        if len(training) == 2 and evaluated:
+            killed = evaluated[0]
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    said_first = first.stdout.read().decode()
+    (worker,) = [p for p in killed.status()["processes"] if p["role"] == "worker"]
+    os.kill(worker["pid"], signal.SIGKILL)
+    second = subprocess.run(
+        command, cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=600
+    )
+    third = subprocess.run(
+        command, cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=120
+    )
+    return {
+        "root": root,
+        "search": found,
+        "killed": killed.run_id,
+        "first": said_first,
+        "second": second,
+        "third": third,
+        "trials": search_runner.trials(found, root),
+    }
+
+
+def test_every_trial_ends_once_and_the_unlaunched_one_is_rerun(searched):
+    second = searched["second"]
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    trials = searched["trials"]
+    said = "trial 0: failed (its runner ended before launching it); rerun as a new trial"
+    assert said in searched["first"]
+    first = trials[trials.trial == 0].iloc[0]
+    assert first.state == "failed" and first.run_id == "s-t0"
+    rate = trials["optimizer.learning_rate"]
+    (rerun,) = trials[(trials.trial != 0) & (rate == first["optimizer.learning_rate"])].itertuples()
+    assert rerun.attempt == 2 and rerun.run_id == f"s-t{rerun.trial}"
+    ended = trials[trials.trial != 0]
+    assert len(ended) == 6 and set(ended.state) <= {"completed", "pruned"}, trials
+    runs = {run.run_id: run for run in list_runs(searched["root"])}
+    assert sorted(runs) == sorted(ended.run_id)  # one run per trial, none launched twice
+    for row in ended.itertuples():
+        run = runs[row.run_id]
+        assert run.status()["state"] == row.state
+        assert run.meta()["search"] == "s" and run.meta()["trial"] == row.trial
+        assert run.tags() == ["search:s", f"trial:{row.trial}"]
+
+
+def test_the_trial_killed_mid_run_is_resumed_from_its_checkpoint(searched):
+    killed = RunDir(searched["root"] / searched["killed"])
+    status = killed.status()
+    assert status["state"] in ("completed", "pruned") and status["resumed_from"], status
+    trials = searched["trials"]
+    (row,) = trials[trials.run_id == killed.run_id].itertuples()
+    assert row.attempt == 2
+    said = f"trial {row.trial}: failed (worker rank 0 on"
+    assert said in searched["second"].stdout and "resumed from its checkpoint epoch-" in (
+        searched["second"].stdout
+    )
+
+
+def test_the_studys_values_are_the_runs_own_evaluations_and_the_pruned_stopped_early(searched):
+    """The oracle: each trial's value and intermediate values read here from its events."""
+    found, root = searched["search"], searched["root"]
+    study = search.study(found, root)
+    pruned = 0
+    for trial in study.get_trials():
+        if trial.number == 0:
+            continue
+        run = RunDir(root / trial.user_attrs["run_id"])
+        events = read_events(run.events_path)
+        evals = events[events.phase == "eval"].drop_duplicates("epoch", keep="last")
+        accuracy = evals.sort_values("step").accuracy.tolist()
+        reported = [trial.intermediate_values[k] for k in sorted(trial.intermediate_values)]
+        assert reported == pytest.approx(accuracy[: len(reported)], abs=0.02)  # a resume
+        # re-evaluates after its checkpoint: the study keeps the first report of a step
+        if trial.state.name == "COMPLETE":
+            assert len(accuracy) == 3 and trial.value == accuracy[-1]
+        else:
+            pruned += 1
+            status = run.status()
+            assert status["state"] == "pruned" and len(accuracy) < 3
+            assert status["reason"].startswith("pruned by search s's asha pruner at evaluation")
+            assert "pruned: pruned by search s" in run.stdout_path.read_text()
+    assert pruned >= 1
+
+
+def test_a_rerun_of_a_finished_search_starts_nothing(searched):
+    third = searched["third"]
+    assert third.returncode == 0, third.stderr
+    assert "search s going on: 6 trials" in third.stdout and "trial 7" not in third.stdout
+    assert len(list_runs(searched["root"])) == 6
+
+
+def test_the_best_trial_launched_again_scores_the_same(searched, tmp_path):
+    root = searched["root"]
+    best = search_runner.best(searched["search"], root)
+    config = RunDir(root / best.run_id).config()
+    again = launch.launch(config, runs_root_dir=tmp_path, run_id="again")
+    deadline = time.time() + 120
+    while again.status()["state"] in ("queued", "starting", "running"):
+        assert time.time() < deadline
+        time.sleep(0.5)
+    events = read_events(again.events_path)
+    assert events[events.phase == "eval"].accuracy.iloc[-1] == best.value
+    assert json.loads((root / best.run_id / "meta.json").read_text())["params"] == {
+        k: best[k] for k in searched["search"].spec.space
+    }
