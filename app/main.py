@@ -1,7 +1,7 @@
 """Large-Batch Lab dashboard. From the repository root: ``streamlit run app/main.py``.
 
 Pages (app/views/, not pages/, so Streamlit's automatic pages/ navigation never takes over):
-Runs, Launch, Run detail, Compare, Sweep.
+Runs, Launch, Run detail, Compare, Sweep, Search.
 
 The app only reads run directories under the runs root (``$LBL_RUNS``, default ``./runs``) and
 starts, stops and deletes runs through ``toolkit.launching.launch``.
@@ -42,6 +42,7 @@ page = st.navigation(
         st.Page("views/detail.py", title="Run detail", icon=":material/monitoring:"),
         st.Page("views/compare.py", title="Compare", icon=":material/stacked_line_chart:"),
         st.Page("views/sweep.py", title="Sweep", icon=":material/grid_on:"),
+        st.Page("views/search.py", title="Search", icon=":material/travel_explore:"),
     ]
 )
 with st.sidebar:

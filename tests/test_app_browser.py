@@ -126,7 +126,7 @@ def run_colors(page, url: str, run_id: str) -> list[str]:
 
 @pytest.mark.timeout(300)
 def test_every_page_in_chromium_with_a_live_runs_table_and_screenshots(server, tmp_path):
-    """Each page as a browser draws it, from ``/runs`` (an address of its own) to Sweep, with a
+    """Each page as a browser draws it, from ``/runs`` (an address of its own) to Search, with a
     screenshot of each in ``screenshots/`` for review; the Runs table follows a live run with no
     click, and no page shows an exception or a page-not-found dialog. A run keeps its colour
     across reloads while another is deleted and a new one made."""
@@ -163,10 +163,11 @@ def test_every_page_in_chromium_with_a_live_runs_table_and_screenshots(server, t
             ("compare", "Compare runs"),
             ("launch", "Launch a run"),
             ("sweep", "Sweep"),
+            ("search", "Search"),
         ):
             page.goto(f"{url}/{name}")
             expect(page.get_by_role("heading", name=heading)).to_be_visible(timeout=90_000)
-            if name != "sweep":
+            if name not in ("sweep", "search"):
                 expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=60_000)
             page.wait_for_timeout(1500)  # let the charts paint
             page.screenshot(path=str(shots / f"{name.split('?')[0]}.png"), full_page=True)
@@ -186,6 +187,7 @@ def test_every_page_in_chromium_with_a_live_runs_table_and_screenshots(server, t
         "detail.png",
         "launch.png",
         "runs.png",
+        "search.png",
         "sweep.png",
     ]
     assert all(p.stat().st_size > 20_000 for p in shots.iterdir())

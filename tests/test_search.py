@@ -19,6 +19,7 @@ import pytest
 import yaml
 from conftest import ROOT, run_cli
 
+from app.data import md_escape
 from toolkit.launching import launch, search, search_runner, slots
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import RunDir, list_runs
@@ -298,3 +299,57 @@ def test_the_best_trial_launched_again_scores_the_same(searched, tmp_path):
     assert json.loads((root / best.run_id / "meta.json").read_text())["params"] == {
         k: best[k] for k in searched["search"].spec.space
     }
+
+
+def test_the_search_page_shows_the_trials_their_runs_and_optunas_figures(searched, monkeypatch):
+    """AppTest over the search run here: every trial with its state, value and a link to its
+    Run detail, the best trials first, Optuna's three figures (~5 s)."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("LBL_RUNS", str(searched["root"]))
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
+    at.switch_page("views/search.py").run()
+    at.radio[0].set_value("A search run here").run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert "search s: 6 trials, sampler tpe (seed 3), pruner asha" in at.code[0].value
+    trials, best = (d.value for d in at.dataframe)
+    expected = searched["trials"]
+    assert trials["trial"].tolist() == expected["trial"].tolist()
+    assert trials["state"].tolist() == expected["state"].tolist()
+    ran = trials[trials.run_id.isin([r.run_id for r in list_runs(searched["root"])])]
+    assert (ran["open"] == "detail?run=" + ran["run_id"]).all() and len(ran) == 6
+    assert (ran["global_batch"] == 64).all()
+    completed = expected[expected.state == "completed"].sort_values("value", ascending=False)
+    assert best["trial"].tolist() == completed["trial"].head(3).tolist()
+    assert "No critical batch is calibrated for this task here" in at.info[0].value
+    assert len(at.get("plotly_chart")) == 3
+
+
+def test_a_search_started_from_the_page_runs_to_its_end(tmp_path, monkeypatch, subprocess_env):
+    """Written in the page (2 trials of 1 epoch, 1 worker), refused first where a field is
+    bad, then started: its runner, in a process of its own, ends both trials (~20 s)."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("LBL_RUNS", str(tmp_path))
+    monkeypatch.setenv("PATH", subprocess_env["PATH"])
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
+    at.switch_page("views/search.py").run()
+    at.radio[0].set_value("Write one").run()
+    body = spec(name="page", trials=2, base={**BASE, "epochs": 1}, pruner="none")
+    at.text_area[0].set_value(yaml.safe_dump({**body, "sampler": "bayes"})).run()
+    refused = md_escape("sampler: Input should be 'tpe', 'gp', 'random' or 'grid'")
+    assert refused in at.error[0].value
+    at.text_area[0].set_value(yaml.safe_dump(body)).run()
+    assert not at.error, [e.value for e in at.error]
+    next(b for b in at.button if b.label == "Start search").click().run()
+    assert any(md_escape("Search page started (runner pid") in s.value for s in at.success)
+    deadline = time.time() + 180
+    while search_runner.runner_active("page", tmp_path) or not list_runs(tmp_path):
+        assert time.time() < deadline
+        time.sleep(0.5)
+    table = search_runner.trials(search.load(tmp_path / ".searches" / "page.yaml"), tmp_path)
+    assert table["state"].tolist() == ["completed", "completed"], table
+    assert (
+        "search page done: 2 trials, 2 completed"
+        in (tmp_path / ".searches" / "page.log").read_text()
+    )
