@@ -253,7 +253,8 @@ class Search:
         lines = [
             f"search {spec.name}: {spec.trials} trials, sampler {spec.sampler} (seed {spec.seed}),"
             f" pruner {spec.pruner}, {spec.objective.direction} {spec.objective.metric} at the "
-            f"{spec.objective.at} evaluation, at most {spec.retries} retries a trial"
+            f"{spec.objective.at} evaluation, up to {spec.retries} "
+            f"{'retry' if spec.retries == 1 else 'retries'} a trial"
         ]
         for path, field in spec.space.items():
             if isinstance(field, Range):
