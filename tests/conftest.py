@@ -25,29 +25,6 @@ collect_ignore = [] if os.environ.get("KERAS_BACKEND") == "torch" else ["on_torc
 CHROMIUM = "/usr/bin/chromium"  # Debian's: the browser tests never download one
 
 
-MACHINE_WIDE = {
-    "cluster_hosts": "cluster",
-    "slurm_hosts": "cluster",
-    "kernel": "jupyter",
-    "lab": "jupyter",
-}
-"""Fixtures of one thing per machine (the namespace cluster and its Slurm; JupyterLab's kernel
-spec) -> the group of tests that share it."""
-
-
-def pytest_collection_modifyitems(config, items):
-    """The suite runs in two processes (``-n 2``, pytest-xdist's ``loadgroup``): a module with a
-    test that uses a machine-wide fixture runs whole in one of them, in order, so that no two
-    processes make, shape or take down the same cluster, or install the same kernel, at once."""
-    groups = {}
-    for item in items:
-        for fixture in set(item.fixturenames) & set(MACHINE_WIDE):
-            groups[item.module.__name__] = MACHINE_WIDE[fixture]
-    for item in items:
-        if group := groups.get(item.module.__name__):
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(scope="session")
 def subprocess_env():
     """Environment for child processes: this interpreter's bin first on PATH (horovodrun)."""

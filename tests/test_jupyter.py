@@ -26,7 +26,7 @@ import psutil
 import pytest
 from conftest import free_port, headless_chromium, run_cli, serving
 from playwright.sync_api import sync_playwright
-from test_notebooks import PLOTLY, values
+from test_notebooks import PLOTLY, check_executed, values
 
 from toolkit.launching import jupyter
 from toolkit.runs.events import read_events
@@ -204,6 +204,7 @@ def test_the_quickstart_runs_in_jupyterlab_in_chromium(lab, tmp_path):
     saved = (lab.notebooks / QUICKSTART).stat().st_size
     assert saved < 2_000_000, f"saved with its outputs: {saved:,} bytes"
     assert not outside, outside
+    check_executed(notebook, QUICKSTART, lab.notebooks.parent / "runs")  # as test_notebooks
 
 
 def leaves(url: str) -> bool:

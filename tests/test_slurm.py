@@ -512,6 +512,36 @@ def test_a_sweep_is_one_job_array_and_a_rerun_skips_its_completed_cells(slurm_ho
     assert [r.meta()["slurm_job_ids"] for r in runs] == [[job_of(r)] for r in runs]
 
 
+def test_a_search_runs_its_trials_as_slurm_jobs(slurm_hosts, slurm_runs):
+    """A search with ``--slurm``: each trial a Slurm job of its own, told to the study from its
+    events like any trial; a rerun adds none (~30 s: 2 one-epoch trials)."""
+    from toolkit.launching import search, search_runner
+
+    found = search.from_mapping(
+        {
+            "name": "srch",
+            "base": SMALL | {"workers": 1, "epochs": 1},
+            "space": {"optimizer.learning_rate": {"low": 0.05, "high": 0.5, "log": True}},
+            "trials": 2,
+            "pruner": "none",
+        }
+    )
+    found = search.on_slurm(found, {"time": "10:00"})
+    said = []
+    table = search_runner.run(found, log=said.append, poll_s=0.5)
+    assert (table["state"] == "completed").all(), said
+    runs = [RunDir(slurm_runs / run_id) for run_id in table["run_id"]]
+    jobs = [job_of(run) for run in runs]
+    assert len(set(jobs)) == 2 and all(job.isdigit() for job in jobs)
+    for run, value in zip(runs, table["value"]):
+        assert "#SBATCH --time=10:00" in (run.path / "job.sbatch").read_text()
+        events = read_events(run.events_path)
+        assert events[events.phase == "eval"].accuracy.iloc[-1] == value
+    said.clear()
+    again = search_runner.run(found, log=said.append, poll_s=0.5)
+    assert again["run_id"].tolist() == table["run_id"].tolist() and "trial 2" not in str(said)
+
+
 # --- the app's doors ----------------------------------------------------------------------------
 
 

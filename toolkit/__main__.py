@@ -17,6 +17,7 @@ python -m toolkit calibrate CONFIG [--batches B ...] [--rates F ...] [--epochs E
 python -m toolkit sweep SWEEP [--dry-run | --status] [--max-parallel K] [--retry-failed] [--csv F]
                        [--slurm [--nodes K] [--time T] ...]   (the cells as one Slurm job array)
 python -m toolkit search SEARCH [--dry-run | --status] [--max-parallel K] [--csv F]
+                        [--slurm [--nodes K] [--time T] ...]   (each trial a Slurm job)
 python -m toolkit queue [--capacity h1:2,h2:2 | --capacity default]
 python -m toolkit notebook [JUPYTERLAB ARGS]   (toolkit.launching.jupyter)
 python -m toolkit cluster up [--hosts N] [--slurm] [--bandwidth 1gbit] [--delay 100us]
@@ -188,6 +189,7 @@ def build_parser() -> Parser:
     shown.add_argument("--status", action="store_true", help="print each trial so far")
     search.add_argument("--max-parallel", type=integer(1), help="trials at a time (default: fit)")
     search.add_argument("--csv", help="write the trials table here")
+    _slurm_arguments(search)
     queue = sub.add_parser("queue", help="the launch queue: capacity, running and waiting runs")
     queue.add_argument("--capacity", help="set the slots: name:slots,... or 'default'")
     sub.add_parser(
@@ -419,7 +421,7 @@ def _search(args) -> int:
     """``search``: the space, the trials so far, or the search run to its end; the best."""
     from toolkit.launching import search, search_runner
 
-    found = search.load(args.search)
+    found = search.on_slurm(search.load(args.search), _slurm_fields(args))
     if args.dry_run:
         print(found.space_text())
         return 0

@@ -265,6 +265,17 @@ class Search:
         return "\n".join(lines)
 
 
+def on_slurm(search: Search, slurm: dict | None) -> Search:
+    """``search`` with its base given a ``slurm`` section of the fields ``slurm`` (over the
+    base's own; ``None``: unchanged): each trial is then a Slurm job, as any run so configured
+    (:mod:`toolkit.launching.slurm`). Validated like the search file."""
+    if slurm is None:
+        return search
+    raw = search.spec.model_dump(exclude_none=True)
+    raw["base"] = {**raw["base"], "slurm": {**(raw["base"].get("slurm") or {}), **slurm}}
+    return from_mapping(raw)
+
+
 def trial_run_id(search: str, number: int) -> str:
     """``<search>-t<number>``: a trial's run id (a retried attempt gets ``-2``, ``-3``...)."""
     return f"{search}-t{number}"

@@ -30,6 +30,7 @@ import pandas as pd
 
 from toolkit.config import ConfigError
 from toolkit.launching import launch, runner_lock
+from toolkit.launching.executors import registry
 from toolkit.launching.search import (
     Search,
     SearchError,
@@ -76,16 +77,20 @@ def run(
 ) -> pd.DataFrame:
     """Run ``search`` until it has its ``trials`` ended (completed, pruned, or failed with no
     retry left), ``max_parallel`` trials at a time (default: as many as the launch queue's
-    slots hold), and return :func:`trials`. Safe to call
-    again after an interruption (see the module docstring). A second runner of the same search
-    raises :class:`SearchError` while the first is alive."""
+    slots hold; on Slurm, every trial, Slurm's queue pacing them), and return :func:`trials`.
+    Safe to call again after an interruption (see the module docstring). A second runner of
+    the same search raises :class:`SearchError` while the first is alive."""
     search = search if isinstance(search, Search) else load(search)
     base = runs_root(root)
     config = search.config({}, 0)
     launch.check_fits_dataset(config)  # the base can train here, before any trial starts
+    queues_here = registry.choose(config).queues_here  # else its executor's queue paces it
     need = slots_of(config)
-    check_fits(need, base)
-    if max_parallel is None:
+    if queues_here:
+        check_fits(need, base)
+    if max_parallel is None and not queues_here:
+        max_parallel = search.spec.trials
+    elif max_parallel is None:
         have = capacity(base)
         max_parallel = max(1, min(have.get(host, n) // n for host, n in need.items()))
     elif isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
