@@ -37,6 +37,10 @@ BASE = {
 }
 
 
+GOOD = {"optimizer.learning_rate": 0.1, "optimizer.params.momentum": 0.9}
+HOPELESS = {"optimizer.learning_rate": 1e-4, "optimizer.params.momentum": 0.0}
+
+
 def spec(**changes) -> dict:
     return {
         "name": "s",
@@ -172,16 +176,21 @@ def test_the_objective_is_the_metric_at_the_last_or_best_evaluation(metric, at, 
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory, subprocess_env):
-    """The search of :func:`spec` on 2 slots. Before it starts, a trial is asked and never
-    launched (a runner that died between the two). The first runner is killed with SIGKILL
-    once two trials train and one of them has evaluated; that trial's worker is killed too.
-    A second runner then runs the search to its end, and a third finds nothing to do."""
+    """The search of :func:`spec` on 2 slots. Before it starts, a trial (of :data:`GOOD`
+    values) is asked and never launched (a runner that died between the two). The first runner
+    is killed with SIGKILL once two trials train and one of them has evaluated; that trial's
+    worker is killed too. :data:`HOPELESS` values are enqueued, so that they are the next
+    trial to start, after the good trial's first evaluation, whatever the order the
+    concurrent trials report in. A second runner then runs the search to its end, and a third
+    finds nothing to do."""
     root = tmp_path_factory.mktemp("search-runs")
     slots.set_capacity("localhost:2", root)
     path = root.parent / "s.yaml"
     path.write_text(yaml.safe_dump(spec(retries=2)))  # the killed trial may be the rerun
     found = search.load(path)
-    orphan = search.study(found, root).ask(found.distributions())
+    study = search.study(found, root)
+    study.enqueue_trial(GOOD)
+    orphan = study.ask(found.distributions())
     orphan.set_user_attr(search_runner.RUN_ID, "s-t0")  # then its runner died
     command = [sys.executable, "-m", "toolkit", "--runs", str(root), "search", str(path)]
     first = subprocess.Popen(
@@ -200,6 +209,7 @@ def searched(tmp_path_factory, subprocess_env):
     said_first = first.stdout.read().decode()
     (worker,) = [p for p in killed.status()["processes"] if p["role"] == "worker"]
     os.kill(worker["pid"], signal.SIGKILL)
+    search.study(found, root).enqueue_trial(HOPELESS)  # its first evaluation trails GOOD's
     second = subprocess.run(
         command, cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=600
     )
@@ -227,7 +237,8 @@ def test_every_trial_ends_once_and_the_unlaunched_one_is_rerun(searched):
     assert first.state == "failed" and first.run_id == "s-t0"
     rate = trials["optimizer.learning_rate"]
     (rerun,) = trials[(trials.trial != 0) & (rate == first["optimizer.learning_rate"])].itertuples()
-    assert rerun.attempt == 2 and rerun.run_id == f"s-t{rerun.trial}"
+    killed = rerun.run_id == searched["killed"]  # then resumed too: one attempt more
+    assert rerun.attempt == 2 + killed and rerun.run_id == f"s-t{rerun.trial}"
     ended = trials[trials.trial != 0]
     assert len(ended) == 6 and set(ended.state) <= {"completed", "pruned"}, trials
     runs = {run.run_id: run for run in list_runs(searched["root"])}
@@ -245,7 +256,8 @@ def test_the_trial_killed_mid_run_is_resumed_from_its_checkpoint(searched):
     assert status["state"] in ("completed", "pruned") and status["resumed_from"], status
     trials = searched["trials"]
     (row,) = trials[trials.run_id == killed.run_id].itertuples()
-    assert row.attempt == 2
+    rerun = row.trial != 0 and trials.loc[row.Index, "optimizer.learning_rate"] == 0.1
+    assert row.attempt == 2 + rerun  # the rerun of trial 0 starts at its attempt 2
     said = f"trial {row.trial}: failed (worker rank 0 on"
     assert said in searched["second"].stdout and "resumed from its checkpoint epoch-" in (
         searched["second"].stdout
@@ -256,7 +268,7 @@ def test_the_studys_values_are_the_runs_own_evaluations_and_the_pruned_stopped_e
     """The oracle: each trial's value and intermediate values read here from its events."""
     found, root = searched["search"], searched["root"]
     study = search.study(found, root)
-    pruned = 0
+    pruned = []
     for trial in study.get_trials():
         if trial.number == 0:
             continue
@@ -270,12 +282,13 @@ def test_the_studys_values_are_the_runs_own_evaluations_and_the_pruned_stopped_e
         if trial.state.name == "COMPLETE":
             assert len(accuracy) == 3 and trial.value == accuracy[-1]
         else:
-            pruned += 1
+            pruned.append(trial.params)
             status = run.status()
             assert status["state"] == "pruned" and len(accuracy) < 3
             assert status["reason"].startswith("pruned by search s's asha pruner at evaluation")
             assert "pruned: pruned by search s" in run.stdout_path.read_text()
-    assert pruned >= 1
+    # ASHA (reduction 3), first rung: while fewer than 6 trials reached it, only the best goes on
+    assert HOPELESS in pruned, pruned
 
 
 def test_a_rerun_of_a_finished_search_starts_nothing(searched):

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -376,29 +377,36 @@ def study(search: Search, root: str | Path | None = None):
 
 
 def sampler(search: Search, asked: int):
-    """The search's sampler for its trial after ``asked`` trials, seeded with the search's
-    seed plus ``asked``. A sampler's only state is its random generator (the history is read
-    from the study), so seeding it per trial makes each trial's draw depend on the seed and
-    the history alone: a runner started again after one died draws what it would have, where
-    one seeded once per process would draw its first trials' values again."""
+    """The search's sampler for its trial after ``asked`` trials, seeded from the search's
+    seed and ``asked`` together (numpy's ``SeedSequence``: no two searches' seeds share a
+    stream). A sampler's only state is its random generator (the history is read from the
+    study), so seeding it per trial makes each trial's draw depend on the seed and the history
+    alone: a runner started again after one died draws what it would have, where one seeded
+    once per process would draw its first trials' values again. TPE and GP start from random
+    draws for a third of the trials (at most Optuna's default of 10): with Optuna's 10 a search
+    of 10 trials or fewer would be a random search."""
     import optuna
 
-    spec, seed = search.spec, search.spec.seed + asked
+    spec = search.spec
+    seed = int(np.random.SeedSequence([spec.seed, asked]).generate_state(1)[0])
     if spec.sampler == "grid":
         return optuna.samplers.GridSampler(dict(spec.space), seed=seed)
-    return {
-        "tpe": optuna.samplers.TPESampler,
-        "gp": optuna.samplers.GPSampler,
-        "random": optuna.samplers.RandomSampler,
-    }[spec.sampler](seed=seed)
+    if spec.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    kind = {"tpe": optuna.samplers.TPESampler, "gp": optuna.samplers.GPSampler}[spec.sampler]
+    return kind(seed=seed, n_startup_trials=max(1, min(10, spec.trials // 3)))
 
 
 def _pruner(name: str):
+    """Optuna's pruner ``name``. A trial's steps are its evaluations (a few dozen at most), so
+    ASHA's and Hyperband's first rung is the first evaluation from the first trial on, where
+    Optuna's ``auto`` waits for a trial to complete."""
     import optuna
 
+    pruners = optuna.pruners
     return {
-        "asha": optuna.pruners.SuccessiveHalvingPruner,
-        "hyperband": optuna.pruners.HyperbandPruner,
-        "median": optuna.pruners.MedianPruner,
-        "none": optuna.pruners.NopPruner,
+        "asha": lambda: pruners.SuccessiveHalvingPruner(min_resource=1),
+        "hyperband": lambda: pruners.HyperbandPruner(min_resource=1),
+        "median": pruners.MedianPruner,
+        "none": pruners.NopPruner,
     }[name]()
