@@ -59,6 +59,19 @@ def presets() -> list[str]:
     return [BLANK] + sorted(p.stem for p in PRESETS.glob("*.yaml"))
 
 
+def experiment_files(top_key: str) -> list[str]:
+    """The YAML files under experiments/ with ``top_key`` at their top level (``grid``: a
+    sweep's, ``space``: a search's), relative to the repository."""
+    found = []
+    for path in sorted(PRESETS.rglob("*.yaml")):
+        try:
+            if top_key in (safe_yaml.load_file(path) or {}):
+                found.append(str(path.relative_to(PRESETS.parent)))
+        except (OSError, UnicodeDecodeError, safe_yaml.YamlError, TypeError):
+            continue
+    return found
+
+
 def preset_mapping(name: str) -> dict:
     """The raw (unvalidated) mapping of a preset; ``{}`` for blank or an unreadable file."""
     if name == BLANK:

@@ -9,7 +9,7 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
-from app import data
+from app import data, form
 from app.columns import RUN_COLUMNS
 from app.data import md_escape
 from toolkit import safe_yaml
@@ -53,25 +53,13 @@ FIGURES = {  # Optuna's own figures, by their title here
 }
 
 
-def search_files() -> list[str]:
-    """The YAML files under experiments/ that look like searches (a top-level ``space``)."""
-    found = []
-    for path in sorted(EXPERIMENTS.rglob("*.yaml")):
-        try:
-            if "space" in (safe_yaml.load_file(path) or {}):
-                found.append(str(path.relative_to(EXPERIMENTS.parent)))
-        except (OSError, UnicodeDecodeError, safe_yaml.YamlError, TypeError):
-            continue
-    return found
-
-
 def chosen() -> searches.Search:
     """The search the page is about, from the source picked; a bad one is named, the page
     stopped."""
     source = st.radio("Search", SOURCES, horizontal=True, label_visibility="collapsed")
     try:
         if source == SOURCES[0]:
-            if not (files := search_files()):
+            if not (files := form.experiment_files("space")):
                 st.info("No search files under experiments/. Write one instead.")
                 st.stop()
             return searches.load(EXPERIMENTS.parent / st.selectbox("Search file", files))

@@ -32,18 +32,6 @@ CONFIRM_CELLS = 20  # a sweep of more cells launches only once asked to twice
 EXAMPLE_METHODS = "linear: {lr_scaling.rule: linear}\nsqrt: {lr_scaling.rule: sqrt}\n"
 
 
-def sweep_files() -> list[str]:
-    """The YAML files under experiments/ that look like sweeps (a top-level ``grid``)."""
-    found = []
-    for path in sorted(EXPERIMENTS.rglob("*.yaml")):
-        try:
-            if "grid" in (safe_yaml.load_file(path) or {}):
-                found.append(str(path.relative_to(EXPERIMENTS.parent)))
-        except (OSError, UnicodeDecodeError, safe_yaml.YamlError, TypeError):
-            continue
-    return found
-
-
 def built_grid() -> dict:
     """A sweep mapping from the form: a name, a preset as base, the grid and methods (YAML)."""
     left, right = st.columns(2)
@@ -72,7 +60,7 @@ if flash := st.session_state.pop("sweep_flash", None):
 source = st.radio("Sweep", SOURCES, horizontal=True, label_visibility="collapsed")
 try:
     if source == SOURCES[0]:
-        choices = sweep_files()
+        choices = form.experiment_files("grid")
         if not choices:
             st.info("No sweep files under experiments/. Build a grid instead.")
             st.stop()

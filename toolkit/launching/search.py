@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from toolkit import config as config_lib
 from toolkit import files, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig
-from toolkit.launching.sweep import read_base
+from toolkit.launching.sweep import keep, read_base, read_yaml
 from toolkit.runs.rundir import runs_root
 
 SEARCHES_DIR = ".searches"
@@ -290,15 +290,7 @@ def load(path: str | Path) -> Search:
     """Read and validate a search file. ``base`` is read relative to the working directory or,
     failing that, to the search file's folder."""
     path = Path(path)
-    try:
-        raw = safe_yaml.load_file(path)
-    except FileNotFoundError:
-        raise SearchError(f"search file {safe_yaml.short(str(path))} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise SearchError(f"{path}: cannot be read as a YAML search: {error}") from None
-    except safe_yaml.YamlError as error:
-        raise SearchError(str(error)) from None
-    return from_mapping(raw, folder=path.parent)
+    return from_mapping(read_yaml(path, "search", SearchError), folder=path.parent)
 
 
 def from_mapping(raw: Any, folder: str | Path = ".") -> Search:
@@ -336,11 +328,7 @@ def folder(root: str | Path | None = None) -> Path:
 
 def save(search: Search, root: str | Path | None = None) -> Path:
     """Keep the resolved search (base inlined) in the runs root, for the dashboard and reruns."""
-    path = folder(root) / f"{search.name}.yaml"
-    with files.writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    files.replace(path, search.to_yaml().encode())
-    return path
+    return keep(folder(root) / f"{search.name}.yaml", search.to_yaml())
 
 
 def saved(root: str | Path | None = None) -> list[Search]:

@@ -156,15 +156,28 @@ def load(path: str | Path) -> Sweep:
     """Read and expand a sweep file. ``base`` is read relative to the working directory or,
     failing that, to the sweep file's folder."""
     path = Path(path)
+    return from_mapping(read_yaml(path, "sweep", SweepError), folder=path.parent)
+
+
+def read_yaml(path: Path, kind: str, error: type[ConfigError]) -> Any:
+    """The YAML document of the ``kind`` file (a sweep's, a search's) at ``path``; a file
+    that is missing or cannot be read as YAML raises ``error`` saying so."""
     try:
-        raw = safe_yaml.load_file(path)
+        return safe_yaml.load_file(path)
     except FileNotFoundError:
-        raise SweepError(f"sweep file {safe_yaml.short(str(path))} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise SweepError(f"{path}: cannot be read as a YAML sweep: {error}") from None
-    except safe_yaml.YamlError as error:
-        raise SweepError(str(error)) from None
-    return from_mapping(raw, folder=path.parent)
+        raise error(f"{kind} file {safe_yaml.short(str(path))} does not exist") from None
+    except (OSError, UnicodeDecodeError) as problem:
+        raise error(f"{path}: cannot be read as a YAML {kind}: {problem}") from None
+    except safe_yaml.YamlError as problem:
+        raise error(str(problem)) from None
+
+
+def keep(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` (its folder made), whole or not at all; ``path``."""
+    with files.writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    files.replace(path, text.encode())
+    return path
 
 
 def from_mapping(raw: Any, folder: str | Path = ".") -> Sweep:
@@ -272,11 +285,7 @@ def _cell(spec: SweepSpec, method: str | None, coordinates: dict, seed: int | No
 
 def save(sweep: Sweep, root: str | Path | None = None) -> Path:
     """Keep the resolved sweep (base inlined) in the runs root, for the dashboard."""
-    path = runs_root(root) / SWEEPS_DIR / f"{sweep.name}.yaml"
-    with files.writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    files.replace(path, sweep.to_yaml().encode())
-    return path
+    return keep(runs_root(root) / SWEEPS_DIR / f"{sweep.name}.yaml", sweep.to_yaml())
 
 
 def saved(root: str | Path | None = None) -> list[Sweep]:
