@@ -59,12 +59,13 @@ RETRY_OWED = "retry_owed"  # set on a failure before it is told: a retry is due
 
 @dataclasses.dataclass
 class _InFlight:
-    """A trial being trained: its Optuna trial, its run and how many of its evaluations the
-    study has been told."""
+    """A trial being trained: its Optuna trial, its run, how many of its evaluations the
+    study has been told, and where the pruner stopped it."""
 
     trial: object  # optuna.trial.Trial
     run: RunDir
     reported: int = 0
+    prune_at: int | None = None  # the evaluation the pruner stopped it at, until it has ended
 
 
 def run(
@@ -212,19 +213,27 @@ class _Runner:
         status = launch.settle(flight.run)
         values = self._evaluations(flight.run)
         trial, objective = flight.trial, self.spec.objective
+        state, prune_at = status["state"], None
         for count in range(flight.reported + 1, len(values) + 1):
             trial.report(objective.of(values[:count]), step=count)
-        flight.reported = max(flight.reported, len(values))
-        state = status["state"]
-        if state in LIVE and flight.reported and trial.should_prune():
-            value = objective.of(values)
+            flight.reported = count
+            # asked at every evaluation, even one read late or of a run that has ended:
+            # ASHA keeps a trial's value at each rung as it is asked there
+            if trial.should_prune() and state in LIVE:
+                prune_at = count
+                break
+        if prune_at is None and state in LIVE:
+            prune_at = flight.prune_at  # a prune that could not end its run last time
+        if prune_at is not None:
+            value = objective.of(values[:prune_at])
             why = (
                 f"pruned by search {self.search.name}'s {self.spec.pruner} pruner at "
-                f"evaluation {flight.reported} ({objective.metric} {value:.4f})"
+                f"evaluation {prune_at} ({objective.metric} {value:.4f})"
             )
             try:
                 launch.prune(flight.run, why)
-            except RunError as error:  # ended meanwhile, or busy: seen next time
+            except RunError as error:  # ended meanwhile, or busy: tried again next time
+                flight.prune_at = prune_at
                 self.log(f"trial {trial.number}: not pruned yet ({error})")
                 return
             state = flight.run.status()["state"]
