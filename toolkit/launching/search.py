@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from toolkit import config as config_lib
 from toolkit import files, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig
-from toolkit.launching.sweep import keep, read_base, read_yaml
+from toolkit.launching.sweep import checked_name, keep, read_base, read_yaml
 from toolkit.runs.rundir import runs_root
 
 SEARCHES_DIR = ".searches"
@@ -164,11 +164,7 @@ class SearchSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if problem := config_lib.run_name_problem(value):
-            raise ValueError(f"search names {problem}")
-        if len(value) > 48:
-            raise ValueError("search names have at most 48 characters (they prefix run ids)")
-        return value
+        return checked_name(value, "search", 48)
 
     @field_validator("objective", mode="before")
     @classmethod

@@ -77,11 +77,7 @@ class SweepSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if problem := config_lib.run_name_problem(value):
-            raise ValueError(f"sweep names {problem}")
-        if len(value) > 32:
-            raise ValueError("sweep names have at most 32 characters (they prefix run ids)")
-        return value
+        return checked_name(value, "sweep", 32)
 
     @field_validator("grid")
     @classmethod
@@ -106,6 +102,16 @@ class SweepSpec(BaseModel):
 
     def grids(self) -> list[dict[str, Values]]:
         return self.grid if isinstance(self.grid, list) else [self.grid]
+
+
+def checked_name(value: str, kind: str, most: int) -> str:
+    """``value`` if it may name a ``kind`` (a sweep, a search): a valid run name of at most
+    ``most`` characters, since it prefixes its runs' ids; else a ``ValueError`` saying why."""
+    if problem := config_lib.run_name_problem(value):
+        raise ValueError(f"{kind} names {problem}")
+    if len(value) > most:
+        raise ValueError(f"{kind} names have at most {most} characters (they prefix run ids)")
+    return value
 
 
 @dataclass(frozen=True)
