@@ -23,6 +23,8 @@ python -m toolkit notebook [JUPYTERLAB ARGS]   (toolkit.launching.jupyter)
 python -m toolkit cluster up [--hosts N] [--slurm] [--bandwidth 1gbit] [--delay 100us]
 python -m toolkit cluster status | shape [--bandwidth R] [--delay D] | down
 python -m toolkit cluster exec HOST -- COMMAND...
+python -m toolkit tensorboard [RUN ...] [--logdir DIR] [--no-serve] [--port P]
+python -m toolkit export mlflow [RUN ...] [--tracking-uri URI] [--experiment NAME]
 
 Every user error (a bad config, an unknown or invalid run id, a run that is busy or in the wrong
 state, run files that cannot be written) exits with status 2 and one line on stderr.
@@ -201,6 +203,18 @@ def build_parser() -> Parser:
     board.add_argument("--logdir", help="the export's home (default: tensorboard/ beside the runs)")
     board.add_argument("--no-serve", action="store_true", help="export, then exit")
     board.add_argument("--port", type=integer(1, 65535), default=6006, help="on 127.0.0.1")
+    export = sub.add_parser("export", help="runs into another tracker (MLflow)")
+    targets = export.add_subparsers(dest="target", required=True, metavar="TARGET")
+    to_mlflow = targets.add_parser("mlflow", help="each run one MLflow run; again: the rest")
+    to_mlflow.add_argument(
+        "run_ids", nargs="*", metavar="RUN", help="default: every run but probes"
+    )
+    to_mlflow.add_argument(
+        "--tracking-uri", help="an MLflow server or database (default: <runs>/.mlflow/mlflow.db)"
+    )
+    to_mlflow.add_argument(
+        "--experiment", help="the MLflow experiment (default: each config's name)"
+    )
     return parser
 
 
@@ -363,16 +377,23 @@ def _slurm_fields(args) -> dict | None:
     return given if args.slurm else None
 
 
-def _tensorboard(args) -> int:
-    """Export the named runs (or every run but probes, listed again each round while serving)
-    under the logdir, then serve them with TensorBoard on 127.0.0.1 until interrupted."""
-    from toolkit.runs import tensorboard_export
-
+def _exported_runs(args):
+    """The runs an export names (``args.run_ids``, completed), else a function listing every
+    run but probes each time it is called (a served export's runs grow)."""
     named = [resolve(complete_id(run_id, args.runs), args.runs) for run_id in args.run_ids]
 
     def runs() -> list:
         return named or [run for run in list_runs(args.runs) if not run.meta().get("probe")]
 
+    return runs
+
+
+def _tensorboard(args) -> int:
+    """Export the named runs (or every run but probes, listed again each round while serving)
+    under the logdir, then serve them with TensorBoard on 127.0.0.1 until interrupted."""
+    from toolkit.runs import tensorboard_export
+
+    runs = _exported_runs(args)
     logdir = Path(args.logdir or runs_root(args.runs).resolve().parent / "tensorboard")
     for run_id, count in tensorboard_export.export_all(runs(), logdir).items():
         print(f"{run_id}: {count} new records")
@@ -384,6 +405,15 @@ def _tensorboard(args) -> int:
         return tensorboard_export.serve(runs, logdir, args.port)
     except KeyboardInterrupt:
         return 0
+
+
+def _export(args) -> None:
+    """``export mlflow``: each run brought up to date in MLflow, a line each."""
+    from toolkit.runs import mlflow_export
+
+    runs = _exported_runs(args)()
+    said = mlflow_export.export_runs(runs, args.tracking_uri, args.experiment, args.runs)
+    print("\n".join(said))
 
 
 def _sweep(args) -> int:
@@ -580,6 +610,7 @@ COMMANDS = {  # the subcommand -> its handler, which returns the exit code (None
     "notebook": _notebook,
     "cluster": _cluster,
     "tensorboard": _tensorboard,
+    "export": _export,
     "probe": _probe,
 }
 

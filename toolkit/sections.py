@@ -259,6 +259,40 @@ class ScalingConfig(Section):
     base_batch: int = Field(256, ge=1)
 
 
+TRACKING_URI = re.compile(
+    r"^(https?://\S+|(sqlite|postgresql|mysql|mssql)(\+\w+)?://\S*|databricks\S*)$"
+)
+
+
+class MlflowConfig(Section):
+    """Rank 0 logs the run to MLflow as it trains (:mod:`toolkit.runs.mlflow_live`): the same
+    MLflow run, names and values ``python -m toolkit export mlflow`` gives. A tracking server
+    that is down neither stops nor slows training: the events stay the truth on disk, and an
+    export catches MLflow up later."""
+
+    tracking_uri: str | None = Field(
+        None,
+        description="an MLflow server (http://host:5000) or database URI (default: a SQLite "
+        "file under the runs root, .mlflow/mlflow.db)",
+    )
+    experiment: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="the MLflow experiment's name (default: the config's name)",
+    )
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _tracking_uri(cls, value: str | None) -> str | None:
+        if value is not None and not TRACKING_URI.match(value):
+            raise ValueError(
+                "must be an MLflow server (http://host:5000, https://...) or a database URI "
+                "(sqlite:///path/mlflow.db, postgresql://..., mysql://..., databricks)"
+            )
+        return value
+
+
 class LoggingConfig(Section):
     """Event intervals. The gradient noise scale (``gns`` events) is measured every
     ``noise_scale_every_steps`` optimizer updates (0: off): in the allreduce hook with more than
@@ -285,6 +319,9 @@ class LoggingConfig(Section):
     )
     system_every_events: int = Field(
         5, ge=0, description="workers' CPU, memory and GPU: the first and every n-th train event"
+    )
+    mlflow: MlflowConfig | None = Field(
+        None, description="log to MLflow as the run trains (mlflow: {} for the local default)"
     )
 
     @field_validator("noise_scale_every_steps", mode="before")

@@ -25,7 +25,7 @@ from toolkit.files import WriteError
 from toolkit.parallel import distributed
 from toolkit.parallel.collective_errors import collective_failed
 from toolkit.rates import peak_learning_rate
-from toolkit.runs import checkpoints, monitor, processes, rundir
+from toolkit.runs import checkpoints, mlflow_live, monitor, processes, rundir
 from toolkit.runs.rundir import RunDir, RunError
 from toolkit.runs.states import State
 from toolkit.training import callbacks, requeue
@@ -83,6 +83,7 @@ def train(
     view = monitor.LiveView(run) if run and live and monitor.in_notebook() else None
     if view is not None:
         view.show()
+    mirror, ended = None, None  # rank 0's MLflow mirror, and the end it is told
     try:
         if run:
             started = run.status().get("started") if resume else None  # a resumed run's clock
@@ -97,6 +98,8 @@ def train(
             again = again if role == processes.IN_PROCESS else {}
             run.set_status(State.RUNNING, world_size=world, started=started or time.time(), **again)
             run.update_meta(run_id=run.run_id, **_meta(config, world), **(meta or {}))
+            if config.logging.mlflow is not None:
+                mirror = mlflow_live.LiveMirror(run, config.logging.mlflow).start()
         previous_policy = keras.config.dtype_policy()
         keras.config.set_dtype_policy(config.precision)
         try:
@@ -109,6 +112,7 @@ def train(
     except requeue.Requeue:  # not an end: the job's driver requeues it
         raise
     except BaseException as error:
+        ended = State.STOPPED if isinstance(error, KeyboardInterrupt) else State.FAILED
         run = _recorder(run, run_dir)
         if run:
             try:
@@ -117,10 +121,13 @@ def train(
                 pass
         raise
     else:
+        ended = State.COMPLETED
         run = _recorder(run, run_dir)
         if run:
             run.finish(State.COMPLETED, exit_code=0, finished=time.time())
     finally:
+        if mirror is not None:  # a requeued run (no end) stays running in MLflow too
+            mirror.close(ended)
         if heartbeat:
             heartbeat.stop()
         if view is not None:  # its last look: the final state, whatever it is

@@ -221,7 +221,7 @@ if st.session_state.get("confirm_delete") == run_id:
         del st.session_state.confirm_delete
         st.rerun()
 
-output, resolved, diff = st.tabs(["stdout.log (end)", "Config", "Config diff"])
+output, resolved, diff, tracked = st.tabs(["stdout.log (end)", "Config", "Config diff", "MLflow"])
 with output:
     st.code(files.tail(run.stdout_path) or "(no output yet)", language=None)
 with resolved:
@@ -234,3 +234,26 @@ with diff:
     theirs = data.text(run.path.parent / other / "config.yaml").splitlines(keepends=True)
     lines = difflib.unified_diff(mine, theirs, f"{run_id}/config.yaml", f"{other}/config.yaml")
     st.code("".join(lines) or "(the configs are identical)", language="diff")
+with tracked:
+    st.caption(
+        "Each run becomes one MLflow run: its config as params, its events as metric histories, "
+        "its tags and notes, config.yaml, meta.json and its checkpoint's manifest. Exporting "
+        "again adds only what is new."
+    )
+    uri_box, experiment_box = st.columns(2)
+    uri = uri_box.text_input(
+        "Tracking URI", placeholder="default: .mlflow/mlflow.db under the runs root"
+    ).strip()
+    experiment = experiment_box.text_input(
+        "Experiment", placeholder="default: the config's name"
+    ).strip()
+    one, listed = st.columns(2)
+    chosen = [run] if one.button("Export this run", width="stretch") else []
+    if listed.button(f"Export the {len(ids)} listed runs", width="stretch"):
+        chosen = [found for found in map(data.find, ids) if found is not None]
+    if chosen:
+        from toolkit.runs import mlflow_export  # MLflow's import (a second or two): on demand
+
+        root = data.root()
+        said = act(lambda: mlflow_export.export_runs(chosen, uri or None, experiment or None, root))
+        st.success(md_escape("\n\n".join(said)))

@@ -119,6 +119,52 @@ def parse(data: bytes) -> pd.DataFrame:
     return _frame(_records(data))
 
 
+NOT_SCALARS = ("step", "wall")
+"""Keys every record has that place it rather than measure it."""
+
+
+def scalar_name(phase: str, key: str) -> str:
+    """The name a numeric ``key`` of a ``phase`` record is exported under (TensorBoard's tag,
+    MLflow's metric): ``<phase>/<key>`` (``train/loss``, ``eval/accuracy``,
+    ``system/memory_gb/rank0``), or ``key`` where it is ``epoch`` or already starts with
+    ``<phase>/`` (``trust_ratio/conv1/kernel``)."""
+    return key if key == "epoch" or key.startswith(f"{phase}/") else f"{phase}/{key}"
+
+
+def scalars(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every numeric value of every record of ``frame`` that has a step, one row each, in
+    record order: ``record`` (its row in ``frame``), ``name`` (:func:`scalar_name`; a record
+    without a phase is an ``events`` one), ``step`` (an integer), ``wall`` (NaN where the
+    record has none) and ``value`` (float64). NaN is left out (a key the record lacks, or a
+    diverged loss); ``epoch`` is given once a step, at the step's first record that has it."""
+    columns = ["record", "name", "step", "wall", "value"]
+    keys = [
+        key
+        for key in frame.columns
+        if key not in NOT_SCALARS and pd.api.types.is_numeric_dtype(frame[key])
+    ]
+    if "step" not in frame or not keys:
+        return pd.DataFrame(columns=columns)
+    places = pd.DataFrame(
+        {
+            "record": np.arange(len(frame)),
+            "phase": frame["phase"].fillna("events") if "phase" in frame else "events",
+            "step": pd.to_numeric(frame["step"], errors="coerce"),
+            "wall": pd.to_numeric(frame["wall"], errors="coerce") if "wall" in frame else np.nan,
+        }
+    )
+    values = frame[keys].astype(np.float64).set_axis(places.index)
+    long = pd.concat([places, values], axis=1).melt(
+        id_vars=["record", "phase", "step", "wall"], var_name="key", value_name="value"
+    )
+    long = long[np.isfinite(long["step"]) & long["value"].notna()]
+    epochs = long["key"] == "epoch"  # melted key by key: a record's epoch follows the last's
+    long = long[~epochs | long["step"].ne(long["step"].where(epochs).shift())]
+    long = long.sort_values("record", kind="stable")
+    long["name"] = [scalar_name(p, k) for p, k in zip(long["phase"], long["key"], strict=True)]
+    return long.astype({"step": np.int64}).reset_index(drop=True)[columns]
+
+
 class EventWriter:
     """Appends records to an events file, one JSON line per record.
 

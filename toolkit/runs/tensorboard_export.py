@@ -1,11 +1,10 @@
 """Runs' events as TensorBoard event files: ``python -m toolkit tensorboard``.
 
-Each lab run becomes one TensorBoard run, ``<logdir>/<run id>/``, tagged by :func:`tag` (every
-numeric key of every record, at the record's ``step`` and ``wall`` time): ``<phase>/<key>``
-(``train/loss``, ``eval/accuracy``, ``gns/b_simple``, ``system/memory_gb/rank0``), a key that
-already starts with its phase as it is (``trust_ratio/conv1/kernel``), and ``epoch`` once, at the
-first record of each step. Values go in as float64 scalars, so TensorBoard reads back exactly
-what ``events.jsonl`` holds. NaN (a key the record lacks, or a diverged loss) is left out:
+Each lab run becomes one TensorBoard run, ``<logdir>/<run id>/``, a record an event holding its
+:func:`~toolkit.runs.events.scalars` (every numeric key, at the record's ``step`` and ``wall``
+time, tagged ``<phase>/<key>``: ``train/loss``, ``eval/accuracy``, ``trust_ratio/conv1/kernel``;
+``epoch`` once a step). Values go in as float64 scalars, so TensorBoard reads back exactly what
+``events.jsonl`` holds. NaN (a key the record lacks, or a diverged loss) is left out:
 TensorBoard cannot draw it.
 
 The run's config goes in twice: as HParams (:func:`hparams`: every field, flattened to
@@ -41,13 +40,11 @@ from tensorboard.util import tensor_util
 
 from toolkit import files
 from toolkit.config import ConfigError, ExperimentConfig
-from toolkit.runs.events import EventTail
+from toolkit.runs.events import EventTail, scalars
 from toolkit.runs.rundir import RunDir
 
 POSITION = "lbl-position.json"
 EVENT_FILES = "events.out.tfevents.*"
-NOT_SCALARS = ("step", "wall")
-"""Keys every record has that place it rather than measure it."""
 _SCALAR = summary_pb2.SummaryMetadata(
     plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
     data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR,
@@ -73,12 +70,6 @@ def export(run: RunDir, logdir: str | Path) -> int:
     written = _write(out, frame) if len(frame) else 0
     files.write_json(out / POSITION, tail.position())
     return written
-
-
-def tag(phase: str, key: str) -> str:
-    """The TensorBoard tag of ``key`` in a record of ``phase``: ``<phase>/<key>``, or ``key``
-    where it is ``epoch`` or already starts with ``<phase>/``."""
-    return key if key == "epoch" or key.startswith(f"{phase}/") else f"{phase}/{key}"
 
 
 def hparams(run: RunDir, config: ExperimentConfig) -> dict[str, bool | float | str]:
@@ -108,40 +99,24 @@ def _write_config(out: Path, run: RunDir) -> None:
 
 
 def _write(out: Path, frame: pd.DataFrame) -> int:
-    """One new event file in ``out`` with the records of ``frame`` that have a step; their
-    count."""
-    keys = [
-        key
-        for key in frame.columns
-        if key not in NOT_SCALARS and pd.api.types.is_numeric_dtype(frame[key])
-    ]
-    phases = (
-        frame["phase"].fillna("events") if "phase" in frame else pd.Series("events", frame.index)
-    )
-    values = frame[keys].to_numpy(np.float64)
-    walls = frame["wall"].to_numpy(np.float64) if "wall" in frame else np.zeros(len(frame))
-    steps = frame["step"].to_numpy(np.float64) if "step" in frame else np.full(len(frame), np.nan)
+    """One new event file in ``out`` with the records of ``frame`` that have a step (their
+    :func:`~toolkit.runs.events.scalars`, a record an event); their count."""
     writer = EventFileWriter(str(out))
     introduced: set[str] = set()  # tags whose metadata this file has given
-    written, epoch_at = 0, None  # the step whose epoch was written last
-    for phase, step, wall, row in zip(phases, steps, walls, values, strict=True):
-        if not math.isfinite(step):
-            continue
+    written = 0
+    for (_, step, wall), values in scalars(frame).groupby(
+        ["record", "step", "wall"], sort=False, dropna=False
+    ):
         event = event_pb2.Event(wall_time=wall if math.isfinite(wall) else 0.0, step=int(step))
-        for key, value in zip(keys, row, strict=True):
-            if math.isnan(value) or (key == "epoch" and epoch_at == step):
-                continue
-            epoch_at = step if key == "epoch" else epoch_at
-            name = tag(phase, key)
+        for name, value in zip(values["name"], values["value"], strict=True):
             scalar = event.summary.value.add(
                 tag=name, tensor=tensor_util.make_tensor_proto(np.float64(value))
             )
             if name not in introduced:
                 scalar.metadata.CopyFrom(_SCALAR)
                 introduced.add(name)
-        if event.summary.value:
-            writer.add_event(event)
-            written += 1
+        writer.add_event(event)
+        written += 1
     writer.close()
     return written
 
