@@ -11,7 +11,11 @@ dashboard with ``streamlit run`` and photographs, in Debian's Chromium through P
 * ``compare.png``: Compare of the three runs;
 * ``sweep.png``: the Sweep page on that sweep, its results against the batch;
 * ``notebook.png``: JupyterLab running ``notebooks/01_quickstart.ipynb`` at its smoke settings,
-  and the live view it draws while it trains.
+  and the live view it draws while it trains;
+* ``mlflow-run.png``: the batch-64 run exported (``python -m toolkit export mlflow``) to a real
+  ``mlflow server`` (SQLite, in the temporary directory), its loss charts in MLflow's UI.
+
+``--pictures`` takes some of ``dashboard``, ``notebook`` and ``mlflow`` (default: all three).
 
 Each is cut to the top of its page, scaled to 1,000 pixels wide and stored with a 256-colour
 palette, so the four weigh a few hundred KB. Run it again after a change to what they show.
@@ -32,6 +36,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from mlflow import MlflowClient
 from PIL import Image
 from playwright.sync_api import Page, expect, sync_playwright
 
@@ -123,6 +128,35 @@ def photograph_dashboard(runs: Path, ids: dict[int, str], out: Path) -> None:
             save(page, out / "sweep.png", height=1350)
 
 
+def photograph_mlflow(runs: Path, run_id: str, out: Path, work: Path, env: dict) -> None:
+    """MLflow's UI on ``run_id``, exported to a server started here: its loss charts."""
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    store = work / "mlflow"
+    command = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--workers", "1", "--artifacts-destination", str(store)]
+    command += ["--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}"]
+    with server(command, f"{uri}/health", work / "mlflow.log", env):
+        export = [sys.executable, "-m", "toolkit", "--runs", str(runs), "export", "mlflow"]
+        where = ["--tracking-uri", uri, "--experiment", "quickstart"]
+        subprocess.run([*export, run_id, *where], cwd=ROOT, env=env, check=True)
+        client = MlflowClient(uri)
+        (found,) = client.search_runs(
+            [client.get_experiment_by_name("quickstart").experiment_id],
+            f"tags.`lab.run_id` = '{run_id}'",
+        )
+        page_url = f"{uri}/#/experiments/{found.info.experiment_id}/runs/{found.info.run_id}"
+        with browser_page() as page:
+            page.goto(f"{page_url}/model-metrics")
+            page.get_by_text("Model training", exact=True).click()  # not the GenAI view
+            page.goto(f"{page_url}/model-metrics")
+            page.reload()  # the same address: drawn again in the training view
+            page.locator("button[aria-label=Close]").click()  # the assistant's panel
+            page.get_by_placeholder("Search metric charts").fill("loss")
+            expect(page.get_by_text("train_loss").first).to_be_visible(timeout=60_000)
+            save(page, out / "mlflow-run.png", height=1000)
+
+
 def notebook(env: dict, out: Path, work: Path) -> None:
     """JupyterLab as ``./lab notebook`` starts it, running the quickstart notebook."""
     notebooks = work / "notebooks"
@@ -166,6 +200,8 @@ def notebook(env: dict, out: Path, work: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "img"))
+    pictures = ("dashboard", "notebook", "mlflow")
+    parser.add_argument("--pictures", nargs="+", choices=pictures, default=pictures)
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,9 +210,13 @@ def main() -> int:
         runs = work / "runs"
         env = dict(os.environ, LBL_RUNS=str(runs), TF_CPP_MIN_LOG_LEVEL="2")
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        ids = train(runs, env)
-        photograph_dashboard(runs, ids, out)
-        notebook(env, out, work)
+        ids = train(runs, env) if {"dashboard", "mlflow"} & set(args.pictures) else {}
+        if "dashboard" in args.pictures:
+            photograph_dashboard(runs, ids, out)
+        if "mlflow" in args.pictures:
+            photograph_mlflow(runs, ids[64], out, work, env)
+        if "notebook" in args.pictures:
+            notebook(env, out, work)
     return 0
 
 

@@ -473,6 +473,26 @@ def test_launch_form_sets_dgcs_switches(root, launches):
     )
 
 
+def test_the_launch_form_logs_to_mlflow_where_asked_and_names_a_bad_uri(root, launches):
+    at = launch_page()
+    assert by_label(at.text_input, "MLflow tracking URI").disabled  # off: no section
+    by_label(at.checkbox, "Log to MLflow as it trains").check().run()
+    by_label(at.text_input, "MLflow tracking URI").set_value("mlruns").run()
+    (shown,) = [e.value for e in at.error if "tracking" in e.value]
+    assert "must be an MLflow server" in shown
+    assert by_label(at.button, "Launch").disabled or not launches
+    by_label(at.text_input, "MLflow tracking URI").set_value("http://127.0.0.1:5000")
+    by_label(at.text_input, "MLflow experiment").set_value("lab")
+    at.run()
+    assert not at.error
+    by_label(at.button, "Launch").click().run()
+    ((config, _),) = launches
+    assert config.logging.mlflow.model_dump() == {
+        "tracking_uri": "http://127.0.0.1:5000",
+        "experiment": "lab",
+    }
+
+
 # --- Runs ---------------------------------------------------------------------------------
 
 

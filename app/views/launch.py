@@ -516,11 +516,38 @@ with st.expander("Logging and checkpoints"):
                 "CheckpointConfig",
             )
         }
+    mirror, uri_cell, experiment_cell = st.columns([1, 2, 2])
+    live_mlflow = mirror.checkbox(
+        "Log to MLflow as it trains",
+        value=form.get(given, "logging.mlflow", None) is not None,
+        key=key("logging.mlflow"),
+        help="logging.mlflow: rank 0 mirrors the run's events to MLflow; a server that is "
+        "down does not stop training (python -m toolkit export mlflow catches it up)",
+    )
+    with uri_cell:
+        uri = text(
+            "MLflow tracking URI",
+            "logging.mlflow.tracking_uri",
+            "MlflowConfig",
+            placeholder="default: .mlflow/mlflow.db under the runs root",
+            disabled=not live_mlflow,
+        ).strip()
+    with experiment_cell:
+        experiment = text(
+            "MLflow experiment",
+            "logging.mlflow.experiment",
+            "MlflowConfig",
+            placeholder="default: the config's name",
+            disabled=not live_mlflow,
+        ).strip()
     raw["logging"] = {
         "every_steps": every,
         "trust_ratio_every_steps": ratio_every,
         "noise_scale_every_steps": "auto" if noise_every is None else noise_every,
         "noise_scale_smoothing": noise_smoothing,
+        "mlflow": {"tracking_uri": uri or None, "experiment": experiment or None}
+        if live_mlflow
+        else None,
     }
 
 config, errors = None, dict(local)
