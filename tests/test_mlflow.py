@@ -28,10 +28,11 @@ from test_tensorboard import from_jsonl
 
 from toolkit.config import from_mapping
 from toolkit.launching import launch as launcher
-from toolkit.runs import mlflow_export
+from toolkit.runs import mlflow_export, mlflow_live
 from toolkit.runs.events import EventWriter, truncate_after
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.states import LIVE, State
+from toolkit.sections import MlflowConfig
 
 QUICKSTART = yaml.safe_load((ROOT / "experiments" / "quickstart.yaml").read_text())
 LIVE_EXPERIMENT = "live"
@@ -257,6 +258,36 @@ def test_a_run_exported_while_it_grows_gets_the_rest_later_in_the_local_store(ru
     assert list(artifacts.glob(f"{first.mlflow_run_id}/artifacts/config.yaml"))
 
 
+def test_the_live_mirror_logs_each_point_once_across_its_reads(run):
+    """A read that ends inside a step (its train record read, its system record not yet):
+    the step's epoch is not logged twice. Against the local store, no server."""
+    lines = run.events_path.read_bytes().splitlines(keepends=True)
+    records = [json.loads(line) for line in lines]
+    cut = next(  # between two records of one step, each with its epoch
+        i
+        for i in range(1, len(records))
+        if records[i - 1]["step"] == records[i]["step"]
+        and "epoch" in records[i - 1]
+        and "epoch" in records[i]
+    )
+    records[cut]["wall"] += 1.0  # written a second later (MLflow keeps one of equal points)
+    lines[cut] = json.dumps(records[cut]).encode() + b"\n"
+    run.events_path.write_bytes(b"".join(lines[:cut]))
+    mirror = mlflow_live.LiveMirror(run, MlflowConfig(experiment="mirror"), every_s=0.2).start()
+    client = MlflowClient(mlflow_export.default_tracking_uri(run.path.parent))
+    deadline = time.time() + 60
+    while not _logged(client, "mirror", run, "epoch"):
+        assert time.time() < deadline and not mirror.warned
+        time.sleep(0.2)
+    with open(run.events_path, "ab") as log:
+        log.write(b"".join(lines[cut:]))
+    mirror.close(State.COMPLETED)
+    assert not mirror.warned
+    logged = mlflow_run(client, "mirror", run.run_id)
+    assert histories(client, logged.info.run_id) == events_by_step(run)
+    assert logged.info.status == "FINISHED"
+
+
 def test_a_rewound_log_replaces_the_mlflow_run_and_dropped_labels_go(run, server, tmp_path):
     destination = mlflow_export.Destination(server.uri, f"rewound-{tmp_path.name}")
     first = mlflow_export.export(run, destination)
@@ -320,7 +351,7 @@ def test_a_server_killed_mid_run_stops_nothing_and_an_export_fills_the_gaps(tmp_
         run = launcher.launch(from_mapping(config), runs_root_dir=runs)
         client = MlflowClient(server.uri)
         deadline = time.time() + 120
-        while not _has_points(client, run):  # logged while it trains
+        while not _logged(client, "quickstart", run, "eval/accuracy"):  # while it trains
             assert run.status()["state"] in LIVE and time.time() < deadline, run.status()
             time.sleep(0.5)
         assert run.status()["state"] == State.RUNNING
@@ -350,9 +381,10 @@ def test_a_server_killed_mid_run_stops_nothing_and_an_export_fills_the_gaps(tmp_
         assert client.get_run(logged.info.run_id).info.status == "FINISHED"
 
 
-def _has_points(client: MlflowClient, run: RunDir) -> bool:
-    experiment = client.get_experiment_by_name("quickstart")
-    if experiment is None:
+def _logged(client: MlflowClient, experiment: str, run: RunDir, metric: str) -> bool:
+    """Whether ``run``'s MLflow run in ``experiment`` has a point of ``metric`` yet."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
         return False
-    found = client.search_runs([experiment.experiment_id], f"tags.`lab.run_id` = '{run.run_id}'")
-    return bool(found and found[0].data.metrics.get("eval/accuracy") is not None)
+    found = client.search_runs([found.experiment_id], f"tags.`lab.run_id` = '{run.run_id}'")
+    return bool(found and found[0].data.metrics.get(metric) is not None)

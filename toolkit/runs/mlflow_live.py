@@ -41,6 +41,7 @@ class LiveMirror:
         self.warned = False
         self._destination = None
         self._mlflow_id: str | None = None
+        self._epoch_at: int | None = None  # the step of the last epoch point logged
         self._tail = EventTail(run.events_path)
         self._closing = threading.Event()
         self._ended: State | None = None
@@ -76,13 +77,15 @@ class LiveMirror:
                     self.settings.tracking_uri, self.settings.experiment, self.run.path.parent
                 )
             frame = self._tail.read_new()
+            points = mlflow_export.metric_points(frame)
             if self._mlflow_id is None or self._tail.restarted:
-                self._mlflow_id = mlflow_export.export(
-                    self.run, self._destination, frame
-                ).mlflow_run_id
-            elif len(frame):
-                points = mlflow_export.metric_points(frame)
-                mlflow_export.log_points(self._destination.client, self._mlflow_id, points)
+                export = mlflow_export.export(self.run, self._destination, frame)
+                self._mlflow_id = export.mlflow_run_id
+            elif len(points):  # epoch is one point a step: not again where the last read ended
+                new = points[(points["name"] != "epoch") | (points["step"] != self._epoch_at)]
+                mlflow_export.log_points(self._destination.client, self._mlflow_id, new)
+            epochs = points.loc[points["name"] == "epoch", "step"]
+            self._epoch_at = epochs.iloc[-1] if len(epochs) else self._epoch_at
             if ended is not None:  # as recorded, where training recorded it (not a supervisor)
                 status = self.run.recorded_status()
                 if status.get("state") != ended:
