@@ -1,7 +1,7 @@
 """The front door starts no TensorFlow: validating a config, the launch's work up to handing
 the run to its workers (pre-flight, the dataset's size, the schedule's peak, the advice), the
 probe's plan and the dry runs of a sweep and a calibration run in a process that never imports
-TensorFlow, Keras or scikit-learn. (About 5 s: one fresh interpreter; the launched run is
+TensorFlow, Keras, scikit-learn or MLflow. (About 5 s: one fresh interpreter; the launched run is
 stopped as soon as it is handed over.)"""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ except config.ConfigError:
 main(["--runs", sys.argv[1], "sweep", "experiments/study/study.yaml", "--dry-run"])
 main(["--runs", sys.argv[1], "calibrate", "experiments/mlp_mnist1d.yaml", "--dry-run"])
 run = launch.launch(quickstart, np=2, runs_root_dir=sys.argv[1], overrides=["epochs=1"])
-heavy = sorted(m for m in ("tensorflow", "keras", "sklearn", "horovod") if m in sys.modules)
+heavy = sorted(m for m in ("tensorflow", "keras", "sklearn", "horovod", "mlflow") if m in sys.modules)
 print(json.dumps({"run": run.run_id, "heavy": heavy, "refused": refused}))
 """
 
