@@ -32,7 +32,8 @@ except config.ConfigError:
 main(["--runs", sys.argv[1], "sweep", "experiments/study/study.yaml", "--dry-run"])
 main(["--runs", sys.argv[1], "calibrate", "experiments/mlp_mnist1d.yaml", "--dry-run"])
 run = launch.launch(quickstart, np=2, runs_root_dir=sys.argv[1], overrides=["epochs=1"])
-heavy = sorted(m for m in ("tensorflow", "keras", "sklearn", "horovod", "mlflow") if m in sys.modules)
+heavy = ("tensorflow", "keras", "sklearn", "horovod", "mlflow")
+heavy = sorted(m for m in heavy if m in sys.modules)
 print(json.dumps({"run": run.run_id, "heavy": heavy, "refused": refused}))
 """
 

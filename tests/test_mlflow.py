@@ -217,6 +217,7 @@ def test_an_export_gives_every_metric_param_tag_and_artifact_once(run, server, t
     assert histories(client, logged.info.run_id) == want
     assert logged.data.params == flat_config(run)
     assert logged.info.status == "FINISHED"
+    assert logged.info.start_time == round(run.status()["started"] * 1000)
     assert logged.info.end_time == round(run.status()["finished"] * 1000)
     # artifacts: the files themselves, and the latest checkpoint's manifest
     got = tmp_path / "artifacts"
@@ -345,7 +346,7 @@ def test_the_runs_page_exports_the_selected_run(run, server, tmp_path, monkeypat
 @pytest.mark.timeout(240)
 def test_a_server_killed_mid_run_stops_nothing_and_an_export_fills_the_gaps(tmp_path, runs):
     server = Server(tmp_path / "mlflow")
-    config = {**QUICKSTART, "epochs": 30, "workers": 1}  # about 10 s of training
+    config = {**QUICKSTART, "epochs": 25, "workers": 1}  # about 8 s of training
     config["logging"] = {**config["logging"], "mlflow": {"tracking_uri": server.uri}}
     with server.serve() as process:
         run = launcher.launch(from_mapping(config), runs_root_dir=runs)
@@ -367,7 +368,7 @@ def test_a_server_killed_mid_run_stops_nothing_and_an_export_fills_the_gaps(tmp_
         for r in map(json.loads, run.events_path.read_bytes().splitlines())
         if r.get("phase") == "eval"
     ]
-    assert len(evals) == 30  # every epoch's evaluation is on disk
+    assert len(evals) == 25  # every epoch's evaluation is on disk
     with server.serve():  # the same store, back up: the export fills what the mirror missed
         client = MlflowClient(server.uri)
         logged = mlflow_run(client, "quickstart", run.run_id)

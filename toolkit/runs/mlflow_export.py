@@ -156,11 +156,12 @@ class Destination:
         return found[0].info.run_id if found else None
 
     def create(self, run: RunDir) -> str:
-        """A new MLflow run for ``run``, named by its id, started when the run was created."""
-        created = run.meta().get("created")
+        """A new MLflow run for ``run``, named by its id, started when the run started (now,
+        where it has not)."""
+        started = run.recorded_status().get("started")
         return self.client.create_run(
             self.experiment_id(self.experiment_name(run)),
-            start_time=int(created * 1000) if created else None,
+            start_time=_ms(started) if started else None,
             tags={RUN_ID_TAG: run.run_id},
             run_name=run.run_id,
         ).info.run_id
@@ -257,7 +258,7 @@ def metric_points(frame: pd.DataFrame) -> pd.DataFrame:
 def log_points(client: MlflowClient, mlflow_id: str, points: pd.DataFrame) -> None:
     """Log :func:`metric_points` as MLflow metrics (wall time in ms; a record without one at
     0), in requests of at most MLflow's batch size."""
-    walls = (points["wall"].fillna(0) * 1000).round().astype("int64")
+    walls = (points["wall"].fillna(0) * 1000).round().astype("int64")  # as _ms
     metrics = [
         Metric(name, float(value), int(wall), int(step))
         for name, value, wall, step in zip(
@@ -273,12 +274,16 @@ def set_status(client: MlflowClient, mlflow_id: str, status: dict) -> None:
     mlflow_status = STATUS.get(status.get("state"))
     info = client.get_run(mlflow_id).info
     if mlflow_status in TERMINAL:
-        finished = status.get("finished") or status.get("updated") or time.time()
-        end = int(finished * 1000)
+        end = _ms(status.get("finished") or status.get("updated") or time.time())
         if (info.status, info.end_time) != (mlflow_status, end):
             client.set_terminated(mlflow_id, mlflow_status, end_time=end)
     elif mlflow_status is not None and info.status != mlflow_status:
         client.update_run(mlflow_id, status=mlflow_status)
+
+
+def _ms(seconds: float) -> int:
+    """A time in seconds as MLflow's milliseconds, the nearest."""
+    return round(seconds * 1000)
 
 
 def _params(run: RunDir) -> dict[str, str]:
