@@ -45,7 +45,7 @@ from pathlib import Path
 import pandas as pd
 import requests
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag, ViewType
+from mlflow.entities import Metric, Param, Run, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.utils.validation import (
     MAX_METRICS_PER_BATCH,
@@ -145,15 +145,16 @@ class Destination:
                 )
         return self._experiment_ids[name]
 
-    def find(self, run: RunDir) -> str | None:
-        """The MLflow run of ``run`` (by its ``lab.run_id`` tag), or ``None``."""
+    def find(self, run: RunDir) -> Run | None:
+        """The MLflow run of ``run`` (by its ``lab.run_id`` tag), with its params, tags and
+        latest metrics; ``None`` where there is none."""
         found = self.client.search_runs(
             [self.experiment_id(self.experiment_name(run))],
             filter_string=f"tags.`{RUN_ID_TAG}` = '{run.run_id}'",
             run_view_type=ViewType.ACTIVE_ONLY,
             max_results=1,
         )
-        return found[0].info.run_id if found else None
+        return found[0] if found else None
 
     def create(self, run: RunDir) -> str:
         """A new MLflow run for ``run``, named by its id, started when the run started (now,
@@ -172,19 +173,15 @@ def export(run: RunDir, destination: Destination, frame: pd.DataFrame | None = N
     replaced where it contradicts the run; ``frame``: the run's events, where the caller has
     read them (the live mirror), else read here."""
     frame = read_events(run.events_path) if frame is None else frame
-    points = metric_points(frame)
-    params = _params(run)
-    mlflow_id, replaced = destination.find(run), False
-    missing = points
-    if mlflow_id is not None:
-        missing = _missing(destination.client, mlflow_id, points, params)
+    points, params, client = metric_points(frame), _params(run), destination.client
+    found, missing, replaced = destination.find(run), points, False
+    if found is not None:
+        missing = _missing(client, found, points, params)
         if missing is None:  # MLflow holds what the run does not: the run again, whole
-            destination.client.delete_run(mlflow_id)
-            mlflow_id, missing, replaced = None, points, True
-    client = destination.client
-    if mlflow_id is None:
-        mlflow_id = destination.create(run)
-    logged = client.get_run(mlflow_id).data
+            client.delete_run(found.info.run_id)
+            found, missing, replaced = None, points, True
+    found = found or client.get_run(destination.create(run))
+    mlflow_id, logged = found.info.run_id, found.data
     tags = _tags(run)
     managed = _tag_keys(logged.tags.get(TAGS_TAG, "")) | {NOTE_TAG, REASON_TAG}
     for key in managed - set(tags):  # what the run no longer has (a tag dropped, a reason)
@@ -296,11 +293,11 @@ def _params(run: RunDir) -> dict[str, str]:
 
 
 def _missing(
-    client: MlflowClient, mlflow_id: str, points: pd.DataFrame, params: dict[str, str]
+    client: MlflowClient, logged: Run, points: pd.DataFrame, params: dict[str, str]
 ) -> pd.DataFrame | None:
-    """The rows of ``points`` the MLflow run lacks, as multisets of (name, step, value); or
-    ``None`` where it holds a point or a param value the run does not."""
-    data = client.get_run(mlflow_id).data
+    """The rows of ``points`` the MLflow run ``logged`` lacks, as multisets of (name, step,
+    value); or ``None`` where it holds a point or a param value the run does not."""
+    data, mlflow_id = logged.data, logged.info.run_id
     if any(params.get(key) != value for key, value in data.params.items()):
         return None
     histories = [
