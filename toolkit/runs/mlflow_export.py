@@ -168,12 +168,13 @@ class Destination:
         ).info.run_id
 
 
-def export(run: RunDir, destination: Destination, frame: pd.DataFrame | None = None) -> Exported:
+def export(run: RunDir, destination: Destination, points: pd.DataFrame | None = None) -> Exported:
     """Bring ``run``'s MLflow run up to date (see the module doc): created where missing,
-    replaced where it contradicts the run; ``frame``: the run's events, where the caller has
-    read them (the live mirror), else read here."""
-    frame = read_events(run.events_path) if frame is None else frame
-    points, params, client = metric_points(frame), _params(run), destination.client
+    replaced where it contradicts the run; ``points``: the :func:`metric_points` of all the
+    run's events, where the caller has them (the live mirror), else read here."""
+    if points is None:
+        points = metric_points(read_events(run.events_path))
+    params, client = _params(run), destination.client
     found, missing, replaced = destination.find(run), points, False
     if found is not None:
         missing = _missing(client, found, points, params)

@@ -79,7 +79,7 @@ class LiveMirror:
             frame = self._tail.read_new()
             points = mlflow_export.metric_points(frame)
             if self._mlflow_id is None or self._tail.restarted:
-                export = mlflow_export.export(self.run, self._destination, frame)
+                export = mlflow_export.export(self.run, self._destination, points)
                 self._mlflow_id = export.mlflow_run_id
             elif len(points):  # epoch is one point a step: not again where the last read ended
                 new = points[(points["name"] != "epoch") | (points["step"] != self._epoch_at)]
