@@ -43,12 +43,13 @@ PARALLEL = {("run directory", "arithmetic")}  # neither imports the other
 
 
 SOURCES = sorted((ROOT / "toolkit").rglob("*.py"))
-# Every package but optimizers, whose __init__ is its API (optimizers.get, SGD, LARS; all of
-# it needs Keras anyway).
+# Every package but two whose __init__ is their API: optimizers (optimizers.get, SGD, LARS;
+# all of it needs Keras anyway) and backends (backends.current(), .of(name): the backends'
+# classes, which import no Keras, so a launcher reads what each can do).
 LAZY_PACKAGES = sorted(
     path.parent
     for path in (ROOT / "toolkit").glob("*/__init__.py")
-    if path.parent.name != "optimizers"
+    if path.parent.name not in ("optimizers", "backends")
 )
 
 

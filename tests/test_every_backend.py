@@ -146,23 +146,29 @@ def test_a_one_worker_run_writes_the_run_the_dashboard_reads(
 
 
 @pytest.mark.parametrize(
-    "change, field",
+    "change, field, runs_on",
     [
-        ("allreduce.compression=topk", "allreduce.compression"),
-        ("sync.mode=local_sgd", "sync.mode"),
-        ("lr_scaling={rule: adascale, base_batch: 32}", "lr_scaling.rule"),
+        ("allreduce.compression=topk", "allreduce.compression", ["tensorflow"]),
+        ("sync.mode=local_sgd", "sync.mode", ["tensorflow", "torch"]),
+        ("sync.mode=partial", "sync.mode", ["tensorflow", "torch"]),
+        ("lr_scaling={rule: adascale, base_batch: 32}", "lr_scaling.rule", ["tensorflow"]),
     ],
 )
-def test_what_needs_tensorflow_is_refused_naming_the_field_and_the_backend(change, field):
+def test_what_a_backend_lacks_is_refused_naming_the_field_the_backend_and_why(
+    change, field, runs_on
+):
+    from toolkit import backends
     from toolkit.config import ConfigError, load
     from toolkit.config_rules import check_backend
 
     config = load(ROOT / "experiments/quickstart.yaml", ["workers=1", change])
-    check_backend(config, "tensorflow")
-    for backend in BACKENDS:
+    for backend in runs_on:
+        check_backend(config, backend)
+    for backend in set(backends.BACKENDS) - set(runs_on):
         with pytest.raises(ConfigError, match=f"KERAS_BACKEND={backend}") as error:
             check_backend(config, backend)
         assert field in str(error.value)
+        assert backends.of(backend).lacks in str(error.value)  # and why, in its own words
 
 
 def test_several_workers_run_on_every_backend_and_fp16_on_torch_too():
@@ -183,13 +189,15 @@ def test_a_launch_on_torch_with_what_it_lacks_is_refused_before_anything_starts(
 ):
     from conftest import run_cli
 
+    two_bit = ["--set", "allreduce.compression=2bit"]
     result = run_cli(
-        ["launch", "experiments/quickstart.yaml", "--np", "2", "--set", "sync.mode=local_sgd"],
+        ["launch", "experiments/quickstart.yaml", "--np", "2", *two_bit],
         tmp_path / "runs",
         env={**subprocess_env, "KERAS_BACKEND": "torch"},
     )
     assert result.returncode != 0
-    assert "KERAS_BACKEND=torch" in result.stderr and "sync.mode 'full'" in result.stderr
+    assert "KERAS_BACKEND=torch" in result.stderr
+    assert "allreduce.compression 'none' or 'fp16'" in result.stderr
     assert not any((tmp_path / "runs").glob("*/config.yaml"))
 
 

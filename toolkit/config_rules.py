@@ -1,5 +1,5 @@
 """The rules that span a config's sections: which batch, scaling, optimizer, synchronisation,
-elastic, Slurm and host settings go together, and what only Keras's TensorFlow backend runs.
+elastic, Slurm and host settings go together, and which of them the chosen Keras backend runs.
 
 The schema runs :func:`check` on every config it validates (:mod:`toolkit.config`), so a config
 that breaks a rule is refused, naming the fields, before any process starts; the launcher and
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from toolkit import codecs, host_list, optimizer_rules, safe_yaml
+from toolkit import backends, codecs, host_list, optimizer_rules, safe_yaml
 from toolkit.errors import ConfigError
 from toolkit.plan import Scale, batches_per_update, world_sizes
 
@@ -39,32 +39,21 @@ def check(config: ExperimentConfig) -> None:
 
 
 def check_backend(config: ExperimentConfig, backend: str) -> None:
-    """Raise :class:`~toolkit.errors.ConfigError`, naming the field and ``backend``, where
-    ``config`` needs what only Keras's TensorFlow backend runs. Several workers run on every
-    backend: on PyTorch through Horovod's PyTorch allreduce, which carries float32 and fp16
-    gradients; on JAX through JAX's own engine, which averages float32 gradients in the
-    compiled step (:mod:`toolkit.parallel.jax_engine`). TensorFlow's alone: an elastic world, a
-    sparsified or parameter-averaging exchange, an adaptive batch's accumulation, and AdaScale,
-    whose rate the compiled step reads from state set by a callback (a jitted JAX step would
-    keep the first value). Checked before anything starts: by the launcher, for the backend its
-    workers will get (:func:`toolkit.backends.requested`), and by ``train``."""
-    if backend == "tensorflow":
-        return
-    codecs_here = (codecs.DENSE, codecs.FP16) if backend == "torch" else (codecs.DENSE,)
-    _refuse_first(
-        f"KERAS_BACKEND={backend} (elastic runs, AdaScale and the other exchanges run on "
-        "tensorflow only)",
-        (
-            (config.elastic is not None, "no elastic section"),
-            (
-                config.allreduce.codec not in codecs_here,
-                f"allreduce.compression {' or '.join(repr(c.name) for c in codecs_here)}",
-            ),
-            (config.sync.mode != "full", "sync.mode 'full'"),
-            (config.batch.adaptive is not None, "no batch.adaptive section"),
-            (config.lr_scaling.rule == "adascale", "lr_scaling.rule other than 'adascale'"),
-        ),
+    """Raise :class:`~toolkit.errors.ConfigError`, naming the field, ``backend`` and why, where
+    ``config`` needs what that backend does not run: its
+    :meth:`~toolkit.backends.base.Backend.refusal`, the rule the distributed optimizer asks
+    too. Checked before anything starts: by the launcher, for the backend its workers will get
+    (:func:`toolkit.backends.requested`), and by ``train``."""
+    runs = backends.of(backend)
+    refused = runs.refusal(
+        codec=config.allreduce.codec.name,
+        sync_mode=config.sync.mode,
+        elastic=config.elastic is not None,
+        adaptive_batch=config.batch.adaptive is not None,
+        adascale=config.lr_scaling.rule == "adascale",
     )
+    if refused:
+        raise ConfigError(f"KERAS_BACKEND={backend} needs {refused}: {runs.lacks}")
 
 
 def _refuse_first(what: str, refusals) -> None:

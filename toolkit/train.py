@@ -60,7 +60,7 @@ def train(
     """
     if requeue.asked():
         requeue.listen()  # before anything slow: the signal may come early
-    config_rules.check_backend(config, backends.name())
+    config_rules.check_backend(config, backends.current().name)
     fusion_bytes = config.communication().fusion_bytes
     os.environ["HOROVOD_FUSION_THRESHOLD"] = str(fusion_bytes)  # read when Horovod starts
     distributed.init()
@@ -232,7 +232,7 @@ def _meta(config, world_size: int) -> dict:
             "python": platform.python_version(),
             "tensorflow": tf.__version__,
             "keras": keras.__version__,
-            "keras_backend": backends.name(),
+            "keras_backend": backends.current().name,
             "horovod": horovod.__version__,
         },
     }

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import keras
 from keras import ops
 
+from toolkit import backends
 from toolkit.optimizer_rules import momentum_refusals, non_negative, uses_momentum
 from toolkit.optimizers.kernels import coupled, heavy_ball
 from toolkit.optimizers.schedules import value_at
@@ -143,7 +144,8 @@ class CoupledDecayOptimizer(keras.optimizers.Optimizer):
         """Whether updates run :meth:`_update_all`: on PyTorch, with :attr:`multi_tensor`,
         over variables of one dtype, unless a momentum schedule is at 0 now (PyTorch's kernel
         keeps no buffer then, and the velocities must still move)."""
-        if not (self.multi_tensor and keras.backend.backend() == "torch" and self._one_dtype):
+        multi_tensor = self.multi_tensor and backends.current().multi_tensor_updates
+        if not (multi_tensor and self._one_dtype):
             return False
         return not (callable(self.momentum) and self._number(self.momentum, "float32") == 0)
 

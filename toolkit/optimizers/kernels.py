@@ -23,14 +23,17 @@ import functools
 import warnings
 from pathlib import Path
 
-import keras
 from keras import ops
+
+from toolkit import backends
 
 FUSED_LIBRARY = Path(__file__).with_name("fused_kernels.so")
 
 
+@functools.cache
 def _tensorflow():
-    if keras.backend.backend() != "tensorflow":
+    """TensorFlow, where the backend's variables are TensorFlow's; else ``None``."""
+    if not backends.current().tensorflow_kernels:
         return None
     import tensorflow as tf
 

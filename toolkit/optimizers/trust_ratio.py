@@ -8,6 +8,7 @@ import math
 import keras
 from keras import ops
 
+from toolkit import backends
 from toolkit.optimizers.kernels import fused_kernels_for, l2_norm
 
 
@@ -109,7 +110,7 @@ class AppliedRatios:
         self._paths = [variables[i].path for i in indices]
         self._position = {index: position for position, index in enumerate(indices)}
         self._dtype = keras.backend.result_type(*(variables[i].dtype for i in indices))
-        if keras.backend.backend() == "jax":
+        if backends.current().stateless_step:
             self._ratios = optimizer.add_variable(
                 (len(indices),),
                 keras.initializers.Constant(NONE_YET),

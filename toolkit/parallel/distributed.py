@@ -1,8 +1,9 @@
-"""Horovod for Keras 3: the thin glue over ``horovod.tensorflow``'s and ``horovod.torch``'s ops.
+"""Horovod for Keras 3: the glue over the backend's Horovod (``horovod.tensorflow``'s or
+``horovod.torch``'s ops, as :meth:`toolkit.backends.base.Backend.horovod` gives).
 
 Horovod's own ``horovod.tensorflow.keras`` targets Keras 2. This module gives the same recipe
-for Keras 3 on the TensorFlow and PyTorch backends (on JAX, several workers join JAX's own
-engine at :func:`init`: :mod:`toolkit.parallel.jax_engine`)::
+for Keras 3 on every backend (on JAX, several workers join JAX's own engine at :func:`init`:
+:mod:`toolkit.backends.jax_engine`)::
 
     distributed.init()
     optimizer = distributed.DistributedOptimizer(optimizer)   # before model.compile
@@ -41,8 +42,9 @@ Horovod's ops cannot run inside an XLA cluster on CPU: compile with ``jit_compil
 (:func:`check_model` refuses ``jit_compile=True`` when ``size() > 1``).
 
 On PyTorch the same hook runs eagerly, in Keras's train step, with ``horovod.torch``'s grouped
-allreduce (float32 or fp16); the process starts that Horovod, not TensorFlow's. The sparsified
-exchanges, parameter averaging and elastic runs are TensorFlow graphs, refused on PyTorch.
+allreduce; the process starts that Horovod, not TensorFlow's. What each backend's exchange
+carries is its own (:meth:`toolkit.backends.base.Backend.refusal`), asked here as the config's
+check asks it.
 """
 
 from __future__ import annotations
@@ -52,14 +54,14 @@ import functools
 import logging
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from toolkit import codecs
+from toolkit import backends, codecs
 from toolkit import config as config_lib
 from toolkit.communication import Communication
 from toolkit.optimizers import accumulates_batches, applies_trust_ratios, unwrapped
@@ -68,12 +70,6 @@ from toolkit.parallel import sync as sync_lib
 from toolkit.parallel.noise_meter import GradientNoiseMeter
 
 _log = logging.getLogger(__name__)
-
-try:
-    import horovod.tensorflow as hvd
-except ImportError as error:  # a build without Horovod: one process
-    hvd = None
-    _log.warning("horovod.tensorflow cannot be imported (%s): running as a single process", error)
 
 T = TypeVar("T")
 _WIRING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> _Wiring
@@ -88,7 +84,9 @@ class _Wiring:
 
 
 def init() -> None:
-    """Start Horovod (idempotent) and, on GPU machines, pin one GPU per local rank.
+    """Start the backend's Horovod (idempotent) and make this process its worker: on GPU
+    machines one GPU per local rank, on JAX one program with the others
+    (:meth:`~toolkit.backends.base.Backend.start_worker`).
 
     Call it before the backend touches a GPU: once TensorFlow has initialised its GPUs the
     pinning cannot be changed and is skipped with a warning.
@@ -101,88 +99,24 @@ def init() -> None:
     if engine.is_initialized():
         return
     engine.init()
-    if engine.size() > 1 and keras.backend.backend() == "jax":
-        from toolkit.parallel import jax_engine
-
-        jax_engine.start(
-            engine.rank(), engine.size(), lambda value: engine.broadcast_object(value, 0)
-        )
-    if keras.backend.backend() == "torch":
-        _place_torch_worker(engine.local_rank(), engine.local_size())
-        return
-    gpu = gpu_for_worker(
-        engine.local_rank(), engine.local_size(), tf.config.list_physical_devices("GPU")
-    )
-    if gpu is not None:
-        try:
-            tf.config.experimental.set_memory_growth(gpu, True)
-            tf.config.set_visible_devices(gpu, "GPU")
-        except RuntimeError as error:  # TensorFlow already initialised its GPUs
-            _log.warning("GPU not pinned to local rank: %s", error)
+    backends.current().start_worker(engine)
 
 
+@functools.cache
 def _engine():
-    """The Horovod of Keras's backend: ``horovod.torch`` on PyTorch, whose collectives take
-    torch tensors; ``horovod.tensorflow`` otherwise (on JAX for the run's small collectives
-    only). A process starts only one of them: each is a Horovod of its own, with its own
-    rendezvous. ``None`` where Horovod cannot be imported."""
-    if hvd is None:
-        return None
-    if keras.backend.backend() == "torch":
-        import horovod.torch
-
-        return horovod.torch
-    return hvd
-
-
-def _place_torch_worker(local_rank: int, local_size: int) -> None:
-    """Give this PyTorch worker its share of its host: the GPU its local rank names, as
-    PyTorch's current device (Keras's PyTorch backend puts its tensors on ``"cuda"``, the
-    current one), and its share of the CPU cores as PyTorch's threads. PyTorch's OpenMP threads
-    wait by spinning, so workers that each take every core slow one another down (two workers
-    on 2 cores: 44 ms a step of a small MLP, against 10 ms with a core each)."""
-    import torch
-
-    if local_size > 1:
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_size))
-    if torch.cuda.is_available():
-        gpu = gpu_for_worker(local_rank, local_size, list(range(torch.cuda.device_count())))
-        torch.cuda.set_device(gpu)
-
-
-def _tensor(array: np.ndarray):
-    """``array`` as a tensor of the Horovod :func:`_engine` gives."""
-    if keras.backend.backend() == "torch":
-        import torch
-
-        return torch.from_numpy(np.ascontiguousarray(array))
-    return tf.constant(array)
-
-
-def gpu_for_worker(local_rank: int, local_size: int, gpus: Sequence[T]) -> T | None:
-    """The GPU a worker uses: the one its local rank names, ``None`` without GPUs.
-
-    A process that sees one GPU keeps it, whatever its local rank: a scheduler that binds one
-    GPU to each process (Slurm's ``--gpus-per-task``) leaves each worker exactly that one. More
-    workers on a host than the GPUs they see share them round-robin, with a warning: NCCL
-    refuses two ranks on one GPU, so it only suits collectives that do not use it.
-    """
-    if not gpus:
-        return None
-    if local_size > len(gpus) > 1:
-        _log.warning(
-            "%d workers on this host share its %d GPUs; NCCL refuses two ranks on one GPU, so "
-            "start one worker per GPU (the launch queue's capacity is the GPU count)",
-            local_size,
-            len(gpus),
-        )
-    return gpus[local_rank % len(gpus)]
+    """The Horovod of Keras's backend (:meth:`~toolkit.backends.base.Backend.horovod`), or
+    ``None`` where Horovod cannot be imported (said once: the run is one process)."""
+    engine = backends.current().horovod()
+    if engine is None:
+        _log.warning("Horovod cannot be imported: running as a single process")
+    return engine
 
 
 def restart() -> None:
     """Shut Horovod down and start it again, with the workers the elastic driver has now."""
-    hvd.shutdown()
-    hvd.init()
+    engine = _engine()
+    engine.shutdown()
+    engine.init()
 
 
 def elastic() -> bool:
@@ -194,8 +128,15 @@ def elastic() -> bool:
 def collective_gradients() -> bool:
     """Whether gradients need Horovod's collectives: more than one worker now, or an elastic
     run, which may grow while it trains; on TensorFlow and PyTorch (on JAX, JAX's engine
-    averages them in the compiled step: :mod:`toolkit.parallel.jax_engine`)."""
-    return (size() > 1 or elastic()) and keras.backend.backend() != "jax"
+    averages them in the compiled step: :mod:`toolkit.backends.jax_engine`)."""
+    return (size() > 1 or elastic()) and not backends.current().averages_in_step
+
+
+def one_program() -> bool:
+    """Whether the workers are one compiled program (JAX's engine, with several workers): no
+    hook sees a worker's own gradient, and assigning a variable is collective, so every worker
+    must do it."""
+    return size() > 1 and backends.current().averages_in_step
 
 
 def rank() -> int:
@@ -253,7 +194,9 @@ def allgather_rows(row: np.ndarray, name: str | None = None) -> np.ndarray:
     float64), on every worker: one collective, no pickling. Every worker must call it, in the
     same order, with the same length."""
     row = np.asarray(row, dtype=np.float64)[None, :]
-    return _engine().allgather(_tensor(row), name=name).numpy() if size() > 1 else row
+    if size() == 1:
+        return row
+    return _engine().allgather(backends.current().tensor(row), name=name).numpy()
 
 
 def allreduce_mean(value: float | np.ndarray, name: str | None = None) -> float | np.ndarray:
@@ -265,7 +208,7 @@ def allreduce_mean(value: float | np.ndarray, name: str | None = None) -> float 
         return value if isinstance(value, np.ndarray) else float(value)
     engine = _engine()
     mean = engine.allreduce(
-        _tensor(np.asarray(value, np.float64)), op=engine.Average, name=name
+        backends.current().tensor(np.asarray(value, np.float64)), op=engine.Average, name=name
     ).numpy()
     return mean if isinstance(value, np.ndarray) else float(mean)
 
@@ -326,15 +269,10 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         communication = config_lib.communication(**options)
     elif options:
         raise TypeError(f"give a Communication or its options, not both (got {sorted(options)})")
-    mode = communication.sync.mode
-    if keras.backend.backend() == "torch" and (
-        communication.encoded or communication.averages_parameters or elastic()
-    ):
-        raise ValueError(
-            "on PyTorch, Horovod's allreduce averages float32 or fp16 gradients (sync='full'), "
-            f"in a fixed world; got compression={communication.allreduce.compression!r}, "
-            f"sync={mode!r}{', elastic' if elastic() else ''}: those run on tensorflow"
-        )
+    mode, backend = communication.sync.mode, backends.current()
+    refused = backend.refusal(codec=communication.codec.name, sync_mode=mode, elastic=elastic())
+    if refused:
+        raise ValueError(f"KERAS_BACKEND={backend.name} needs {refused}: {backend.lacks}")
     if elastic() and not communication.survives_resets:
         raise ValueError(
             "an elastic run averages gradients (sync='full') in float32 or sparsified, got "
@@ -434,9 +372,9 @@ def _reducer(
     collective = collective_gradients()
     return compression_lib.CompressedAllreduce(
         codec,
-        hvd.grouped_allgather if collective else _identity,
+        _engine().grouped_allgather if collective else _identity,
         _allreduce_mean_tensors if collective else _identity,
-        hvd.size_op if elastic() else size(),  # an elastic run's world: the step's
+        _engine().size_op if elastic() else size(),  # an elastic run's world: the step's
         residual=allreduce.residual,
         momentum=momentum,
         masking=techniques.momentum_masking,
@@ -495,13 +433,10 @@ def _allreduce_before_clipping(
 ) -> None:
     """Put ``reduce`` before the optimizer's clipping (``mean``: it returns the workers' mean
     gradient, which the noise meter can use as it is)."""
-    clip = optimizer._clip_gradients  # the class's hook, bound
+    clip, backend = optimizer._clip_gradients, backends.current()  # the class's hook, bound
 
     def allreduce_then_clip(grads: list) -> list:
-        if keras.backend.backend() == "tensorflow":
-            dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices -> dense
-        else:
-            dense = list(grads)
+        dense = backend.dense(grads)
         reduced = reduce(dense)
         if noise_meter is not None:
             noise_meter.measure(dense, reduced if mean else None)
@@ -532,7 +467,8 @@ def _average_after_update(
 
 
 def _allreduce_mean_tensors(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
-    return hvd.grouped_allreduce(tensors, op=hvd.Average)
+    engine = _engine()
+    return engine.grouped_allreduce(tensors, op=engine.Average)
 
 
 def _identity(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
@@ -598,19 +534,8 @@ def broadcast_variables(
 def broadcast_values(variables: list[keras.Variable], root_rank: int = 0) -> None:
     """Assign rank ``root_rank``'s values to ``variables`` (Keras 3 or TensorFlow variables)
     on every worker: one grouped broadcast. A no-op with one worker."""
-    if size() == 1:
-        return
-    if keras.backend.backend() == "jax":  # every worker assigns its part of the global values
-        values = broadcast_object([keras.ops.convert_to_numpy(v) for v in variables], root_rank)
-        for variable, value in zip(variables, values, strict=True):
-            variable.assign(value)
-        return
-    if keras.backend.backend() == "torch":  # in place, into each variable's tensor
-        tensors = [(f"broadcast.{i}", v.value.data) for i, v in enumerate(variables)]
-        _engine().broadcast_parameters(tensors, root_rank=root_rank)
-        return
-    values = [v.value if isinstance(v, keras.Variable) else v for v in variables]
-    hvd.broadcast_variables(values, root_rank=root_rank)
+    if size() > 1:
+        backends.current().broadcast(_engine(), variables, root_rank)
 
 
 class BroadcastInitialState(keras.callbacks.Callback):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import keras
 import tensorflow as tf
+
+from toolkit import backends
 
 
 class GradientNoiseMeter:
@@ -26,43 +27,28 @@ class GradientNoiseMeter:
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.every, self.on_measure = every, on_measure
+        self._backend = backends.current()
         self._updates = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._measured = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._small_sq = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self._big_sq = tf.Variable(0.0, dtype=tf.float64, trainable=False)
 
-    def measure(self, local: list[tf.Tensor], reduced: list[tf.Tensor] | None) -> None:
+    def measure(self, local: list, reduced: list | None) -> None:
         """Count one update; on every ``every``-th, record the two norms (every worker must
         call it, as the allreduce hook does). ``reduced=None``: the hook's reduced gradient is
         not the mean one (a sparsified allreduce), so the mean is allreduced here, on the
-        measured updates only. On PyTorch the hook runs eagerly and so does this."""
+        measured updates only. Traced into the step or run eagerly, as the backend runs the
+        hook."""
         count = self._updates.assign_add(1)
-        if keras.backend.backend() == "torch":
-            if int(count) % self.every == 0:
-                self._record_eagerly(local, reduced, int(count))
-            return
-        import horovod.tensorflow as hvd  # only where the hook allreduces: Horovod is there
+        self._backend.when(count % self.every == 0, lambda: self._record(local, reduced, count))
 
-        def record():
-            small = hvd.allreduce(squared_norm(local), op=hvd.Average, name="noise_small_sq")
-            self._small_sq.assign(small)
-            mean = hvd.grouped_allreduce(local, op=hvd.Average) if reduced is None else reduced
-            big = self._big_sq.assign(squared_norm(mean))
-            self._measured.assign(count)
-            if self.on_measure is not None:
-                self.on_measure(small, big)
-            return tf.constant(True)
-
-        tf.cond(count % self.every == 0, record, lambda: tf.constant(False))
-
-    def _record_eagerly(self, local: list, reduced: list | None, count: int) -> None:
-        import horovod.torch as hvd
-
-        small = hvd.allreduce(torch_squared_norm(local), op=hvd.Average, name="noise_small_sq")
-        mean = hvd.grouped_allreduce(local, op=hvd.Average) if reduced is None else reduced
-        self._small_sq.assign(float(small))
-        big = torch_squared_norm(mean)
-        self._big_sq.assign(float(big))
+    def _record(self, local: list, reduced: list | None, count) -> None:
+        engine, norm = self._backend.horovod(), self._backend.squared_norm
+        small = engine.allreduce(norm(local), op=engine.Average, name="noise_small_sq")
+        mean = engine.grouped_allreduce(local, op=engine.Average) if reduced is None else reduced
+        big = norm(mean)
+        self._small_sq.assign(_host(small))
+        self._big_sq.assign(_host(big))
         self._measured.assign(count)
         if self.on_measure is not None:
             self.on_measure(small, big)
@@ -88,11 +74,6 @@ class GradientNoiseMeter:
         )
 
 
-def squared_norm(tensors: list[tf.Tensor]) -> tf.Tensor:
-    """``Σ‖t‖²`` over ``tensors`` in float64 (one pass each: ``l2_loss`` is ``‖t‖²/2``)."""
-    return tf.add_n([2 * tf.cast(tf.nn.l2_loss(t), tf.float64) for t in tensors])
-
-
-def torch_squared_norm(tensors: list):
-    """:func:`squared_norm` of torch tensors."""
-    return sum(t.double().square().sum() for t in tensors)
+def _host(value):
+    """``value`` as the meter's TensorFlow variables take it (a torch tensor as a float)."""
+    return value if isinstance(value, tf.Tensor) else float(value)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from toolkit import backends
 from toolkit.optimizers.schedules import Wrapper, value_at
 from toolkit.scaling.noise_scale import estimate
 
@@ -164,13 +165,9 @@ def gain_of(grad_sq, trace_sigma, base_batch: int, batch):
 
 
 def state_dtype() -> str:
-    """The dtype AdaScale computes and keeps its state in: ``float64``, but ``float32`` on JAX
-    without ``jax_enable_x64`` (which has no float64)."""
-    if keras.backend.backend() == "jax":
-        import jax
-
-        return "float64" if jax.config.jax_enable_x64 else "float32"
-    return "float64"
+    """The dtype AdaScale computes and keeps its state in: the backend's higher precision,
+    ``float64`` (``float32`` on JAX without ``jax_enable_x64``, which has no float64)."""
+    return backends.current().state_dtype()
 
 
 def _state(value):

@@ -23,7 +23,6 @@ import tensorflow as tf
 
 from toolkit import backends
 from toolkit.optimizers import unwrapped
-from toolkit.parallel import jax_engine
 from toolkit.parallel.distributed import allgather_rows
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints
@@ -201,8 +200,8 @@ class HalfBatchNorms:
         rng = self.rng if at is None else np.random.default_rng([self.seed, at])
         rows = rng.choice(len(self.x), size=2 * self.half, replace=False)
         x, y = self.x[rows], self.y[rows]
-        first = backends.loss_gradients(model, x[: self.half], y[: self.half])
-        second = backends.loss_gradients(model, x[self.half :], y[self.half :])
+        first = backends.current().loss_gradients(model, x[: self.half], y[: self.half])
+        second = backends.current().loss_gradients(model, x[self.half :], y[self.half :])
         return self._squared_norms(first, second)
 
     @staticmethod
@@ -441,7 +440,7 @@ class Checkpointer(keras.callbacks.Callback):
     def _save(self, position: checkpoints.Position, mid_epoch: bool = False) -> None:
         residuals = self.gather() if self.gather is not None else None
         if self.directory is not None:
-            with jax_engine.alone():  # rank 0's write: no collective the others miss
+            with backends.current().alone():  # rank 0's write: no collective the others miss
                 checkpoints.save(
                     self.directory,
                     self.model,

@@ -130,7 +130,7 @@ def rates_at(optimizer: keras.optimizers.Optimizer) -> Callable[[int], tuple[flo
     compiled once: eagerly one costs milliseconds a call, compiled tens of microseconds."""
     inner = optimizers.unwrapped(optimizer)
     momentum = getattr(inner, "moved_momentum", None) or getattr(inner, "momentum", None)
-    scheduled = backends.compiled(
+    scheduled = backends.current().compiled(
         lambda step: (_rate(optimizer, step), momentum(step) if callable(momentum) else 0.0)
     )
 

@@ -29,7 +29,7 @@ import tensorflow as tf
 from toolkit import backends
 from toolkit.config import ExperimentConfig
 from toolkit.optimizers import applies_trust_ratios
-from toolkit.parallel import distributed, elastic, jax_engine, noise_meter
+from toolkit.parallel import distributed, elastic, noise_meter
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints, processes
 from toolkit.runs.events import EventWriter, read_events, truncate_after
@@ -99,16 +99,15 @@ class Trainer:
         accumulation = Accumulation.starting(plan)
         if plan.adaptive:
             adaptive_batch.accumulate(optimizer, accumulation, model.trainable_variables)
+        backend = backends.current()
         model.compile(
             optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
-            # Horovod's ops cannot run inside an XLA cluster on CPU; JAX's step is jitted
-            jit_compile=backends.name() == "jax",
-            # Keras's PyTorch trainer runs one step per call only
-            steps_per_execution=1
-            if backends.name() == "torch"
-            else plan.steps_per_execution(applies_trust_ratios(optimizer)),
+            jit_compile=backend.jit_compile,
+            steps_per_execution=backend.steps_per_execution(
+                plan.steps_per_execution(applies_trust_ratios(optimizer))
+            ),
         )
         smoother = Smoother(decay=plan.noise_smoothing)
         return cls(
@@ -157,7 +156,7 @@ class Trainer:
             print(f"checkpoint {checkpoint.name} is damaged, passed over: {problem}", flush=True)
         if rank0 and latest is None:
             raise FileNotFoundError(f"--resume: {checkpoints.none_intact(checkpoint_dir, damaged)}")
-        if jax_engine.joined():  # assignments are collective there: every worker loads it
+        if distributed.one_program():  # assignments are collective: every worker loads it
             name = distributed.broadcast_object(latest.name if latest is not None else None)
             latest = checkpoint_dir / name if name is not None else None
         if latest is not None:
@@ -274,7 +273,7 @@ class Trainer:
         # the noise scale: from the meter's norms (the allreduce hook's with several workers, so
         # none with one worker of an elastic run: its hook has one gradient; one worker's under
         # AdaScale), else from two half batches
-        if meter is None and jax_engine.joined():  # no hook sees each worker's gradient
+        if meter is None and distributed.one_program():  # no hook sees a worker's gradient
             measurable = False
             if writer and plan.noise_every:
                 print(NO_NOISE_SCALE_ON_JAX, flush=True)
