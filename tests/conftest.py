@@ -177,6 +177,30 @@ def two_workers(tmp_path_factory, subprocess_env):
     return ranks, infos, out
 
 
+@pytest.fixture(scope="session")
+def on_torch(tmp_path_factory, subprocess_env):
+    """``(two, alone)``: each process's ``(arrays, info)``, of the script under ``horovodrun
+    -np 2`` (ranks 0 and 1) and run alone (rank 0 only): tests/workers/torch_workers.py,
+    shared by every test that checks what PyTorch's workers did."""
+    env = {**subprocess_env, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    two, alone = tmp_path_factory.mktemp("torch-two"), tmp_path_factory.mktemp("torch-alone")
+    run_workers("torch_workers.py", two, env, "-H", "localhost:2")
+    worker = ROOT / "tests" / "workers" / "torch_workers.py"
+    result = subprocess.run(
+        [sys.executable, str(worker), str(alone)], env=env, cwd=ROOT, capture_output=True,
+        text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    def read(out, ranks):
+        return [
+            (np.load(out / f"rank{r}.npz"), json.loads((out / f"rank{r}.json").read_text()))
+            for r in ranks
+        ]
+
+    return read(two, (0, 1)), read(alone, (0,))
+
+
 def weights(npz, scenario: str) -> list[np.ndarray]:
     keys = [k for k in npz.files if k.split("/")[0] == scenario]
     return [npz[k] for k in sorted(keys, key=lambda k: int(k.split("/")[1]))]

@@ -5,39 +5,10 @@ the oracle the two workers are held to. Cost: about 40 s (two runs of the script
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-from conftest import ROOT, run_workers, weights
+from conftest import weights
 from test_distributed import assert_all_close
-
-SCRIPT = "torch_workers.py"
-
-
-@pytest.fixture(scope="module")
-def on_torch(tmp_path_factory, subprocess_env):
-    """``(two, alone)``: each process's ``(arrays, info)``, of the script under ``horovodrun
-    -np 2`` (ranks 0 and 1) and run alone (rank 0 only)."""
-    env = {**subprocess_env, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    two, alone = tmp_path_factory.mktemp("torch-two"), tmp_path_factory.mktemp("torch-alone")
-    run_workers(SCRIPT, two, env, "-H", "localhost:2")
-    worker = ROOT / "tests" / "workers" / SCRIPT
-    result = subprocess.run(
-        [sys.executable, str(worker), str(alone)], env=env, cwd=ROOT, capture_output=True,
-        text=True, timeout=240,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-
-    def read(out, ranks):
-        return [
-            (np.load(out / f"rank{r}.npz"), json.loads((out / f"rank{r}.json").read_text()))
-            for r in ranks
-        ]
-
-    return read(two, (0, 1)), read(alone, (0,))
 
 
 def test_the_workers_are_two_and_talk_through_horovods_pytorch_engine(on_torch):

@@ -23,7 +23,12 @@ from toolkit.parallel import distributed, noise_meter
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scenarios import STEPS, global_data, make_model, sgd
-from two_workers import fit_with_the_callbacks, skip_a_step_not_finite_on_rank1, train
+from two_workers import (
+    average_parameters,
+    fit_with_the_callbacks,
+    skip_a_step_not_finite_on_rank1,
+    train,
+)
 
 
 def main(out: Path) -> None:
@@ -59,6 +64,7 @@ def main(out: Path) -> None:
     weights["unaveraged"] = model.get_weights()
 
     skip_a_step_not_finite_on_rank1(weights, x, y)
+    average_parameters(weights, info, rank)
 
     # The noise meter in the allreduce hook, on known gradients of each rank.
     meter = noise_meter.GradientNoiseMeter(every=2)

@@ -59,9 +59,25 @@ def train(model: keras.Model, x, y, steps: int, first_step: int = 0) -> None:
 
 
 def compiled(optimizer, variables):
-    """``optimizer.apply(grads, variables)`` as a graph, the way ``model.fit`` runs it."""
+    """``optimizer.apply(grads, variables)`` as a graph, the way ``model.fit`` runs it on
+    TensorFlow (eagerly on PyTorch, as Keras's PyTorch trainer runs it)."""
     optimizer.build(variables)
-    return tf.function(lambda grads: optimizer.apply(grads, variables))
+    apply = lambda grads: optimizer.apply(grads, variables)  # noqa: E731
+    return tf.function(apply) if keras.backend.backend() == "tensorflow" else apply
+
+
+def average_parameters(weights: dict, info: dict, rank: int) -> None:
+    """Partial synchronisation and local SGD: every rank's parameters after each update (as
+    ``sync_<scenario>_<step>``) and its traffic, on this process's backend."""
+    for name, wrap in SYNC.items():
+        optimizer = distributed.DistributedOptimizer(keras.optimizers.SGD(1.0), **wrap)
+        variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
+        apply = compiled(optimizer, variables)
+        for step in range(SYNC_STEPS):
+            apply([keras.ops.convert_to_tensor(g) for g in wire_grads(rank, step)])
+            weights[f"sync_{name}_{step}"] = [keras.ops.convert_to_numpy(v) for v in variables]
+        traffic = distributed.traffic(optimizer)
+        info[f"traffic_{name}"] = [float(traffic.sent.numpy()), traffic.dense_bytes]
 
 
 def state_variables(model: keras.Model) -> list:
@@ -204,16 +220,7 @@ def main(out: Path) -> None:
         traffic = distributed.traffic(optimizer)
         info[f"traffic_{name}"] = [float(traffic.sent.numpy()), traffic.dense_bytes]
 
-    # Partial synchronisation and local SGD: every rank's parameters after each update.
-    for name, wrap in SYNC.items():
-        optimizer = distributed.DistributedOptimizer(keras.optimizers.SGD(1.0), **wrap)
-        variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
-        apply = compiled(optimizer, variables)
-        for step in range(SYNC_STEPS):
-            apply(wire_grads(rank, step))
-            weights[f"sync_{name}_{step}"] = [v.numpy() for v in variables]
-        traffic = distributed.traffic(optimizer)
-        info[f"traffic_{name}"] = [float(traffic.sent.numpy()), traffic.dense_bytes]
+    average_parameters(weights, info, rank)
 
     # model.fit running 4 steps per execution and 1: the collectives inside Keras's loop.
     for name, wrap in EXECUTION.items():

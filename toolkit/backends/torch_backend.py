@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolkit.backends.base import Backend
 from toolkit.backends.devices import gpu_for_worker
+from toolkit.communication import SYNC_MODES
 
 if TYPE_CHECKING:
     import keras
@@ -21,6 +22,7 @@ class TorchBackend(Backend):
 
     name = "torch"
     codecs = ("none", "fp16")
+    sync_modes = SYNC_MODES
     lacks = (
         "the sparsified and 2-bit exchanges, elastic worlds, AdaScale and the adaptive batch "
         "are written as TensorFlow graphs and not yet ported to horovod.torch"

@@ -126,8 +126,10 @@ def elements(tensor) -> int:
 
 
 def nbytes(tensors: list) -> int:
-    """Bytes of ``tensors`` as they are (static shapes)."""
-    return sum(t.shape.num_elements() * t.dtype.size for t in tensors)
+    """Bytes of ``tensors`` (TensorFlow's or torch's) as they are (static shapes)."""
+    return sum(
+        elements(t) * np.dtype(keras.backend.standardize_dtype(t.dtype)).itemsize for t in tensors
+    )
 
 
 def fusion_buckets(sizes: list[int], threshold: int) -> list[list[int]]:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import tensorflow as tf
+from keras import ops
 
+from toolkit import backends
 from toolkit.communication import SYNC_MODES
 from toolkit.parallel.compression import Traffic, fusion_buckets, nbytes
 
@@ -28,11 +29,13 @@ from toolkit.parallel.compression import Traffic, fusion_buckets, nbytes
 class ParameterAveraging:
     """Averages partitions of a model's parameters over the workers after updates (see the
     module doc). ``allreduce_mean`` averages a list of tensors over the workers (Horovod's
-    ``grouped_allreduce`` with ``op=Average``)."""
+    ``grouped_allreduce`` with ``op=Average``, the backend's). Traced into the step on
+    TensorFlow, run eagerly on PyTorch: the backend decides
+    (:meth:`~toolkit.backends.base.Backend.when`)."""
 
     def __init__(
         self,
-        allreduce_mean: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+        allreduce_mean: Callable[[list], list],
         mode: str,
         *,
         period: int = 1,
@@ -47,6 +50,7 @@ class ParameterAveraging:
             raise ValueError(f"period must be an integer >= 1, got {period!r}")
         self.allreduce_mean, self.mode, self.period = allreduce_mean, mode, int(period)
         self.fusion_threshold_bytes, self.traffic = fusion_threshold_bytes, traffic
+        self._backend = backends.current()
 
     def partitions(self, variables: list) -> list[list[int]]:
         """Indices of ``variables`` averaged together, in the order they take turns."""
@@ -55,28 +59,28 @@ class ParameterAveraging:
         sizes = [nbytes([v.value]) for v in variables]
         return fusion_buckets(sizes, self.fusion_threshold_bytes)
 
-    def after_update(self, updates: tf.Tensor, variables: list) -> None:
+    def after_update(self, updates, variables: list) -> None:
         """Call on every worker after each update, with the number of updates done so far
-        (``optimizer.iterations``): averages the partition due, if one is."""
+        (``optimizer.iterations``): averages the partition due, if one is. Partition ``p`` is
+        due after update ``n`` when ``n`` is a multiple of the period and
+        ``(n / period - 1) mod partitions == p``."""
         parts = self.partitions(variables)
-        updates = tf.cast(updates, tf.int64)
         if self.traffic is not None:
             self.traffic.count_dense([v.value for v in variables])
+        updates = ops.cast(updates, "int64")
+        turn = (updates // self.period - 1) % len(parts)
 
-        def average(part: list[int]) -> Callable[[], tf.Tensor]:
-            def run() -> tf.Tensor:
+        def average(part: list[int]) -> Callable[[], None]:
+            def run() -> None:
                 values = [variables[i].value for i in part]
                 if self.traffic is not None:
                     self.traffic.add(nbytes(values))
                 means = self.allreduce_mean(values)
                 for i, mean in zip(part, means, strict=True):
                     variables[i].assign(mean)
-                return tf.constant(True)
 
             return run
 
-        def due() -> tf.Tensor:
-            turn = tf.cast((updates // self.period - 1) % len(parts), tf.int32)
-            return tf.switch_case(turn, [average(part) for part in parts])
-
-        tf.cond(updates % self.period == 0, due, lambda: tf.constant(False))
+        due = ops.equal(updates % self.period, 0)
+        for p, part in enumerate(parts):
+            self._backend.when(ops.logical_and(due, ops.equal(turn, p)), average(part))
