@@ -76,8 +76,10 @@ def average_parameters(weights: dict, info: dict, rank: int) -> None:
         for step in range(SYNC_STEPS):
             apply([keras.ops.convert_to_tensor(g) for g in wire_grads(rank, step)])
             weights[f"sync_{name}_{step}"] = [keras.ops.convert_to_numpy(v) for v in variables]
-        traffic = distributed.traffic(optimizer)
-        info[f"traffic_{name}"] = [float(traffic.sent.numpy()), traffic.dense_bytes]
+        traffic = distributed.traffic(optimizer)  # none alone
+        info[f"traffic_{name}"] = (
+            [float(traffic.sent.numpy()), traffic.dense_bytes] if traffic else None
+        )
 
 
 def state_variables(model: keras.Model) -> list:
