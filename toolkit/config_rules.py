@@ -41,19 +41,16 @@ def check(config: ExperimentConfig) -> None:
 def check_backend(config: ExperimentConfig, backend: str) -> None:
     """Raise :class:`~toolkit.errors.ConfigError`, naming the field, ``backend`` and why, where
     ``config`` needs what that backend does not run: its
-    :meth:`~toolkit.backends.base.Backend.refusal`, the rule the distributed optimizer asks
-    too. Checked before anything starts: by the launcher, for the backend its workers will get
+    :meth:`~toolkit.backends.base.Backend.check`, which the distributed optimizer asks too.
+    Checked before anything starts: by the launcher, for the backend its workers will get
     (:func:`toolkit.backends.requested`), and by ``train``."""
-    runs = backends.of(backend)
-    refused = runs.refusal(
+    backends.of(backend).check(
         codec=config.allreduce.codec.name,
         sync_mode=config.sync.mode,
         elastic=config.elastic is not None,
         adaptive_batch=config.batch.adaptive is not None,
         adascale=config.lr_scaling.rule == "adascale",
     )
-    if refused:
-        raise ConfigError(f"KERAS_BACKEND={backend} needs {refused}: {runs.lacks}")
 
 
 def _refuse_first(what: str, refusals) -> None:

@@ -17,9 +17,13 @@ backend its workers will get. A new backend is one module with a subclass and on
 from __future__ import annotations
 
 import contextlib
+import importlib
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from toolkit import codecs
+from toolkit.errors import ConfigError
 
 if TYPE_CHECKING:
     import keras
@@ -36,7 +40,7 @@ class Backend:
     """Keras's name for it, the value of ``KERAS_BACKEND``."""
 
     # ---------------------------------------------------------------- what it can do
-    codecs: ClassVar[tuple[str, ...]] = ("none",)
+    codecs: ClassVar[tuple[str, ...]] = (codecs.DENSE.name,)
     """The ``allreduce.compression`` modes its gradient exchange carries."""
     sync_modes: ClassVar[tuple[str, ...]] = ("full",)
     """The ``sync.mode`` values it runs."""
@@ -50,6 +54,8 @@ class Backend:
     """Why it refuses what it refuses, in one sentence (shown with every refusal)."""
 
     # ---------------------------------------------------------------- how it trains
+    horovod_module: ClassVar[str] = "horovod.tensorflow"
+    """The Horovod that carries its collectives (:meth:`horovod`)."""
     averages_in_step: ClassVar[bool] = False
     """Its workers are one compiled program that averages the gradients inside the step (no
     allreduce hook sees a worker's own gradient, and assigning a variable is collective)."""
@@ -96,15 +102,21 @@ class Backend:
                 return needs
         return None
 
+    def check(self, **settings) -> None:
+        """Raise :class:`~toolkit.errors.ConfigError` naming the backend, the field and why
+        (:attr:`lacks`) where :meth:`refusal` refuses ``settings``."""
+        if refused := self.refusal(**settings):
+            raise ConfigError(f"KERAS_BACKEND={self.name} needs {refused}: {self.lacks}")
+
     # ---------------------------------------------------------------- its workers
     def horovod(self) -> Any:
-        """The Horovod module that carries this backend's collectives (``None`` where Horovod
-        cannot be imported). A process starts only one: each has its own rendezvous."""
+        """The Horovod module that carries this backend's collectives, :attr:`horovod_module`
+        (``None`` where Horovod cannot be imported). A process starts only one: each has its
+        own rendezvous."""
         try:
-            import horovod.tensorflow as hvd
+            return importlib.import_module(self.horovod_module)
         except ImportError:
             return None
-        return hvd
 
     def start_worker(self, engine: Any) -> None:
         """Make this process a worker of ``engine``'s started world: its device and threads,

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from toolkit import codecs
 from toolkit.backends.base import Backend
 from toolkit.backends.devices import gpu_for_worker
 from toolkit.communication import SYNC_MODES
@@ -21,22 +22,15 @@ class TorchBackend(Backend):
     """Keras's PyTorch backend (see the module's docstring)."""
 
     name = "torch"
-    codecs = ("none", "fp16")
+    codecs = (codecs.DENSE.name, codecs.FP16.name)
     sync_modes = SYNC_MODES
     lacks = (
         "the sparsified and 2-bit exchanges, elastic worlds, AdaScale and the adaptive batch "
         "are written as TensorFlow graphs and not yet ported to horovod.torch"
     )
+    horovod_module = "horovod.torch"  # whose collectives take torch tensors
     one_step_per_call = True  # Keras's PyTorch trainer
     multi_tensor_updates = True
-
-    def horovod(self) -> Any:
-        """``horovod.torch``, whose collectives take torch tensors."""
-        try:
-            import horovod.torch as hvd
-        except ImportError:
-            return None
-        return hvd
 
     def start_worker(self, engine: Any) -> None:
         """The GPU its local rank names as PyTorch's current device (Keras's PyTorch backend

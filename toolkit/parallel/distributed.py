@@ -43,7 +43,7 @@ Horovod's ops cannot run inside an XLA cluster on CPU: compile with ``jit_compil
 
 On PyTorch the same hook runs eagerly, in Keras's train step, with ``horovod.torch``'s grouped
 allreduce; the process starts that Horovod, not TensorFlow's. What each backend's exchange
-carries is its own (:meth:`toolkit.backends.base.Backend.refusal`), asked here as the config's
+carries is its own (:meth:`toolkit.backends.base.Backend.check`), asked here as the config's
 check asks it.
 """
 
@@ -269,10 +269,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         communication = config_lib.communication(**options)
     elif options:
         raise TypeError(f"give a Communication or its options, not both (got {sorted(options)})")
-    mode, backend = communication.sync.mode, backends.current()
-    refused = backend.refusal(codec=communication.codec.name, sync_mode=mode, elastic=elastic())
-    if refused:
-        raise ValueError(f"KERAS_BACKEND={backend.name} needs {refused}: {backend.lacks}")
+    mode = communication.sync.mode
+    backends.current().check(codec=communication.codec.name, sync_mode=mode, elastic=elastic())
     if elastic() and not communication.survives_resets:
         raise ValueError(
             "an elastic run averages gradients (sync='full') in float32 or sparsified, got "

@@ -200,8 +200,9 @@ class HalfBatchNorms:
         rng = self.rng if at is None else np.random.default_rng([self.seed, at])
         rows = rng.choice(len(self.x), size=2 * self.half, replace=False)
         x, y = self.x[rows], self.y[rows]
-        first = backends.current().loss_gradients(model, x[: self.half], y[: self.half])
-        second = backends.current().loss_gradients(model, x[self.half :], y[self.half :])
+        gradients = backends.current().loss_gradients
+        first = gradients(model, x[: self.half], y[: self.half])
+        second = gradients(model, x[self.half :], y[self.half :])
         return self._squared_norms(first, second)
 
     @staticmethod
