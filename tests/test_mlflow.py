@@ -5,7 +5,8 @@ The oracle for metrics is ``events.jsonl`` read line by line with ``json``
 (:func:`test_tensorboard.from_jsonl`, TensorBoard's export's oracle: the same names), for params
 ``config.yaml`` read with ``yaml`` and flattened here; the other side is what ``MlflowClient``
 reads back from the server. Cost: two servers (about 7 s each to start), one in-process
-quickstart of 2 epochs (about 10 s) and one launched run, stopped after the server is killed (about 45 s).
+quickstart of 2 epochs (about 10 s) and one launched run, stopped once it has trained on past
+the server's death (about 45 s).
 """
 
 from __future__ import annotations
