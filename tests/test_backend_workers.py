@@ -152,7 +152,7 @@ def test_a_stopped_two_worker_run_resumes_into_the_run_it_would_have_been(
 
 
 def test_the_same_run_on_two_hosts_over_ssh(two_and_one, on_backend, cluster_hosts):
-    """(As a Slurm job of two nodes: ``tests/test_slurm.py``.)"""
+    """(JAX's, as a Slurm job of two nodes: ``tests/test_slurm.py``.)"""
     two, _ = two_and_one
     run = on_backend("hosts", "workers=2", "batch.per_worker=16", hosts="lbl-h1:1,lbl-h2:1")
     assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
