@@ -100,9 +100,13 @@ def gradients_for(calls: int, scale=1e-2):
 
 
 def assert_same(fast, reference):
+    """Equal to float32's rounding: each element within 2e-6 of itself or 1e-6 of its tensor's
+    largest magnitude (8 units in the last place there): an update rounds relative to its own
+    size, which beside a small weight can be large (measured: 1.4e-7 on a weight of 0.013
+    whose tensor reaches 0.35, LBSGD's ``lars`` warm-up, after 15 updates)."""
     (fast_values, fast_ratios), (values, ratios) = fast, reference
     for got, want in zip(fast_values, values, strict=True):
-        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * np.abs(want).max())
     assert fast_ratios.keys() == ratios.keys()
     np.testing.assert_allclose(list(fast_ratios.values()), list(ratios.values()), rtol=2e-6)
 

