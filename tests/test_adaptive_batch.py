@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_adascale import assert_resumed_bit_for_bit
+from test_adascale import WORKER_BACKENDS, assert_resumed_bit_for_bit, complete_and_resumed
 from test_adascale_gain import numpy_adascale
 
 from toolkit.config import ConfigError, from_mapping
@@ -216,24 +216,22 @@ def test_an_adaptive_epoch_is_whole_updates_at_its_largest_batch():
         RunPlan.of(from_mapping(ADAPTIVE, ["batch.adaptive.max=2048"]), 1437, 2)
 
 
-def softmax_regression_replay(config, events):
-    """Plain SGD on softmax regression in float64, from the run's initial weights, over the
-    run's data order: each update's gradient is the mean over every example of the steps it
-    claims on every worker (``global_batch / (per_worker x workers)`` steps, from the train
-    events), at the rate the run logged for it. Returns the weights after the last step."""
-    import keras
-
+def softmax_regression_replay(config, events, checkpoint):
+    """Plain SGD on softmax regression in float64, from the weights of ``checkpoint`` (one of
+    the run's, so that no backend's initializers are needed here), over the run's data order:
+    each update's gradient is the mean over every example of the steps it claims on every
+    worker (``global_batch / (per_worker x workers)`` steps, from the train events), at the rate
+    the run logged for it. Returns the weights after the last step."""
     world = config.workers
     dataset = experiment.load_dataset(config)
-    keras.utils.set_random_seed(config.seed)
-    kernel, bias = (
-        w.astype(np.float64) for w in experiment.build_model(config, dataset).get_weights()
-    )
+    model = experiment.build_model(config, dataset)
+    model.load_weights(checkpoint / "model.weights.h5")
+    kernel, bias = (w.astype(np.float64) for w in model.get_weights())
     plan = RunPlan.of(config, len(dataset.x_train), world)
     spe = plan.steps_per_epoch
     train = events[events.phase == "train"].set_index("step")
     step_batch = config.batch.per_worker * world
-    step = 0
+    step = int(checkpoint.name.removeprefix("epoch-")) * spe
     while step < train.index.max():
         epoch, first = divmod(step, spe)
         batches = [
@@ -271,9 +269,10 @@ def check_the_run(config, run):
     assert batches.global_batch.tolist() == [16, 32, 64, 128]  # grew, doubling each time
     assert ((batches.step - 1) % spe == 0).all()  # at epoch starts only
 
-    kernel, bias = softmax_regression_replay(config, events)
+    first, *_, last = sorted(run.checkpoints_path.glob("epoch-*"))
+    kernel, bias = softmax_regression_replay(config, events, first)
     model = experiment.build_model(config, experiment.load_dataset(config))
-    model.load_weights(sorted(run.checkpoints_path.glob("epoch-*"))[-1] / "model.weights.h5")
+    model.load_weights(last / "model.weights.h5")
     got_kernel, got_bias = (keras.ops.convert_to_numpy(w) for w in model.weights)
     np.testing.assert_allclose(got_kernel, kernel, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got_bias, bias, rtol=1e-4, atol=1e-5)
@@ -300,25 +299,17 @@ def check_the_run(config, run):
     assert taus[-1] >= 3 * (1437 // 16) > taus[-2]
 
 
-@pytest.fixture(scope="module")
-def two_workers(tmp_path_factory, subprocess_env):
+@pytest.fixture(scope="module", params=WORKER_BACKENDS)
+def two_workers(request, tmp_path_factory, subprocess_env):
     """A complete 2-worker adaptive run, and the same run stopped after its second checkpoint
     (the first after a change of batch, so the resumed run restores a changed plan) and
-    resumed."""
+    resumed, on each of the backends whose workers run it (about 30 s each)."""
     import os
 
-    from test_train import stop_after_the_first_checkpoint_and_resume, wait
-
-    from toolkit.launching import launch as launcher
-
     os.environ["PATH"] = subprocess_env["PATH"]
-    root = tmp_path_factory.mktemp("runs")
     config = from_mapping(ADAPTIVE)
-    complete = launcher.launch(config, runs_root_dir=root, run_id="complete")
-    assert wait(complete)["state"] == "completed", complete.stdout_path.read_text()[-3000:]
-    resumed = launcher.launch(config, runs_root_dir=root, run_id="resumed")
-    stop_after_the_first_checkpoint_and_resume(resumed, epoch=2)
-    return config, complete, resumed
+    root = tmp_path_factory.mktemp(request.param)
+    return config, *complete_and_resumed(config, root, request.param, stop_after_epoch=2)
 
 
 def test_two_workers_grow_the_batch_and_each_update_is_the_mean_of_its_examples(two_workers):

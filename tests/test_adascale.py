@@ -137,24 +137,34 @@ def test_at_scale_one_it_trains_exactly_like_the_base_optimizer(tmp_path):
         np.testing.assert_array_equal(weights[0][key], weights[1][key])
 
 
-@pytest.fixture(scope="module")
-def two_workers(tmp_path_factory, subprocess_env):
-    """A complete 2-worker AdaScale run, and the same run stopped after its first checkpoint
-    and resumed."""
-    import os
+WORKER_BACKENDS = ("tensorflow", "torch")
+"""The backends whose workers run AdaScale and the adaptive batch (JAX refuses them: its engine
+averages inside the compiled step, where no hook measures a worker's gradient)."""
 
+
+def complete_and_resumed(config, root, backend: str, stop_after_epoch: int = 1):
+    """``config`` launched twice on ``backend``, in ``root``: once to its end, once stopped
+    after its ``stop_after_epoch`` checkpoint and resumed."""
     from test_train import stop_after_the_first_checkpoint_and_resume, wait
 
     from toolkit.launching import launch as launcher
 
-    os.environ["PATH"] = subprocess_env["PATH"]
-    root = tmp_path_factory.mktemp("runs")
-    config = from_mapping({**ADASCALE, "workers": 2})
-    complete = launcher.launch(config, runs_root_dir=root, run_id="complete")
+    complete = launcher.launch(config, runs_root_dir=root, run_id="complete", backend=backend)
     assert wait(complete)["state"] == "completed", complete.stdout_path.read_text()[-3000:]
-    resumed = launcher.launch(config, runs_root_dir=root, run_id="resumed")
-    stop_after_the_first_checkpoint_and_resume(resumed)
+    resumed = launcher.launch(config, runs_root_dir=root, run_id="resumed", backend=backend)
+    stop_after_the_first_checkpoint_and_resume(resumed, epoch=stop_after_epoch)
     return complete, resumed
+
+
+@pytest.fixture(scope="module", params=WORKER_BACKENDS)
+def two_workers(request, tmp_path_factory, subprocess_env):
+    """A complete 2-worker AdaScale run, and the same run stopped after its first checkpoint
+    and resumed, on each of :data:`WORKER_BACKENDS` (about 30 s each)."""
+    import os
+
+    os.environ["PATH"] = subprocess_env["PATH"]
+    config = from_mapping({**ADASCALE, "workers": 2})
+    return complete_and_resumed(config, tmp_path_factory.mktemp(request.param), request.param)
 
 
 def test_two_workers_log_what_the_numpy_model_of_adascale_computes(two_workers):

@@ -151,7 +151,7 @@ def test_a_one_worker_run_writes_the_run_the_dashboard_reads(
         ("allreduce.compression=topk", "allreduce.compression", ["tensorflow"]),
         ("sync.mode=local_sgd", "sync.mode", ["tensorflow", "torch"]),
         ("sync.mode=partial", "sync.mode", ["tensorflow", "torch"]),
-        ("lr_scaling={rule: adascale, base_batch: 32}", "lr_scaling.rule", ["tensorflow"]),
+        ("lr_scaling={rule: adascale, base_batch: 32}", "lr_scaling.rule", ["tensorflow", "torch"]),
     ],
 )
 def test_what_a_backend_lacks_is_refused_naming_the_field_the_backend_and_why(

@@ -25,9 +25,10 @@ class TorchBackend(Backend):
     codecs = (codecs.DENSE.name, codecs.FP16.name)
     sync_modes = SYNC_MODES
     lacks = (
-        "the sparsified and 2-bit exchanges, elastic worlds, AdaScale and the adaptive batch "
-        "are written as TensorFlow graphs and not yet ported to horovod.torch"
+        "the sparsified and 2-bit exchanges and elastic worlds are written as TensorFlow "
+        "graphs and not yet ported to horovod.torch"
     )
+    adascale = adaptive_batch = True
     horovod_module = "horovod.torch"  # whose collectives take torch tensors
     one_step_per_call = True  # Keras's PyTorch trainer
     multi_tensor_updates = True

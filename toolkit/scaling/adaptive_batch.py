@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 
 import keras
-import tensorflow as tf
+from keras import ops
 
+from toolkit import backends
 from toolkit.plan import Scale, noise_batches
 
 
@@ -99,8 +100,8 @@ class Accumulation:
         self.per_worker, self.world, self.adaptive = int(per_worker), int(world), adaptive
         self.noise_batch = int(noise_batch or per_worker)
         self._current = (0, int(steps_per_update), 0)
-        self.stretch = tf.Variable(
-            self._current, dtype=tf.int64, trainable=False, name="batch_plan"
+        self.stretch = keras.Variable(
+            self._current, dtype="int64", trainable=False, name="batch_plan"
         )
         self._earlier: list[tuple[int, int, int]] = []
 
@@ -125,7 +126,7 @@ class Accumulation:
         return self.steps_per_update * self.per_worker * self.world
 
     @property
-    def variables(self) -> list[tf.Variable]:
+    def variables(self) -> list[keras.Variable]:
         return [self.stretch]
 
     def noise_batches(self) -> tuple[int, int]:
@@ -185,23 +186,24 @@ def accumulate(
     :func:`~toolkit.parallel.distributed.DistributedOptimizer`, which hooks inside ``apply``."""
     variables = list(variables)
     optimizer.build(variables)
-    sums = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in variables]
-    count = tf.Variable(0, dtype=tf.int64, trainable=False, name="accumulated_steps")
+    sums = [keras.Variable(ops.zeros(v.shape, v.dtype), trainable=False) for v in variables]
+    count = keras.Variable(0, dtype="int64", trainable=False, name="accumulated_steps")
     apply = optimizer.apply  # the class's, bound
+    backend = backends.current()
 
     def accumulate_then_apply(grads, trainable_variables=None):
         for total, grad in zip(sums, grads, strict=True):
             if grad is not None:
-                total.assign_add(tf.convert_to_tensor(grad))
-        done = count.assign_add(1)
+                total.assign_add(ops.cast(grad, total.dtype))
+        count.assign_add(1)
+        done = count.value
 
         def update():
-            apply([total / tf.cast(done, total.dtype) for total in sums], variables)
+            apply([total.value / ops.cast(done, total.dtype) for total in sums], variables)
             for total in sums:
-                total.assign(tf.zeros_like(total))
+                total.assign(ops.zeros_like(total.value))
             count.assign(0)
-            return tf.constant(True)
 
-        tf.cond(done >= accumulation.stretch[1], update, lambda: tf.constant(False))
+        backend.when(done >= accumulation.stretch.value[1], update)
 
     optimizer.apply = accumulate_then_apply

@@ -19,7 +19,6 @@ import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from toolkit import backends
 from toolkit.optimizers import unwrapped
@@ -342,7 +341,7 @@ class HalfBatchMeter(keras.callbacks.Callback):
         super().__init__()
         self.halves, self.counter, self.accumulation = halves, counter, accumulation
         self._latest = (0, 0.0, 0.0)
-        self._observe = tf.function(adascale.observe, autograph=False)  # a few µs, not ms
+        self._observe = backends.current().compiled(adascale.observe)  # a few µs, not ms
 
     def on_train_batch_begin(self, batch, logs=None):
         step = self.counter.step
@@ -350,7 +349,8 @@ class HalfBatchMeter(keras.callbacks.Callback):
             return
         update = round(self.accumulation.updates(step))
         small_sq, big_sq = self.halves(self.model, update)
-        self._observe(tf.constant(small_sq, tf.float64), tf.constant(big_sq, tf.float64))
+        dtype = backends.current().state_dtype()  # tensors: a Python float would retrace
+        self._observe(*(keras.ops.convert_to_tensor(sq, dtype) for sq in (small_sq, big_sq)))
         self._latest = (update + 1, small_sq, big_sq)
 
     def read(self) -> tuple[int, float, float]:
