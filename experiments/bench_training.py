@@ -1,7 +1,8 @@
 """What ``toolkit.train`` costs over a bare ``model.fit`` of the same model, data and optimizer.
 
-    .venv/bin/python experiments/bench_training.py [--repeat 5] [--epochs N] [--only NAME]
+    .venv/bin/python experiments/bench_training.py [--repeat 5] [--epochs N] [--only NAME]...
         [--matched]
+    KERAS_BACKEND=jax .venv/bin/python experiments/bench_training.py --only quickstart
     .venv/bin/python experiments/bench_training.py --horovod [--repeat 5] [--epochs N]
     .venv/bin/python experiments/bench_training.py --gpu [--repeat 3]
 
@@ -21,7 +22,9 @@ side is timed from nothing built to the model trained (wall-clock, including tra
 run in pairs, ``--repeat`` of them after one warm-up pair, which goes first swapping every
 pair; the table gives the median of each side and the median ratio with its spread (lower is
 better: below 1, ``toolkit.train`` is the faster), and every pair goes to
-``experiments/bench_training[_horovod|_matched|_gpu].csv`` (:mod:`benchmark_csv`).
+``experiments/bench_training[_jax|_torch][_horovod|_matched|_gpu].csv``
+(:mod:`benchmark_csv`). On JAX and PyTorch both sides compile as ``toolkit.train`` does there
+(the backend's ``jit_compile``: XLA on JAX).
 ``toolkit.train`` runs several steps per call of Keras's compiled function (its
 ``steps_per_execution``, chosen from the event intervals); the bare fit runs Keras's default
 of one, or with ``--matched`` as many as ``toolkit.train``, which isolates what the callbacks
@@ -115,6 +118,7 @@ def bare_fit(config, matched: bool = False) -> None:
         scaling = config.lr_scaling.model_copy(update={"rule": "none"})
         config = config.model_copy(update={"lr_scaling": scaling})
 
+    from toolkit import backends
     from toolkit.optimizers import applies_trust_ratios
     from toolkit.plan import RunPlan
     from toolkit.training.experiment import (
@@ -138,7 +142,7 @@ def bare_fit(config, matched: bool = False) -> None:
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
-        jit_compile=False,
+        jit_compile=backends.current().jit_compile,  # as toolkit.train compiles (JAX: XLA)
         steps_per_execution=per_execution if matched else 1,
     )
     model.fit(
@@ -308,7 +312,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--epochs", type=int, help="for every workload (default: its own)")
-    parser.add_argument("--only", choices=sorted(WORKLOADS | GPU_WORKLOADS), help="one workload")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(WORKLOADS | GPU_WORKLOADS),
+        help="a workload (repeat for several; default: every one)",
+    )
     parser.add_argument("--gpu", action="store_true", help="the GPU workloads (ResNet-50)")
     parser.add_argument(
         "--matched",
@@ -330,9 +339,11 @@ def main() -> int:
         return subprocess.run(command, check=False).returncode
 
     rows = []
-    workloads = GPU_WORKLOADS if args.gpu or args.only in GPU_WORKLOADS else WORKLOADS
+    workloads = (
+        GPU_WORKLOADS if args.gpu or set(args.only or ()) & set(GPU_WORKLOADS) else WORKLOADS
+    )
     for name, (_, overrides) in workloads.items():
-        if args.only and name != args.only:
+        if args.only and name not in args.only:
             continue
         config = workload_config(name, overrides, args.epochs)
         peer = functools.partial(bare_fit, matched=args.matched)
@@ -341,7 +352,9 @@ def main() -> int:
     print(f"\nIn-process training, one worker, median of {args.repeat} (min-max)\n")
     peer = "bare fit, matched" if args.matched else "bare fit"
     table(peer, rows)
-    record(rows, peer, "gpu" if args.gpu else "matched" if args.matched else "")
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    kind = "gpu" if args.gpu else "matched" if args.matched else ""
+    record(rows, peer, "_".join(p for p in (backend.replace("tensorflow", ""), kind) if p))
     return 0
 
 
