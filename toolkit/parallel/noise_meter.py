@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-import tensorflow as tf
+import keras
+from keras import ops
 
 from toolkit import backends
 
@@ -21,17 +23,16 @@ class GradientNoiseMeter:
     ``on_measure(small_sq, big_sq)``, if given, is called in the graph with each measurement,
     before the update reads its learning rate (AdaScale's gain: :mod:`toolkit.scaling.adascale`)."""
 
-    def __init__(
-        self, every: int, on_measure: Callable[[tf.Tensor, tf.Tensor], None] | None = None
-    ):
+    def __init__(self, every: int, on_measure: Callable[[Any, Any], None] | None = None):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self.every, self.on_measure = every, on_measure
         self._backend = backends.current()
-        self._updates = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self._measured = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self._small_sq = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-        self._big_sq = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self._updates = keras.Variable(0, dtype="int64", trainable=False)
+        self._measured = keras.Variable(0, dtype="int64", trainable=False)
+        norm_dtype = self._backend.state_dtype()
+        self._small_sq = keras.Variable(0.0, dtype=norm_dtype, trainable=False)
+        self._big_sq = keras.Variable(0.0, dtype=norm_dtype, trainable=False)
 
     def measure(self, local: list, reduced: list | None) -> None:
         """Count one update; on every ``every``-th, record the two norms (every worker must
@@ -39,7 +40,8 @@ class GradientNoiseMeter:
         not the mean one (a sparsified allreduce), so the mean is allreduced here, on the
         measured updates only. Traced into the step or run eagerly, as the backend runs the
         hook."""
-        count = self._updates.assign_add(1)
+        self._updates.assign_add(1)
+        count = self._updates.value
         self._backend.when(count % self.every == 0, lambda: self._record(local, reduced, count))
 
     def _record(self, local: list, reduced: list | None, count) -> None:
@@ -47,8 +49,8 @@ class GradientNoiseMeter:
         small = engine.allreduce(norm(local), op=engine.Average, name="noise_small_sq")
         mean = engine.grouped_allreduce(local, op=engine.Average) if reduced is None else reduced
         big = norm(mean)
-        self._small_sq.assign(_host(small))
-        self._big_sq.assign(_host(big))
+        self._small_sq.assign(ops.cast(small, self._small_sq.dtype))
+        self._big_sq.assign(ops.cast(big, self._big_sq.dtype))
         self._measured.assign(count)
         if self.on_measure is not None:
             self.on_measure(small, big)
@@ -59,7 +61,7 @@ class GradientNoiseMeter:
         self._updates.assign(updates)
 
     @property
-    def variables(self) -> list[tf.Variable]:
+    def variables(self) -> list[keras.Variable]:
         """Its counters and latest norms: state outside the optimizer, which an elastic run
         commits (:class:`toolkit.parallel.elastic.TrainingState`)."""
         return [self._updates, self._measured, self._small_sq, self._big_sq]
@@ -72,8 +74,3 @@ class GradientNoiseMeter:
             float(self._small_sq.numpy()),
             float(self._big_sq.numpy()),
         )
-
-
-def _host(value):
-    """``value`` as the meter's TensorFlow variables take it (a torch tensor as a float)."""
-    return value if isinstance(value, tf.Tensor) else float(value)
