@@ -30,8 +30,9 @@ BASE = {
     "dataset": {"name": "mnist1d"},
     "model": {"name": "cnn1d"},
     "optimizer": {"name": "sgd", "learning_rate": 0.1, "params": {"momentum": 0.9}},
-    "batch": {"per_worker": 16},  # 250 updates an epoch: the runner, polling each second,
-    "epochs": 4,  # finds a run live after its first evaluation, where the pruner acts
+    "batch": {"per_worker": 8},  # 500 updates an epoch (about 1 s): the runner, polling each
+    "epochs": 4,  # second, finds a run live after its first evaluation, where the pruner acts
+    # (at 250 updates, 0.5 s an epoch here, a hopeless trial could end before a poll saw it)
     "workers": 1,
     "logging": {"every_steps": 50},
     "checkpoint": {"every_epochs": 1},
@@ -333,7 +334,7 @@ def test_the_search_page_shows_the_trials_their_runs_and_optunas_figures(searche
     assert trials["state"].tolist() == expected["state"].tolist()
     ran = trials[trials.run_id.isin([r.run_id for r in list_runs(searched["root"])])]
     assert (ran["open"] == "detail?run=" + ran["run_id"]).all() and len(ran) == 5
-    assert (ran["global_batch"] == 16).all()
+    assert (ran["global_batch"] == BASE["batch"]["per_worker"]).all()
     completed = expected[expected.state == "completed"].sort_values("value", ascending=False)
     assert best["trial"].tolist() == completed["trial"].head(3).tolist()
     assert "No critical batch is calibrated for this task here" in at.info[0].value
