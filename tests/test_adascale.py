@@ -159,7 +159,7 @@ def complete_and_resumed(config, root, backend: str, stop_after_epoch: int = 1):
 @pytest.fixture(scope="module", params=WORKER_BACKENDS)
 def two_workers(request, tmp_path_factory, subprocess_env):
     """A complete 2-worker AdaScale run, and the same run stopped after its first checkpoint
-    and resumed, on each of :data:`WORKER_BACKENDS` (about 30 s each)."""
+    and resumed, on each of :data:`WORKER_BACKENDS` (about 28 s, 35 s on PyTorch)."""
     import os
 
     os.environ["PATH"] = subprocess_env["PATH"]
