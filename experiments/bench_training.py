@@ -352,9 +352,11 @@ def main() -> int:
     print(f"\nIn-process training, one worker, median of {args.repeat} (min-max)\n")
     peer = "bare fit, matched" if args.matched else "bare fit"
     table(peer, rows)
-    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    from toolkit import backends
+
+    backend = backends.requested()  # TensorFlow's rows keep the files' original names
     kind = "gpu" if args.gpu else "matched" if args.matched else ""
-    record(rows, peer, "_".join(p for p in (backend.replace("tensorflow", ""), kind) if p))
+    record(rows, peer, "_".join(p for p in (backend != "tensorflow" and backend, kind) if p))
     return 0
 
 

@@ -341,7 +341,9 @@ class HalfBatchMeter(keras.callbacks.Callback):
         super().__init__()
         self.halves, self.counter, self.accumulation = halves, counter, accumulation
         self._latest = (0, 0.0, 0.0)
-        self._observe = backends.current().compiled(adascale.observe)  # a few µs, not ms
+        backend = backends.current()
+        self._observe = backend.compiled(adascale.observe)  # a few µs, not ms
+        self._dtype = backend.state_dtype()  # handed tensors: a Python float would retrace
 
     def on_train_batch_begin(self, batch, logs=None):
         step = self.counter.step
@@ -349,8 +351,7 @@ class HalfBatchMeter(keras.callbacks.Callback):
             return
         update = round(self.accumulation.updates(step))
         small_sq, big_sq = self.halves(self.model, update)
-        dtype = backends.current().state_dtype()  # tensors: a Python float would retrace
-        self._observe(*(keras.ops.convert_to_tensor(sq, dtype) for sq in (small_sq, big_sq)))
+        self._observe(*(keras.ops.convert_to_tensor(sq, self._dtype) for sq in (small_sq, big_sq)))
         self._latest = (update + 1, small_sq, big_sq)
 
     def read(self) -> tuple[int, float, float]:
