@@ -97,15 +97,21 @@ def test_the_api_refuses_requests_without_the_token(lab):
         assert lab.get(path, lab.token)[0] == 200, path
 
 
+def listening_addresses(process: psutil.Process) -> list:
+    """The inet addresses ``process`` listens on; none once it has exited (the server starts
+    short-lived helpers, and one may end between being listed and being read)."""
+    try:
+        connections = process.net_connections(kind="inet")
+    except psutil.NoSuchProcess:
+        return []
+    return [c.laddr for c in connections if c.status == psutil.CONN_LISTEN]
+
+
 def test_the_server_and_its_kernels_listen_on_loopback_only(lab):
     port = int(lab.url.rsplit(":", 1)[1])
-    processes = [psutil.Process(lab.process.pid)]
-    processes += processes[0].children(recursive=True)
+    server = psutil.Process(lab.process.pid)
     listening = [
-        c.laddr
-        for p in processes
-        for c in p.net_connections(kind="inet")
-        if c.status == psutil.CONN_LISTEN
+        a for p in [server, *server.children(recursive=True)] for a in listening_addresses(p)
     ]
     assert port in [address.port for address in listening]
     assert {address.ip for address in listening} == {"127.0.0.1"}, listening
