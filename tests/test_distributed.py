@@ -285,8 +285,8 @@ def select(options: dict, values: np.ndarray, step: int, warmup: int) -> np.ndar
 
 
 @pytest.mark.parametrize("scenario", [n for n, o in WIRE.items() if o["compression"] != "fp16"])
-def test_compressed_allreduce_matches_a_simulation_of_the_workers(two_workers, scenario):
-    ranks, _, _ = two_workers
+def test_compressed_allreduce_matches_a_simulation_of_the_workers(workers_on, scenario):
+    ranks = [arrays for arrays, _ in workers_on]
     for step, expected in enumerate(simulate_workers(WIRE[scenario])):
         for npz in ranks:  # every worker applies the same reduced gradient
             assert_all_close(weights(npz, f"wire_{scenario}_{step}"), expected, rtol=1e-5)
@@ -295,11 +295,11 @@ def test_compressed_allreduce_matches_a_simulation_of_the_workers(two_workers, s
 
 
 @pytest.mark.parametrize("scenario", list(WIRE))
-def test_traffic_counts_the_bytes_each_worker_sent(two_workers, scenario):
+def test_traffic_counts_the_bytes_each_worker_sent(workers_on, scenario):
     """Per update, each worker's own bytes: a value (4 or 2 bytes) and an int32 index per
     selected entry, a 32-bit word per 16 entries (2bit), 4 bytes per dense entry, fp16 two
     bytes per entry; against a dense float32 allreduce."""
-    _, infos, _ = two_workers
+    infos = [info for _, info in workers_on]
     entries = sum(int(np.prod(s)) for s in WIRE_SHAPES)
     options = WIRE[scenario]
     if options["compression"] == "fp16":

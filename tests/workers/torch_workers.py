@@ -26,6 +26,7 @@ from scenarios import STEPS, global_data, make_model, sgd
 from two_workers import (
     average_parameters,
     fit_with_the_callbacks,
+    send_on_the_wire,
     skip_a_step_not_finite_on_rank1,
     train,
 )
@@ -64,6 +65,7 @@ def main(out: Path) -> None:
     weights["unaveraged"] = model.get_weights()
 
     skip_a_step_not_finite_on_rank1(weights, x, y)
+    send_on_the_wire(weights, info, rank)
     average_parameters(weights, info, rank)
 
     # The noise meter in the allreduce hook, on known gradients of each rank.

@@ -66,6 +66,28 @@ def compiled(optimizer, variables):
     return tf.function(apply) if keras.backend.backend() == "tensorflow" else apply
 
 
+def send_on_the_wire(weights: dict, info: dict, rank: int) -> None:
+    """What goes on the wire: each step's reduced gradient (as ``wire_<scenario>_<step>``), read
+    off variables that plain SGD (rate 1) moves from zero, and the traffic, on this process's
+    backend."""
+    for name, options in WIRE.items():
+        wrap = dict(options)
+        momentum = wrap.pop("momentum", None)
+        sgd_at_1 = SGD(1.0, momentum=momentum) if momentum else keras.optimizers.SGD(1.0)
+        optimizer = distributed.DistributedOptimizer(sgd_at_1, **wrap)
+        variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
+        apply = compiled(optimizer, variables)
+        for step in range(WIRE_STEPS):
+            for v in variables:
+                v.assign(np.zeros(v.shape, "float32"))
+            apply([keras.ops.convert_to_tensor(g) for g in wire_grads(rank, step)])
+            weights[f"wire_{name}_{step}"] = [-keras.ops.convert_to_numpy(v) for v in variables]
+        traffic = distributed.traffic(optimizer)  # none alone with a dense mode
+        info[f"traffic_{name}"] = (
+            [float(traffic.sent.numpy()), traffic.dense_bytes] if traffic else None
+        )
+
+
 def average_parameters(weights: dict, info: dict, rank: int) -> None:
     """Partial synchronisation and local SGD: every rank's parameters after each update (as
     ``sync_<scenario>_<step>``) and its traffic, on this process's backend."""
@@ -205,23 +227,7 @@ def main(out: Path) -> None:
             optimizer.apply([g * scale for g in grads], variables)
         info[name] = meter.read()
 
-    # What goes on the wire: each step's reduced gradient, read off variables that plain SGD
-    # (rate 1) moves from zero.
-    for name, options in WIRE.items():
-        wrap = dict(options)
-        momentum = wrap.pop("momentum", None)
-        sgd_at_1 = SGD(1.0, momentum=momentum) if momentum else keras.optimizers.SGD(1.0)
-        optimizer = distributed.DistributedOptimizer(sgd_at_1, **wrap)
-        variables = [keras.Variable(np.zeros(shape, "float32")) for shape in WIRE_SHAPES]
-        apply = compiled(optimizer, variables)
-        for step in range(WIRE_STEPS):
-            for v in variables:
-                v.assign(np.zeros(v.shape, "float32"))
-            apply(wire_grads(rank, step))
-            weights[f"wire_{name}_{step}"] = [-v.numpy() for v in variables]
-        traffic = distributed.traffic(optimizer)
-        info[f"traffic_{name}"] = [float(traffic.sent.numpy()), traffic.dense_bytes]
-
+    send_on_the_wire(weights, info, rank)
     average_parameters(weights, info, rank)
 
     # model.fit running 4 steps per execution and 1: the collectives inside Keras's loop.

@@ -149,6 +149,11 @@ class Backend:
         others could be reached."""
         yield
 
+    def outside_step(self) -> contextlib.AbstractContextManager:
+        """A context in which variables made while a step runs are made once, outside it (a
+        traced step's graph); nothing where steps run eagerly."""
+        return contextlib.nullcontext()
+
     # ---------------------------------------------------------------- its arithmetic
     def when(self, condition: Any, action: Callable[[], None]) -> None:
         """Run ``action`` (side effects only) where the boolean tensor ``condition`` holds,

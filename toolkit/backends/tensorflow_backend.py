@@ -4,6 +4,7 @@ synchronisation and local SGD, an elastic world, AdaScale and the adaptive batch
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,12 @@ class TensorFlowBackend(Backend):
 
         values = [v.value if isinstance(v, keras.Variable) else v for v in variables]
         engine.broadcast_variables(values, root_rank=root_rank)
+
+    def outside_step(self) -> contextlib.AbstractContextManager:
+        """``tf.init_scope``: out of the traced step into eager execution."""
+        import tensorflow as tf
+
+        return tf.init_scope()
 
     def when(self, condition: Any, action: Callable[[], None]) -> None:
         """``tf.cond``: traced into the step, run where ``condition`` holds."""

@@ -22,12 +22,9 @@ class TorchBackend(Backend):
     """Keras's PyTorch backend (see the module's docstring)."""
 
     name = "torch"
-    codecs = (codecs.DENSE.name, codecs.FP16.name)
+    codecs = codecs.MODES
     sync_modes = SYNC_MODES
-    lacks = (
-        "the sparsified and 2-bit exchanges and elastic worlds are written as TensorFlow "
-        "graphs and not yet ported to horovod.torch"
-    )
+    lacks = "elastic worlds are written for horovod.tensorflow.elastic and not yet ported"
     adascale = adaptive_batch = True
     horovod_module = "horovod.torch"  # whose collectives take torch tensors
     one_step_per_call = True  # Keras's PyTorch trainer

@@ -57,9 +57,14 @@
   velocities and residuals (momentum, residual add, selection, residual and mask update,
   values and indices or 2-bit words written straight out), and the gathered payloads are
   decoded in one pass into the averaged gradients, with the same float operations in the same
-  order as the TensorFlow ops written here, which stay the fallback and the tests' oracle (bit
-  for bit). Exact top-k (no ``topk_sample``) keeps TensorFlow's ``top_k`` to choose its
-  entries; its decode is fused.
+  order as the ``keras.ops`` written here (TensorFlow's ops on that backend), which stay the
+  fallback and the tests' oracle (bit for bit). Exact top-k (no ``topk_sample``) keeps
+  TensorFlow's ``top_k`` to choose its entries; its decode is fused.
+
+  **Every backend.** The encoding, error feedback and DGC's techniques are written in
+  ``keras.ops`` over Keras variables, so they run where the backend's allreduce hook sees each
+  worker's gradient: traced into the step on TensorFlow, eagerly on PyTorch (where a threshold's
+  varying count is an ordinary dynamic shape). The fused kernels are TensorFlow's.
 
   Residuals and velocities are training state, and per worker: :meth:`CompressedAllreduce.state`
   and :meth:`CompressedAllreduce.restore` carry them through a checkpoint (training gathers
@@ -78,12 +83,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
-from toolkit import codecs
+from toolkit import backends, codecs
 from toolkit.communication import VALUE_DTYPES
 from toolkit.optimizers import kernels
 from toolkit.optimizers.schedules import value_at
@@ -94,26 +100,31 @@ Residuals = list[list[np.ndarray]]  # per worker, in rank order: that worker's s
 
 def fused_codecs():
     """The fused codec kernels (``codec_kernels.cc`` in the toolkit's kernel library), or
-    ``None`` where they do not run: the library not built, or a GPU, where the gradients stay."""
+    ``None`` where they do not run: another backend than TensorFlow, the library not built, or
+    a GPU, where the gradients stay."""
     library = kernels.fused_ops()
-    if library is None or tf.config.list_logical_devices("GPU"):
+    if library is None:
         return None
-    return library
+    import tensorflow as tf
+
+    return None if tf.config.list_logical_devices("GPU") else library
 
 
 class Traffic:
     """The bytes one worker sent to average gradients or parameters, counted in the training
-    graph: ``sent`` (a float64 variable, cumulative since the process started) and
-    ``dense_bytes``, what one dense float32 allreduce of every gradient sends (known once the
-    step has been traced). It is this worker's own count (a threshold's varies per worker);
-    for the encoded modes every payload tensor counts (values and indices, packed words)."""
+    step: ``sent`` (a Keras variable in the backend's state dtype, cumulative since the process
+    started) and ``dense_bytes``, what one dense float32 allreduce of every gradient sends
+    (known once the step has run). It is this worker's own count (a threshold's varies per
+    worker); for the encoded modes every payload tensor counts (values and indices, packed
+    words)."""
 
     def __init__(self):
-        self.sent = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        dtype = backends.current().state_dtype()
+        self.sent = keras.Variable(0.0, dtype=dtype, trainable=False, name="traffic_sent")
         self.dense_bytes: int | None = None
 
     def add(self, nbytes) -> None:
-        self.sent.assign_add(tf.cast(nbytes, tf.float64))
+        self.sent.assign_add(ops.cast(nbytes, self.sent.dtype))
 
     def count_dense(self, tensors: list) -> None:
         """Record ``dense_bytes`` from the gradients (or parameters) being averaged."""
@@ -121,15 +132,23 @@ class Traffic:
 
 
 def elements(tensor) -> int:
-    """The number of entries of a TensorFlow or torch tensor (static shape)."""
+    """The number of entries of a tensor of any backend (static shape)."""
     return math.prod(tensor.shape)
 
 
+def itemsize(tensor) -> int:
+    """Bytes of one entry of a tensor of any backend."""
+    return np.dtype(keras.backend.standardize_dtype(tensor.dtype)).itemsize
+
+
 def nbytes(tensors: list) -> int:
-    """Bytes of ``tensors`` (TensorFlow's or torch's) as they are (static shapes)."""
-    return sum(
-        elements(t) * np.dtype(keras.backend.standardize_dtype(t.dtype)).itemsize for t in tensors
-    )
+    """Bytes of ``tensors`` (of any backend) as they are (static shapes)."""
+    return sum(elements(t) * itemsize(t) for t in tensors)
+
+
+def split(flat, sizes: list[int]) -> list:
+    """``flat`` cut into consecutive parts of ``sizes`` entries."""
+    return ops.split(flat, list(np.cumsum(sizes)[:-1])) if len(sizes) > 1 else [flat]
 
 
 def fusion_buckets(sizes: list[int], threshold: int) -> list[list[int]]:
@@ -200,7 +219,7 @@ class Sparse:
             )
         self.mode, self.ratio, self.threshold = mode, ratio, threshold
         self.stride = round(1 / topk_sample) if topk_sample else 1
-        self.wire = tf.float16 if value_dtype == "float16" else tf.float32
+        self.wire = value_dtype
         self.warmup_epochs, self.updates_per_epoch = warmup_epochs, updates_per_epoch
 
     def densities(self) -> list[float]:
@@ -211,40 +230,38 @@ class Sparse:
     def encode(self, flat, update, index_dtype):
         """``(payload, sent)``: what goes on the wire, and the (index, float32 value) pairs it
         decodes to, from which the residual and the masking follow."""
-        index = tf.cast(self._select(flat, update), index_dtype)
-        values = tf.gather(flat, index)
+        index = ops.cast(self._select(flat, update), index_dtype)
+        values = ops.take(flat, index)
         wire = values
-        if self.wire == tf.float16:  # the others add the rounded values: the residual keeps
+        if self.wire == "float16":  # the others add the rounded values: the residual keeps
             wire, _ = Float16().compress(values)  # the rounding error
-            values = tf.cast(wire, flat.dtype)
+            values = ops.cast(wire, flat.dtype)
         return (wire, index), (index, values)
 
     def left(self, flat, sent):
         """``flat`` less what was sent: the residual."""
         index, values = sent
-        return tf.tensor_scatter_nd_sub(flat, index[:, None], values)
+        return ops.scatter_update(flat, index[:, None], ops.take(flat, index) - values)
 
     def unsent(self, velocity, sent):
         """``velocity`` with the entries that were sent cleared (momentum factor masking)."""
         index, values = sent
-        return tf.tensor_scatter_nd_update(velocity, index[:, None], tf.zeros_like(values))
+        return ops.scatter_update(velocity, index[:, None], ops.zeros_like(values))
 
     def decode_sum(self, payload, size: int):
         """The sum over the workers of the gathered ``payload``, dense, ``size`` entries."""
         values, index = payload
-        return tf.math.unsorted_segment_sum(
-            tf.cast(values, tf.float32), index, tf.cast(size, index.dtype)
-        )
+        return ops.segment_sum(ops.cast(values, "float32"), index, num_segments=size)
 
     @staticmethod
-    def nbytes(payload) -> tf.Tensor:
+    def nbytes(payload):
         """The bytes of one worker's ``payload``."""
         values, index = payload
-        return tf.size(values, tf.int64) * (values.dtype.size + index.dtype.size)
+        return ops.cast(ops.size(values), "int64") * (itemsize(values) + itemsize(index))
 
     def fuses(self, entries: int) -> bool:
         """Whether a bucket of ``entries`` is encoded by the fused kernel: a threshold, or a
-        top-k read off a sample (exact top-k keeps ``tf.math.top_k``)."""
+        top-k read off a sample (exact top-k keeps ``top_k``)."""
         return self.mode == codecs.THRESHOLD.name or 1 < self.stride <= entries
 
     def encode_fused(self, library, state: dict, entries: int, update, index_dtype):
@@ -264,29 +281,29 @@ class Sparse:
         )
 
     @staticmethod
-    def decode_mean_fused(library, payload, shapes: list, workers) -> list[tf.Tensor]:
+    def decode_mean_fused(library, payload, shapes: list, workers) -> list:
         """The mean over ``workers`` of the gathered ``payload``, as tensors of ``shapes``."""
         values, index = payload
         return library.sparse_decode_mean(values, index, workers, N=len(shapes), shapes=shapes)
 
     def _select(self, flat, update):
         """The positions of ``flat`` this worker sends."""
-        magnitude = tf.abs(flat)
+        magnitude = ops.abs(flat)
         if self.mode == codecs.THRESHOLD.name:
-            return tf.where(magnitude >= self.threshold)[:, 0]
-        if self.stride > 1 and flat.shape.num_elements() >= self.stride:
+            return ops.nonzero(magnitude >= self.threshold)[0]
+        if self.stride > 1 and elements(flat) >= self.stride:
             sample = magnitude[:: self.stride]
-            kth = tf.math.top_k(sample, self._k(sample.shape[0], update), sorted=True).values[-1]
-            return tf.where(magnitude >= kth)[:, 0]
-        return tf.math.top_k(magnitude, self._k(flat.shape[0], update), sorted=False).indices
+            kth = ops.top_k(sample, self._k(sample.shape[0], update), sorted=True)[0][-1]
+            return ops.nonzero(magnitude >= kth)[0]
+        return ops.top_k(magnitude, self._k(flat.shape[0], update), sorted=False)[1]
 
     def _k(self, n: int, update):
         """How many of ``n`` entries to take at ``update`` (0-based)."""
         counts = [max(1, math.ceil(d * n)) for d in self.densities()]
         if len(counts) == 1:
             return counts[0]
-        epoch = tf.minimum(update // self.updates_per_epoch, len(counts) - 1)
-        return tf.gather(tf.constant(counts, tf.int32), epoch)
+        epoch = ops.minimum(update // self.updates_per_epoch, len(counts) - 1)
+        return ops.take(ops.convert_to_tensor(counts, "int32"), epoch)
 
 
 class TwoBit:
@@ -304,27 +321,30 @@ class TwoBit:
 
     def encode(self, flat, update, index_dtype):
         """``(payload, sent)``: the packed words, and the values they decode to."""
-        t = tf.constant(self.threshold, flat.dtype)
+        t = ops.cast(self.threshold, flat.dtype)
         up, down = flat >= t, flat <= -t
-        sent = tf.where(up, t, tf.where(down, -t, tf.zeros_like(flat)))
-        codes = tf.where(up, 3, tf.where(down, 2, 0))
+        sent = ops.where(up, t, ops.where(down, -t, ops.zeros_like(flat)))
+        codes = ops.cast(ops.where(up, 3, ops.where(down, 2, 0)), "int32")
         return (self.pack(codes),), sent
 
     @classmethod
-    def pack(cls, codes: tf.Tensor) -> tf.Tensor:
-        """Two-bit codes (int32, one per entry) as int32 words, 16 codes each."""
-        padding = -codes.shape.num_elements() % 16
-        quads = tf.reshape(tf.pad(codes, [[0, padding]]), [-1, 4])
-        bytes_ = tf.reduce_sum(tf.bitwise.left_shift(quads, cls.SHIFTS), axis=1)
-        return tf.bitcast(tf.reshape(tf.cast(bytes_, tf.uint8), [-1, 4]), tf.int32)
+    def pack(cls, codes):
+        """Two-bit codes (int32, one per entry) as int32 words, 16 codes each: byte ``j`` of a
+        word is its bits ``8j .. 8j+7`` (the little-endian order of MXNet's bytes)."""
+        padding = -elements(codes) % 16
+        quads = ops.reshape(ops.pad(codes, [[0, padding]]), [-1, 4])
+        bytes_ = ops.sum(ops.left_shift(quads, cls.SHIFTS), axis=1)
+        fields = ops.left_shift(ops.cast(ops.reshape(bytes_, [-1, 4]), "int64"), [0, 8, 16, 24])
+        unsigned = ops.sum(fields, axis=1)  # the word as an unsigned 32-bit number
+        return ops.cast(ops.where(unsigned >= 2**31, unsigned - 2**32, unsigned), "int32")
 
     @classmethod
-    def unpack(cls, words: tf.Tensor) -> tf.Tensor:
+    def unpack(cls, words):
         """The codes of ``words`` (int32, one per entry, padding included)."""
-        bytes_ = tf.cast(tf.reshape(tf.bitcast(words, tf.uint8), [-1, 1]), tf.int32)
-        return tf.reshape(
-            tf.bitwise.bitwise_and(tf.bitwise.right_shift(bytes_, cls.SHIFTS), 3), [-1]
-        )
+        unsigned = ops.bitwise_and(ops.cast(words, "int64"), 2**32 - 1)
+        bytes_ = ops.bitwise_and(ops.right_shift(unsigned[:, None], [0, 8, 16, 24]), 255)
+        codes = ops.bitwise_and(ops.right_shift(ops.reshape(bytes_, [-1, 1]), cls.SHIFTS), 3)
+        return ops.reshape(ops.cast(codes, "int32"), [-1])
 
     @staticmethod
     def left(flat, sent):
@@ -332,19 +352,19 @@ class TwoBit:
 
     @staticmethod
     def unsent(velocity, sent):
-        return tf.where(sent != 0, tf.zeros_like(velocity), velocity)
+        return ops.where(sent != 0, ops.zeros_like(velocity), velocity)
 
     def decode_sum(self, payload, size: int):
         (words,) = payload
-        codes = tf.reshape(self.unpack(words), [-1, math.ceil(size / 16) * 16])[:, :size]
-        t = tf.constant(self.threshold, tf.float32)
-        values = tf.where(codes == 3, t, tf.where(codes == 2, -t, tf.zeros([], tf.float32)))
-        return tf.reduce_sum(values, axis=0)
+        codes = ops.reshape(self.unpack(words), [-1, math.ceil(size / 16) * 16])[:, :size]
+        t = ops.convert_to_tensor(self.threshold, "float32")
+        values = ops.where(codes == 3, t, ops.where(codes == 2, -t, ops.zeros((), "float32")))
+        return ops.sum(values, axis=0)
 
     @staticmethod
-    def nbytes(payload) -> tf.Tensor:
+    def nbytes(payload):
         (words,) = payload
-        return tf.size(words, tf.int64) * 4
+        return ops.cast(ops.size(words), "int64") * 4
 
     @staticmethod
     def fuses(entries: int) -> bool:
@@ -354,7 +374,7 @@ class TwoBit:
     def encode_fused(self, library, state: dict, entries: int, update, index_dtype):
         return (library.two_bit_encode(**state, threshold=self.threshold),)
 
-    def decode_mean_fused(self, library, payload, shapes: list, workers) -> list[tf.Tensor]:
+    def decode_mean_fused(self, library, payload, shapes: list, workers) -> list:
         (words,) = payload
         return library.two_bit_decode_mean(
             words, self.threshold, workers, N=len(shapes), shapes=shapes
@@ -380,19 +400,19 @@ class CompressedAllreduce:
     def __init__(
         self,
         codec: Codec,
-        allgather: Callable[[list[tf.Tensor]], list[tf.Tensor]],
-        allreduce_mean: Callable[[list[tf.Tensor]], list[tf.Tensor]],
-        workers: int | Callable[[], tf.Tensor],
+        allgather: Callable[[list], list],
+        allreduce_mean: Callable[[list], list],
+        workers: int | Callable[[], Any],
         *,
         residual: bool = True,
         momentum=None,
         masking: bool = False,
         local_clipnorm: float | None = None,
         dense_1d: bool = False,
-        updates: tf.Variable | None = None,
+        updates: keras.Variable | None = None,
         fusion_threshold_bytes: int = 64 * 2**20,
         traffic: Traffic | None = None,
-        on_dense_norms: Callable[[list[tf.Tensor]], None] | None = None,
+        on_dense_norms: Callable[[list], None] | None = None,
         fused: bool = True,
     ):
         if fusion_threshold_bytes < 1:
@@ -409,8 +429,8 @@ class CompressedAllreduce:
         self.local_clipnorm, self.dense_1d = local_clipnorm, dense_1d
         self.fusion_threshold_bytes = fusion_threshold_bytes
         self.traffic, self.on_dense_norms, self.fused = traffic, on_dense_norms, fused
-        self.residuals: list[tf.Variable] | None = None
-        self.velocities: list[tf.Variable] = []
+        self.residuals: list[keras.Variable] | None = None
+        self.velocities: list[keras.Variable] = []
         self._restored: list[np.ndarray] | None = None
 
     @property
@@ -418,25 +438,25 @@ class CompressedAllreduce:
         """Whether each worker keeps state (residuals, velocities) that training must save."""
         return self.residual or self.momentum is not None
 
-    def __call__(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+    def __call__(self, grads: list) -> list:
         self._build(grads)
         workers = self.workers() if callable(self.workers) else self.workers
-        update = self.updates if self.updates is not None else tf.constant(0, tf.int64)
+        update = self.updates if self.updates is not None else 0
         grads = self._clipped(grads, workers)
-        dense = [i for i, g in enumerate(grads) if self.dense_1d and g.shape.rank <= 1]
+        dense = [i for i, g in enumerate(grads) if self.dense_1d and len(g.shape) <= 1]
         groups = self._buckets(grads, [i for i in range(len(grads)) if i not in dense])
         library = fused_codecs() if self.fused else None
-        entries = [sum(grads[i].shape.num_elements() for i in g) for g in groups]
+        entries = [sum(elements(grads[i]) for i in g) for g in groups]
         fused = [
             library is not None
             and self.codec.fuses(n)
-            and all(grads[i].dtype == tf.float32 for i in group)  # the kernels' type
+            and all(itemsize(grads[i]) == 4 for i in group)  # float32, the kernels' type
             for group, n in zip(groups, entries, strict=True)
         ]
         by_kernel = {i for group, f in zip(groups, fused, strict=True) if f for i in group}
         inputs = self._with_momentum(grads, update, skip=by_kernel)
         reduced = dict(zip(dense, self._dense_mean(inputs, dense, grads), strict=True))
-        index_dtype = tf.int32 if max(entries, default=0) < 2**31 else tf.int64  # one allgather
+        index_dtype = "int32" if max(entries, default=0) < 2**31 else "int64"  # one allgather
         payloads = [
             self._encode_fused(library, grads, group, n, update, index_dtype)
             if f
@@ -447,9 +467,9 @@ class CompressedAllreduce:
         if self.traffic is not None:
             self.traffic.count_dense(grads)
             own = [self.codec.nbytes(p) for p in payloads]
-            dense_entries = sum(grads[i].shape.num_elements() for i in dense)
+            dense_entries = sum(elements(grads[i]) for i in dense)
             norms = len(grads) if self.on_dense_norms is not None else 0
-            self.traffic.add(tf.add_n([tf.constant(4 * (dense_entries + norms), tf.int64), *own]))
+            self.traffic.add(sum(own, start=4 * (dense_entries + norms)))
         for group, payload in zip(groups, zip(*gathered, strict=True), strict=True):
             means = self._decode_mean(library, payload, grads, group, workers)
             reduced.update(zip(group, means, strict=True))
@@ -458,7 +478,7 @@ class CompressedAllreduce:
     def state(self) -> list[np.ndarray]:
         """This worker's residuals, then its velocities (with momentum correction), in gradient
         order (none before the first step)."""
-        return [v.numpy() for v in [*(self.residuals or []), *self.velocities]]
+        return [ops.convert_to_numpy(v) for v in [*(self.residuals or []), *self.velocities]]
 
     def restore(self, state: list[np.ndarray]) -> None:
         """Continue from ``state`` (a :meth:`state`), now or at the first step."""
@@ -468,16 +488,17 @@ class CompressedAllreduce:
         for variable, value in zip([*self.residuals, *self.velocities], state, strict=True):
             variable.assign(value)
 
-    def _build(self, grads: list[tf.Tensor]) -> None:
+    def _build(self, grads: list) -> None:
         if self.residuals is not None:
             return
         copies = int(self.residual) + int(self.momentum is not None)  # residuals, velocities
-        fresh = [np.zeros(g.shape, g.dtype.as_numpy_dtype) for g in grads] * copies
+        dtypes = [keras.backend.standardize_dtype(g.dtype) for g in grads]
+        fresh = [np.zeros(g.shape, d) for g, d in zip(grads, dtypes, strict=True)] * copies
         start = self._restored or fresh
         if [a.shape for a in start] != [a.shape for a in fresh]:
             raise ValueError("the restored state does not match the gradients' shapes")
-        with tf.init_scope():  # created once, outside the traced step
-            variables = [tf.Variable(a, trainable=False) for a in start]
+        with backends.current().outside_step():  # created once, outside a traced step
+            variables = [keras.Variable(a, trainable=False, name="codec_state") for a in start]
         self.residuals = variables[: len(grads)] if self.residual else []
         self.velocities = variables[len(grads) :] if self.momentum is not None else []
 
@@ -486,14 +507,17 @@ class CompressedAllreduce:
         sizes = [nbytes([grads[i]]) for i in indices]
         return [[indices[j] for j in b] for b in fusion_buckets(sizes, self.fusion_threshold_bytes)]
 
-    def _clipped(self, grads, workers) -> list[tf.Tensor]:
-        """This worker's gradients, clipped to ``local_clipnorm / sqrt(workers)`` if set."""
+    def _clipped(self, grads, workers) -> list:
+        """This worker's gradients, clipped to ``local_clipnorm / sqrt(workers)`` if set: each
+        scaled by ``limit * min(1 / norm, 1 / limit)``, as ``tf.clip_by_global_norm`` does."""
         if self.local_clipnorm is None:
             return list(grads)
-        limit = self.local_clipnorm / tf.sqrt(tf.cast(workers, tf.float32))
-        return tf.clip_by_global_norm(grads, limit)[0]
+        limit = self.local_clipnorm / ops.sqrt(ops.cast(workers, "float32"))
+        norm = ops.sqrt(sum(ops.sum(ops.square(ops.cast(g, "float32"))) for g in grads))
+        scale = limit * ops.minimum(1.0 / norm, 1.0 / limit)
+        return [g * ops.cast(scale, g.dtype) for g in grads]
 
-    def _with_momentum(self, grads, update, skip: set[int]) -> list[tf.Tensor]:
+    def _with_momentum(self, grads, update, skip: set[int]) -> list:
         """What each gradient contributes to this update: itself, or under momentum correction
         the new velocity ``u = m * u + g`` (except at ``skip``, where a fused kernel keeps the
         velocity)."""
@@ -503,35 +527,35 @@ class CompressedAllreduce:
         inputs = list(grads)
         for i, (velocity, g) in enumerate(zip(self.velocities, grads, strict=True)):
             if i not in skip:
-                inputs[i] = tf.cast(m, g.dtype) * velocity + g
+                inputs[i] = ops.cast(m, g.dtype) * velocity + g
                 velocity.assign(inputs[i])
         return inputs
 
-    def _dense_mean(self, inputs, dense: list[int], grads) -> list[tf.Tensor]:
+    def _dense_mean(self, inputs, dense: list[int], grads) -> list:
         """The workers' mean of the dense variables' contributions; with ``on_dense_norms``,
         every gradient's norm, averaged in the same call (the gradient's, not the velocity's:
         a velocity is about ``1 / (1 - m)`` times longer, and a trust ratio taken from it would
         cancel the momentum)."""
         tensors = [inputs[i] for i in dense]
         if self.on_dense_norms is not None:
-            tensors.append(tf.stack([tf.reduce_sum(tf.square(g)) for g in grads]))
+            tensors.append(ops.stack([ops.sum(ops.square(g)) for g in grads]))
         if not tensors:
             return []
         means = self.allreduce_mean(tensors)
         if self.on_dense_norms is not None:
-            self.on_dense_norms(tf.unstack(tf.sqrt(means.pop())))
+            self.on_dense_norms(list(ops.unstack(ops.sqrt(means.pop()))))
         return means
 
     def _encode(self, inputs, group: list[int], update, index_dtype):
         """One bucket's payload; keeps its residual and masks its velocities."""
-        flat = tf.concat([tf.reshape(inputs[i], [-1]) for i in group], 0)
+        flat = self._flat([inputs[i] for i in group])
         if self.residual:
-            flat += tf.concat([tf.reshape(self.residuals[i], [-1]) for i in group], 0)
+            flat += self._flat([self.residuals[i] for i in group])
         payload, encoded = self.codec.encode(flat, update, index_dtype)
         if self.residual:
             self._assign_flat([self.residuals[i] for i in group], self.codec.left(flat, encoded))
         if self.masking:
-            velocity = tf.concat([tf.reshape(inputs[i], [-1]) for i in group], 0)
+            velocity = self._flat([inputs[i] for i in group])
             self._assign_flat(
                 [self.velocities[i] for i in group], self.codec.unsent(velocity, encoded)
             )
@@ -544,7 +568,7 @@ class CompressedAllreduce:
             "grads": [grads[i] for i in group],
             "velocities": [self.velocities[i].handle for i in group] if self.velocities else [],
             "residuals": [self.residuals[i].handle for i in group] if self.residual else [],
-            "momentum": tf.cast(momentum, tf.float32),
+            "momentum": ops.cast(momentum, "float32"),
             "masking": self.masking,
         }
         return self.codec.encode_fused(library, state, entries, update, index_dtype)
@@ -554,18 +578,23 @@ class CompressedAllreduce:
         shapes = [grads[i].shape for i in group]
         if library is not None:
             return self.codec.decode_mean_fused(
-                library, payload, shapes, tf.cast(workers, tf.int32)
+                library, payload, shapes, ops.cast(workers, "int32")
             )
-        sizes = [s.num_elements() for s in shapes]
+        sizes = [math.prod(s) for s in shapes]
         total = self.codec.decode_sum(payload, sum(sizes))
-        mean = total / tf.cast(workers, total.dtype)
-        return [tf.reshape(p, s) for p, s in zip(tf.split(mean, sizes), shapes, strict=True)]
+        mean = total / ops.cast(workers, total.dtype)
+        return [ops.reshape(p, s) for p, s in zip(split(mean, sizes), shapes, strict=True)]
 
     @staticmethod
-    def _assign_flat(variables: list[tf.Variable], flat: tf.Tensor) -> None:
-        sizes = [v.shape.num_elements() for v in variables]
-        for variable, part in zip(variables, tf.split(flat, sizes), strict=True):
-            variable.assign(tf.reshape(part, variable.shape))
+    def _flat(tensors: list):
+        """``tensors`` flattened and concatenated, in order."""
+        return ops.concatenate([ops.reshape(t, [-1]) for t in tensors], 0)
+
+    @staticmethod
+    def _assign_flat(variables: list[keras.Variable], flat) -> None:
+        sizes = [elements(v) for v in variables]
+        for variable, part in zip(variables, split(flat, sizes), strict=True):
+            variable.assign(ops.reshape(part, variable.shape))
 
 
 def reshard_residuals(residuals: Residuals, world: int) -> Residuals:

@@ -180,13 +180,18 @@ def on_rank0(fn: Callable[..., T]) -> Callable[..., T | None]:
 
 
 def broadcast_object(value: T, root_rank: int = 0) -> T:
-    """``value`` as rank ``root_rank`` has it (any picklable object)."""
-    return _engine().broadcast_object(value, root_rank) if size() > 1 else value
+    """``value`` as rank ``root_rank`` has it (any picklable object; the others' may be of
+    another type, such as ``None``: Horovod names the collective by the value's type unless
+    told, and workers whose names differ wait for one another forever)."""
+    if size() == 1:
+        return value
+    return _engine().broadcast_object(value, root_rank, name="broadcast_object")
 
 
 def allgather_object(value: T) -> list[T]:
-    """Every worker's ``value`` (any picklable object), in rank order, on every worker."""
-    return _engine().allgather_object(value) if size() > 1 else [value]
+    """Every worker's ``value`` (any picklable object, of any type), in rank order, on every
+    worker."""
+    return _engine().allgather_object(value, name="allgather_object") if size() > 1 else [value]
 
 
 def allgather_rows(row: np.ndarray, name: str | None = None) -> np.ndarray:
