@@ -1,15 +1,18 @@
 """Does a config reach the same accuracy on every Keras backend? The quickstart (MNIST-1D's
 1-D CNN, LARS, 2 workers of 32, 20 epochs: 1,240 updates of 64, 79,360 examples) on TensorFlow,
-JAX and PyTorch, 3 seeds each.
+JAX and PyTorch, 3 seeds each; with ``--techniques``, the quickstart under each of the lab's
+communication and scaling techniques (``TECHNIQUES``) on the backends that run them.
 
     python experiments/backend_accuracy.py [--runs DIR] [--seeds 0 1 2] [--epochs 20]
+    python experiments/backend_accuracy.py --techniques "topk 10%" dgc 2bit "local SGD H=4" \
+        adascale --backends tensorflow torch --out backend_techniques.csv
 
 Each run is an ordinary run (``launch(config, backend=...)``) in ``--runs``; a run already
-there and completed is read, not trained again. Prints, per backend, the final test accuracy
-and test loss over the seeds (mean ± std; accuracy: higher is better) and the wall time, and
-writes every run's row to ``experiments/backend_accuracy.csv``. The backends start from
-different initial weights (each draws Keras's seeded initialisers with its own generator),
-so the comparison is of distributions over seeds, not of runs.
+there and completed is read, not trained again. Prints, per technique and backend, the final
+test accuracy and test loss over the seeds (mean ± std; accuracy: higher is better) and the
+wall time, and writes every run's row to ``experiments/<--out>`` (``backend_accuracy.csv``).
+The backends start from different initial weights (each draws Keras's seeded initialisers with
+its own generator), so the comparison is of distributions over seeds, not of runs.
 """
 
 from __future__ import annotations
@@ -27,6 +30,15 @@ from toolkit.runs.rundir import RunDir
 
 HERE = Path(__file__).parent
 BACKENDS = ("tensorflow", "jax", "torch")
+TECHNIQUES = {  # name: the quickstart's overrides
+    "dense": [],
+    "topk 10%": ["allreduce.compression=topk", "allreduce.ratio=0.1"],
+    "dgc": ["allreduce.compression=topk", "allreduce.ratio=0.01", "allreduce.dgc=true"],
+    "2bit": ["allreduce.compression=2bit", "allreduce.threshold=0.01"],
+    "threshold 0.01": ["allreduce.compression=threshold", "allreduce.threshold=0.01"],
+    "local SGD H=4": ["sync.mode=local_sgd", "sync.period=4"],
+    "adascale": ["lr_scaling={rule: adascale, base_batch: 32}"],
+}
 
 
 def completed(run_id: str, root: Path, config, backend: str) -> RunDir:
@@ -41,11 +53,12 @@ def completed(run_id: str, root: Path, config, backend: str) -> RunDir:
     return run
 
 
-def row(run: RunDir, backend: str, seed: int) -> dict:
+def row(run: RunDir, technique: str, backend: str, seed: int) -> dict:
     events = read_events(run.events_path)
     last = events[events.phase == "eval"].iloc[-1]
     wall = events.wall.max() - events.wall.min()
     return {
+        "technique": technique,
         "backend": backend,
         "seed": seed,
         "run_id": run.run_id,
@@ -61,17 +74,24 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs-backend-accuracy"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--techniques", nargs="+", choices=TECHNIQUES, default=["dense"])
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    parser.add_argument("--out", default="backend_accuracy.csv", help="under experiments/")
     args = parser.parse_args()
     rows = []
-    for backend in BACKENDS:
-        for seed in args.seeds:
-            config = load(HERE / "quickstart.yaml", [f"seed={seed}", f"epochs={args.epochs}"])
-            run = completed(f"{backend}-seed{seed}", args.runs.resolve(), config, backend)
-            rows.append(row(run, backend, seed))
-            print(rows[-1], flush=True)
+    for technique in args.techniques:
+        prefix = "" if technique == "dense" else technique.replace(" ", "-").replace("%", "") + "-"
+        for backend in args.backends:
+            for seed in args.seeds:
+                overrides = [f"seed={seed}", f"epochs={args.epochs}", *TECHNIQUES[technique]]
+                config = load(HERE / "quickstart.yaml", overrides)
+                run_id = f"{prefix}{backend}-seed{seed}"
+                run = completed(run_id, args.runs.resolve(), config, backend)
+                rows.append(row(run, technique, backend, seed))
+                print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
-    table.to_csv(HERE / "backend_accuracy.csv", index=False)
-    summary = table.groupby("backend", sort=False).agg(
+    table.to_csv(HERE / args.out, index=False)
+    summary = table.groupby(["technique", "backend"], sort=False).agg(
         accuracy_mean=("test_accuracy", "mean"),
         accuracy_std=("test_accuracy", "std"),
         loss_mean=("test_loss", "mean"),

@@ -1,17 +1,19 @@
 """What the encoded allreduce modes' codecs cost, in passes over memory, fused and unfused.
 
     .venv/bin/python experiments/bench_codec.py [--models resnet50] [--repeat 5] [--workers 2]
+    KERAS_BACKEND=torch .venv/bin/python experiments/bench_codec.py   # PyTorch's eager ops
 
 In one process, on a model's gradient shapes (random normal gradients, the state warm after a
 few updates): one compressed allreduce as training runs it, less the network. It encodes this
 worker's gradients (momentum, residual, selection, state update), stands ``--workers`` copies of
 the payload in for what the allgather would bring, and decodes their mean into the gradients'
-shapes; once with the fused kernels (``toolkit/parallel/codec_kernels.cc``) and once with the
-TensorFlow ops they replace, interleaved over ``--repeat`` rounds. The unit is a *pass*: one
+shapes; on TensorFlow once with the fused kernels (``toolkit/parallel/codec_kernels.cc``) and
+once with the TensorFlow ops they replace, on another backend with its own ops (``keras.ops``,
+eagerly on PyTorch), interleaved over ``--repeat`` rounds. The unit is a *pass*: one
 ``memcpy`` of the gradients' dense float32 bytes (numpy's ``copyto``, one thread), timed in the
 same round, so that a faster or slower machine does not move the figures. The table gives the
 median passes, their spread over rounds, and the milliseconds; the raw rows go to
-``bench_codec.csv`` beside this script.
+``bench_codec.csv`` beside this script (``bench_codec_torch.csv`` for PyTorch's).
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402  (after the path is set)
+import keras  # noqa: E402  (after the path is set)
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import tensorflow as tf  # noqa: E402
+from keras import ops  # noqa: E402
 
 from experiments import benchmark_csv  # noqa: E402
 from experiments.bench_allreduce import SHAPES  # noqa: E402
+from toolkit import backends  # noqa: E402
 from toolkit.parallel.compression import CompressedAllreduce, Sparse, TwoBit  # noqa: E402
 from toolkit.training import models  # noqa: E402
 
@@ -62,33 +66,39 @@ def measure(name: str, workers: int, repeat: int, block: int) -> list[dict]:
     model = models.build(name, input_shape=shape, num_classes=classes, seed=0)
     rng = np.random.default_rng(0)
     grads = [
-        tf.constant(rng.normal(size=v.shape).astype("float32")) for v in model.trainable_variables
+        ops.convert_to_tensor(rng.normal(size=v.shape).astype("float32"))
+        for v in model.trainable_variables
     ]
     entries = sum(int(np.prod(g.shape)) for g in grads)
     threshold = float(np.quantile(np.abs(rng.normal(size=10**6)), 0.99))  # ~1% at or above
     source, target = np.ones(entries, "float32"), np.zeros(entries, "float32")
+    backend = backends.current()
+    paths = (
+        {True: "fused", False: "TensorFlow ops"}
+        if backend.tensorflow_kernels
+        else {False: f"{backend.name} ops"}
+    )
     steps = {}
     for mode, (codec, options) in modes(threshold).items():
-        for fused in (True, False):
+        for fused, path in paths.items():
             allreduce = CompressedAllreduce(
                 codec,
-                lambda payload: [tf.concat([t] * workers, 0) for t in payload],
+                lambda payload: [ops.concatenate([t] * workers, 0) for t in payload],
                 lambda tensors: tensors,
                 workers,
                 fused=fused,
-                updates=tf.Variable(0, dtype=tf.int64),
+                updates=keras.Variable(0, dtype="int64", trainable=False),
                 **options,
             )
-            step = tf.function(lambda a=allreduce: a(grads))
+            step = backend.compiled(lambda a=allreduce: a(grads))
             for _ in range(3):  # trace; the residuals warm up
                 step()
-            steps[mode, fused] = step
+            steps[mode, path] = step
     rows = []
     for round_ in range(repeat):
         memcpy = timed(lambda: np.copyto(target, source), block * 5)
-        for (mode, fused), step in steps.items():
+        for (mode, path), step in steps.items():
             ms = timed(step, block)
-            path = "fused" if fused else "TensorFlow ops"
             rows.append(
                 dict(model=name, entries=entries, workers=workers, round=round_, mode=mode)
                 | dict(path=path, ms=ms, memcpy_ms=memcpy, passes=ms / memcpy)
@@ -108,7 +118,8 @@ def main() -> int:
         for name in args.models.split(",")
         for row in measure(name, args.workers, args.repeat, args.block)
     ]
-    benchmark_csv.save(__file__, rows)
+    backend = backends.current()
+    benchmark_csv.save(__file__, rows, "" if backend.tensorflow_kernels else backend.name)
     frame = pd.DataFrame(rows)
     table = frame.groupby(["model", "mode", "path"], sort=False).agg(
         passes=("passes", "median"),
