@@ -18,11 +18,13 @@ from toolkit.parallel.compression import Sparse, TwoBit
 
 @pytest.mark.parametrize("entries", [1, 16, 37, 160])
 def test_two_bit_codes_pack_in_mxnets_layout_and_round_trip(entries):
+    """On every backend (tests/test_every_backend.py runs it on each)."""
     codes = np.random.default_rng(entries).choice([0, 2, 3], size=entries).astype("int32")
-    words = TwoBit.pack(tf.constant(codes)).numpy()
+    words = keras.ops.convert_to_numpy(TwoBit.pack(keras.ops.convert_to_tensor(codes)))
     np.testing.assert_array_equal(words, mxnet_2bit_pack(codes))  # byte for byte
     assert words.nbytes == 4 * -(-entries // 16)  # 16 entries a 32-bit word
-    np.testing.assert_array_equal(TwoBit.unpack(tf.constant(words)).numpy()[:entries], codes)
+    unpacked = TwoBit.unpack(keras.ops.convert_to_tensor(words))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(unpacked)[:entries], codes)
 
 
 def test_sparsity_warm_up_follows_the_papers_schedule():

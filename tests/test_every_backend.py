@@ -25,6 +25,7 @@ ORACLE_TESTS = [
     "tests/test_adascale_gain.py",
     "tests/test_optimizers_keras.py::test_config_round_trip",
     "tests/test_optimizers_keras.py::test_checkpoint_restore_continues_bit_for_bit",
+    "tests/test_compression.py::test_two_bit_codes_pack_in_mxnets_layout_and_round_trip",
 ]
 
 

@@ -324,27 +324,22 @@ class TwoBit:
         t = ops.cast(self.threshold, flat.dtype)
         up, down = flat >= t, flat <= -t
         sent = ops.where(up, t, ops.where(down, -t, ops.zeros_like(flat)))
-        codes = ops.cast(ops.where(up, 3, ops.where(down, 2, 0)), "int32")
+        codes = ops.cast(up, "int32") * 3 + ops.cast(down, "int32") * 2
         return (self.pack(codes),), sent
 
     @classmethod
     def pack(cls, codes):
-        """Two-bit codes (int32, one per entry) as int32 words, 16 codes each: byte ``j`` of a
-        word is its bits ``8j .. 8j+7`` (the little-endian order of MXNet's bytes)."""
+        """Two-bit codes (int32, one per entry) as int32 words, 16 codes each."""
         padding = -elements(codes) % 16
         quads = ops.reshape(ops.pad(codes, [[0, padding]]), [-1, 4])
         bytes_ = ops.sum(ops.left_shift(quads, cls.SHIFTS), axis=1)
-        fields = ops.left_shift(ops.cast(ops.reshape(bytes_, [-1, 4]), "int64"), [0, 8, 16, 24])
-        unsigned = ops.sum(fields, axis=1)  # the word as an unsigned 32-bit number
-        return ops.cast(ops.where(unsigned >= 2**31, unsigned - 2**32, unsigned), "int32")
+        return ops.view(ops.cast(bytes_, "uint8"), "int32")
 
     @classmethod
     def unpack(cls, words):
         """The codes of ``words`` (int32, one per entry, padding included)."""
-        unsigned = ops.bitwise_and(ops.cast(words, "int64"), 2**32 - 1)
-        bytes_ = ops.bitwise_and(ops.right_shift(unsigned[:, None], [0, 8, 16, 24]), 255)
-        codes = ops.bitwise_and(ops.right_shift(ops.reshape(bytes_, [-1, 1]), cls.SHIFTS), 3)
-        return ops.reshape(ops.cast(codes, "int32"), [-1])
+        bytes_ = ops.cast(ops.view(words, "uint8"), "int32")
+        return ops.reshape(ops.bitwise_and(ops.right_shift(bytes_[:, None], cls.SHIFTS), 3), [-1])
 
     @staticmethod
     def left(flat, sent):
@@ -357,9 +352,8 @@ class TwoBit:
     def decode_sum(self, payload, size: int):
         (words,) = payload
         codes = ops.reshape(self.unpack(words), [-1, math.ceil(size / 16) * 16])[:, :size]
-        t = ops.convert_to_tensor(self.threshold, "float32")
-        values = ops.where(codes == 3, t, ops.where(codes == 2, -t, ops.zeros((), "float32")))
-        return ops.sum(values, axis=0)
+        t = self.threshold
+        return ops.sum(ops.take(ops.convert_to_tensor([0, 0, -t, t], "float32"), codes), axis=0)
 
     @staticmethod
     def nbytes(payload):
