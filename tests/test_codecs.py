@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from toolkit import codecs
-from toolkit.communication import Communication
+from toolkit.communication import Communication, Techniques
 from toolkit.sections import AllreduceConfig, SyncConfig
 
 
@@ -20,6 +20,15 @@ def test_every_mode_a_config_can_give_is_a_codec():
     assert field.default == codecs.DENSE.name
     with pytest.raises(ValueError, match="compression must be one of"):
         codecs.of("zip")
+
+
+def test_every_encoded_mode_and_no_other_has_a_tensor_codec():
+    from toolkit.parallel import compression
+
+    assert set(compression.ENCODERS) == set(codecs.ENCODED)
+    section = AllreduceConfig(compression="2bit", threshold=0.25)
+    techniques = Techniques.of(section)
+    assert compression.encoder(section, techniques, None).threshold == 0.25
 
 
 @pytest.mark.parametrize("entries", [1, 15, 16, 17, 1000, 1_000_003])

@@ -378,6 +378,32 @@ class TwoBit:
 Codec = Sparse | TwoBit  # each: encode, left, unsent, decode_sum, nbytes, and fused forms
 
 
+def _sparse(allreduce: Any, techniques: Any, updates_per_epoch: int | None) -> Sparse:
+    return Sparse(
+        allreduce.compression,
+        ratio=allreduce.ratio,
+        topk_sample=allreduce.topk_sample,
+        threshold=allreduce.threshold,
+        value_dtype=allreduce.value_dtype,
+        warmup_epochs=techniques.sparsity_warmup_epochs,
+        updates_per_epoch=updates_per_epoch,
+    )
+
+
+ENCODERS: dict[str, Callable[[Any, Any, int | None], Codec]] = {
+    codecs.TOPK.name: _sparse,
+    codecs.THRESHOLD.name: _sparse,
+    codecs.TWO_BIT.name: lambda allreduce, *_: TwoBit(allreduce.threshold),
+}
+"""The tensor codec of each encoded mode (:data:`toolkit.codecs.ENCODED`), from a config's
+``allreduce`` section, its DGC techniques and the updates an epoch."""
+
+
+def encoder(allreduce: Any, techniques: Any, updates_per_epoch: int | None) -> Codec:
+    """The tensor codec an encoded ``allreduce`` section asks for (:data:`ENCODERS`)."""
+    return ENCODERS[allreduce.compression](allreduce, techniques, updates_per_epoch)
+
+
 class CompressedAllreduce:
     """Average gradients over ``workers`` workers by sending each worker's encoding of them
     (``codec``), with error feedback and DGC's techniques (see the module doc).

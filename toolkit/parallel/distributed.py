@@ -59,7 +59,6 @@ from typing import Any, TypeVar
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from toolkit import backends, codecs
 from toolkit import config as config_lib
@@ -351,7 +350,7 @@ def _reducer(
     traffic: compression_lib.Traffic,
     communication: Communication,
     updates_per_epoch: int | None,
-) -> Callable[[list[tf.Tensor]], list[tf.Tensor]]:
+) -> Callable[[list], list]:
     """The function that averages a list of gradients over the workers as ``communication``
     says, and counts what it sends in ``traffic``; an encoded mode's takes the optimizer's
     momentum under momentum correction."""
@@ -359,18 +358,7 @@ def _reducer(
     if not communication.encoded:
         return _dense_reducer(communication.codec, allreduce.fp16_clip, traffic)
     momentum = communication.take_momentum(optimizer, type(optimizer).__name__)
-    if communication.codec is codecs.TWO_BIT:
-        codec = compression_lib.TwoBit(allreduce.threshold)
-    else:
-        codec = compression_lib.Sparse(
-            allreduce.compression,
-            ratio=allreduce.ratio,
-            topk_sample=allreduce.topk_sample,
-            threshold=allreduce.threshold,
-            value_dtype=allreduce.value_dtype,
-            warmup_epochs=techniques.sparsity_warmup_epochs,
-            updates_per_epoch=updates_per_epoch,
-        )
+    codec = compression_lib.encoder(allreduce, techniques, updates_per_epoch)
     dense_norms = communication.norms_from_dense and applies_trust_ratios(optimizer)
     collective = collective_gradients()
     return compression_lib.CompressedAllreduce(
@@ -392,7 +380,7 @@ def _reducer(
 
 def _dense_reducer(
     codec: codecs.Codec, fp16_clip: float | None, traffic: compression_lib.Traffic
-) -> Callable[[list[tf.Tensor]], list[tf.Tensor]]:
+) -> Callable[[list], list]:
     """One ``grouped_allreduce`` (average) in float32, or in float16 (``fp16``), by the
     backend's Horovod."""
     engine = _engine()
@@ -403,7 +391,7 @@ def _dense_reducer(
         wire = engine.Compression.none if engine is not None else None
     element = codec.element_bytes
 
-    def allreduce(grads: list[tf.Tensor]) -> list[tf.Tensor]:
+    def allreduce(grads: list) -> list:
         traffic.count_dense(grads)
         traffic.add(element * sum(compression_lib.elements(g) for g in grads))
         return engine.grouped_allreduce(grads, op=engine.Average, compression=wire)
@@ -430,7 +418,7 @@ def _accumulate(optimizer: keras.optimizers.Optimizer, steps: int) -> None:
 
 def _allreduce_before_clipping(
     optimizer: keras.optimizers.Optimizer,
-    reduce: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+    reduce: Callable[[list], list],
     noise_meter: GradientNoiseMeter | None,
     mean: bool = True,
 ) -> None:
@@ -469,12 +457,12 @@ def _average_after_update(
     optimizer.apply = apply_then_average
 
 
-def _allreduce_mean_tensors(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+def _allreduce_mean_tensors(tensors: list) -> list:
     engine = _engine()
     return engine.grouped_allreduce(tensors, op=engine.Average)
 
 
-def _identity(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+def _identity(tensors: list) -> list:
     return tensors
 
 
@@ -485,7 +473,7 @@ def _allreduces(optimizer: keras.optimizers.Optimizer) -> bool:
 def _make_finite_check_global(optimizer: keras.optimizers.LossScaleOptimizer) -> None:
     local_check, engine = optimizer.check_finite, _engine()
 
-    def finite_on_every_worker(grads: list) -> tf.Tensor:
+    def finite_on_every_worker(grads: list) -> Any:
         finite = keras.ops.cast(local_check(grads), "float32")
         return engine.allreduce(finite, op=engine.Min) > 0.5
 
