@@ -18,6 +18,7 @@ its own generator), so the comparison is of distributions over seeds, not of run
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -38,6 +39,12 @@ TECHNIQUES = {  # name: the quickstart's overrides
     "threshold 0.01": ["allreduce.compression=threshold", "allreduce.threshold=0.01"],
     "local SGD H=4": ["sync.mode=local_sgd", "sync.period=4"],
     "adascale": ["lr_scaling={rule: adascale, base_batch: 32}"],
+    "adascale, SGD": [  # AdaScale's gain is derived for SGD (the rate of notebook 04's clone)
+        "optimizer.name=sgd",
+        "optimizer.learning_rate=0.05",
+        "optimizer.params={momentum: 0.9, weight_decay: 0.0001}",
+        "lr_scaling={rule: adascale, base_batch: 32}",
+    ],
 }
 
 
@@ -80,7 +87,8 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for technique in args.techniques:
-        prefix = "" if technique == "dense" else technique.replace(" ", "-").replace("%", "") + "-"
+        slug = re.sub(r"[^A-Za-z0-9_.]+", "-", technique).strip("-")  # a run id's characters
+        prefix = "" if technique == "dense" else f"{slug}-"
         for backend in args.backends:
             for seed in args.seeds:
                 overrides = [f"seed={seed}", f"epochs={args.epochs}", *TECHNIQUES[technique]]
