@@ -5,6 +5,7 @@ only (records, checkpoints' gathers, metric averages)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +32,10 @@ class JaxBackend(Backend):
     def start_worker(self, engine: Any) -> None:
         """Join the other workers as one JAX program (with more than one); TensorFlow, which
         reads the data, sees only the GPU the local rank names."""
-        if engine.size() > 1:
-            jax_engine.start(
-                engine.rank(), engine.size(), lambda value: engine.broadcast_object(value, 0)
-            )
+        if engine.size() > 1:  # named: rank 0 sends a str, the others None, and Horovod
+            # would name each broadcast by its value's type, so the ranks would never meet
+            broadcast = functools.partial(engine.broadcast_object, root_rank=0, name="coordinator")
+            jax_engine.start(engine.rank(), engine.size(), broadcast)
         pin_tensorflow_gpu(engine.local_rank(), engine.local_size())
 
     @contextlib.contextmanager
