@@ -1,6 +1,7 @@
 """Keras on PyTorch: Horovod's PyTorch binding, called eagerly in Keras's train step (float32 or
-fp16 gradients from the allreduce hook; parameters averaged after the update under partial
-synchronisation or local SGD), and the optimizers' multi-tensor updates."""
+fp16 gradients, or each worker's encoding of them, from the allreduce hook; parameters averaged
+after the update under partial synchronisation or local SGD), Horovod's elastic driver, and the
+optimizers' multi-tensor updates. It runs every technique TensorFlow runs."""
 
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ class TorchBackend(Backend):
     name = "torch"
     codecs = codecs.MODES
     sync_modes = SYNC_MODES
-    lacks = "elastic worlds are written for horovod.tensorflow.elastic and not yet ported"
-    adascale = adaptive_batch = True
+    elastic = adascale = adaptive_batch = True
     horovod_module = "horovod.torch"  # whose collectives take torch tensors
     one_step_per_call = True  # Keras's PyTorch trainer
     multi_tensor_updates = True
