@@ -28,6 +28,7 @@ from two_workers import (
     fit_with_the_callbacks,
     send_on_the_wire,
     skip_a_step_not_finite_on_rank1,
+    traffic_of,
     train,
 )
 
@@ -79,8 +80,7 @@ def main(out: Path) -> None:
         weights[f"noise_grads{update}"] = grads
         optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
     info["noise"] = meter.read()
-    traffic = distributed.traffic(optimizer)
-    info["traffic"] = [float(traffic.sent.numpy()), traffic.dense_bytes] if traffic else None
+    info["traffic"] = traffic_of(optimizer)
 
     fit_with_the_callbacks(weights, info, x, y)
 

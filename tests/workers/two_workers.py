@@ -66,6 +66,13 @@ def compiled(optimizer, variables):
     return tf.function(apply) if keras.backend.backend() == "tensorflow" else apply
 
 
+def traffic_of(optimizer) -> list | None:
+    """``[bytes sent, dense bytes]`` of a distributed optimizer's traffic counter; ``None``
+    where nothing is sent (alone with a dense mode)."""
+    traffic = distributed.traffic(optimizer)
+    return [float(traffic.sent.numpy()), traffic.dense_bytes] if traffic else None
+
+
 def send_on_the_wire(weights: dict, info: dict, rank: int) -> None:
     """What goes on the wire: each step's reduced gradient (as ``wire_<scenario>_<step>``), read
     off variables that plain SGD (rate 1) moves from zero, and the traffic, on this process's
@@ -82,10 +89,7 @@ def send_on_the_wire(weights: dict, info: dict, rank: int) -> None:
                 v.assign(np.zeros(v.shape, "float32"))
             apply([keras.ops.convert_to_tensor(g) for g in wire_grads(rank, step)])
             weights[f"wire_{name}_{step}"] = [-keras.ops.convert_to_numpy(v) for v in variables]
-        traffic = distributed.traffic(optimizer)  # none alone with a dense mode
-        info[f"traffic_{name}"] = (
-            [float(traffic.sent.numpy()), traffic.dense_bytes] if traffic else None
-        )
+        info[f"traffic_{name}"] = traffic_of(optimizer)
 
 
 def average_parameters(weights: dict, info: dict, rank: int) -> None:
@@ -98,10 +102,7 @@ def average_parameters(weights: dict, info: dict, rank: int) -> None:
         for step in range(SYNC_STEPS):
             apply([keras.ops.convert_to_tensor(g) for g in wire_grads(rank, step)])
             weights[f"sync_{name}_{step}"] = [keras.ops.convert_to_numpy(v) for v in variables]
-        traffic = distributed.traffic(optimizer)  # none alone
-        info[f"traffic_{name}"] = (
-            [float(traffic.sent.numpy()), traffic.dense_bytes] if traffic else None
-        )
+        info[f"traffic_{name}"] = traffic_of(optimizer)
 
 
 def state_variables(model: keras.Model) -> list:

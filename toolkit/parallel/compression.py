@@ -533,7 +533,7 @@ class CompressedAllreduce:
         if self.local_clipnorm is None:
             return list(grads)
         limit = self.local_clipnorm / ops.sqrt(ops.cast(workers, "float32"))
-        norm = ops.sqrt(sum(ops.sum(ops.square(ops.cast(g, "float32"))) for g in grads))
+        norm = ops.sqrt(ops.cast(backends.current().squared_norm(grads), "float32"))
         scale = limit * ops.minimum(1.0 / norm, 1.0 / limit)
         return [g * ops.cast(scale, g.dtype) for g in grads]
 
