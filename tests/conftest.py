@@ -177,15 +177,20 @@ def two_workers(tmp_path_factory, subprocess_env):
     return ranks, infos, out
 
 
-@pytest.fixture(scope="session")
-def on_torch(tmp_path_factory, subprocess_env):
-    """``(two, alone)``: each process's ``(arrays, info)``, of the script under ``horovodrun
-    -np 2`` (ranks 0 and 1) and run alone (rank 0 only): tests/workers/torch_workers.py,
-    shared by every test that checks what PyTorch's workers did."""
-    env = {**subprocess_env, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    two, alone = tmp_path_factory.mktemp("torch-two"), tmp_path_factory.mktemp("torch-alone")
-    run_workers("torch_workers.py", two, env, "-H", "localhost:2")
-    worker = ROOT / "tests" / "workers" / "torch_workers.py"
+_KERAS_WORKERS: dict[str, tuple] = {}  # backend -> what keras_workers.py left, once a session
+
+
+def keras_workers_on(backend: str, tmp_path_factory, subprocess_env) -> tuple:
+    """``(two, alone)`` on ``backend`` (``torch`` or ``jax``): each process's ``(arrays, info)``,
+    of tests/workers/keras_workers.py under ``horovodrun -np 2`` (ranks 0 and 1) and run alone
+    (rank 0 only); run once a session on each backend."""
+    if backend in _KERAS_WORKERS:
+        return _KERAS_WORKERS[backend]
+    env = {**subprocess_env, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    two = tmp_path_factory.mktemp(f"{backend}-two")
+    alone = tmp_path_factory.mktemp(f"{backend}-alone")
+    run_workers("keras_workers.py", two, env, "-H", "localhost:2")
+    worker = ROOT / "tests" / "workers" / "keras_workers.py"
     result = subprocess.run(
         [sys.executable, str(worker), str(alone)], env=env, cwd=ROOT, capture_output=True,
         text=True, timeout=240,
@@ -198,7 +203,20 @@ def on_torch(tmp_path_factory, subprocess_env):
             for r in ranks
         ]
 
-    return read(two, (0, 1)), read(alone, (0,))
+    _KERAS_WORKERS[backend] = read(two, (0, 1)), read(alone, (0,))
+    return _KERAS_WORKERS[backend]
+
+
+@pytest.fixture(scope="session")
+def on_torch(tmp_path_factory, subprocess_env):
+    """:func:`keras_workers_on` PyTorch."""
+    return keras_workers_on("torch", tmp_path_factory, subprocess_env)
+
+
+@pytest.fixture(scope="session", params=["torch", "jax"])
+def keras_workers(request, tmp_path_factory, subprocess_env):
+    """:func:`keras_workers_on` each of PyTorch and JAX."""
+    return keras_workers_on(request.param, tmp_path_factory, subprocess_env)
 
 
 def weights(npz, scenario: str) -> list[np.ndarray]:

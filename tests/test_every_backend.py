@@ -173,17 +173,21 @@ def test_what_a_backend_lacks_is_refused_naming_the_field_the_backend_and_why(
         assert backends.of(backend).lacks in str(error.value)  # and why, in its own words
 
 
-def test_several_workers_run_on_every_backend_and_fp16_on_torch_too():
-    from toolkit.config import ConfigError, load
+def test_several_workers_run_on_every_backend_in_float32_and_fp16():
+    from toolkit.config import load
     from toolkit.config_rules import check_backend
 
-    config = load(ROOT / "experiments/quickstart.yaml", ["workers=2"])
-    for backend in BACKENDS:  # tests/test_backend_workers.py
-        check_backend(config, backend)
-    fp16 = load(ROOT / "experiments/quickstart.yaml", ["workers=2", "allreduce.compression=fp16"])
-    check_backend(fp16, "torch")  # Horovod's PyTorch allreduce carries float16
-    with pytest.raises(ConfigError, match="KERAS_BACKEND=jax .* allreduce.compression 'none'"):
-        check_backend(fp16, "jax")
+    for compression in ("none", "fp16"):  # tests/test_backend_workers.py, test_keras_workers.py
+        config = load(
+            ROOT / "experiments/quickstart.yaml",
+            [
+                "workers=2",
+                f"allreduce.compression={compression}",
+                "logging.noise_scale_every_steps=10",
+            ],
+        )
+        for backend in BACKENDS:
+            check_backend(config, backend)
 
 
 def test_a_launch_on_jax_with_what_it_lacks_is_refused_before_anything_starts(

@@ -52,6 +52,13 @@ def make_model(
     return model
 
 
+def own(rank: int) -> int:
+    """What makes rank ``rank``'s start its own (its seed, its optimizer's state): the rank, so
+    only the broadcast makes the ranks agree; 0 where the workers are one program (JAX), whose
+    variables are created and assigned alike on every worker (JAX checks that they are)."""
+    return 0 if distributed.one_program() else rank
+
+
 def sgd() -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(LEARNING_RATE)
 

@@ -33,6 +33,7 @@ from scenarios import (
     WIRE_STEPS,
     global_data,
     make_model,
+    own,
     sgd,
     token_data,
     wire_grads,
@@ -118,10 +119,11 @@ def skip_a_step_not_finite_on_rank1(weights: dict, x, y) -> float:
     rank, size = distributed.rank(), distributed.size()
     keras.config.set_dtype_policy("mixed_float16")
     try:
-        model = make_model(100 + rank, keras.optimizers.LossScaleOptimizer(sgd()))
+        model = make_model(100 + own(rank), keras.optimizers.LossScaleOptimizer(sgd()))
     finally:
         keras.config.set_dtype_policy("float32")
     distributed.broadcast_variables(model, model.optimizer)
+    distributed.train_per_worker(model)
     weights["mixed_initial"] = model.get_weights()
     half = GLOBAL_BATCH // size
     poisoned = x[:half] if rank == 0 else np.full_like(x[:half], np.inf)
@@ -138,10 +140,10 @@ def fit_with_the_callbacks(weights: dict, info: dict, x, y) -> keras.Model:
     if BroadcastInitialState broadcasts the optimizer's state too. Keeps the weights as
     ``fit``, each rank's own epoch logs and the averaged history; returns the model."""
     rank, size = distributed.rank(), distributed.size()
-    model = make_model(100 + rank, SGD(0.1, momentum=0.9))
+    model = make_model(100 + own(rank), SGD(0.1, momentum=0.9))
     model.optimizer.build(model.trainable_variables)
     for velocity in model.optimizer.velocities:
-        velocity.assign(np.full(velocity.shape, 0.01 * (rank + 1), "float32"))
+        velocity.assign(np.full(velocity.shape, 0.01 * (own(rank) + 1), "float32"))
     local = LocalLogs()
     history = model.fit(
         x[rank::size],
@@ -183,13 +185,13 @@ def main(out: Path) -> None:
         *[(name, wrap, STEPS) for name, wrap in every_entry],
         ("topk_all_accumulate2", {"backward_passes_per_step": 2, **every_entry[0][1]}, 2 * STEPS),
     ]:
-        model = make_model(100 + rank, sgd(), **wrap)
+        model = make_model(100 + own(rank), sgd(), **wrap)
         distributed.broadcast_variables(model, model.optimizer)
         train(model, x, y, steps)
         weights[name] = model.get_weights()
 
     for name, wrap in [("sparse", {}), *[(f"sparse_{n}", w) for n, w in every_entry]]:
-        model = make_model(100 + rank, sgd(), embedding=True, **wrap)
+        model = make_model(100 + own(rank), sgd(), embedding=True, **wrap)
         distributed.broadcast_variables(model, model.optimizer)
         train(model, *token_data(), STEPS)
         weights[name] = model.get_weights()
@@ -199,7 +201,7 @@ def main(out: Path) -> None:
         keras.config.set_dtype_policy("mixed_float16")
         try:
             optimizer = keras.optimizers.LossScaleOptimizer(sgd())
-            model = make_model(100 + rank, optimizer, **wrap)
+            model = make_model(100 + own(rank), optimizer, **wrap)
         finally:
             keras.config.set_dtype_policy("float32")
         distributed.broadcast_variables(model, model.optimizer)
@@ -247,11 +249,11 @@ def main(out: Path) -> None:
     # all differ per rank before the sync, and the residuals after it.
     meter = noise_meter.GradientNoiseMeter(every=3)
     model = make_model(
-        100 + rank, SGD(0.1, momentum=0.9), compression="topk", ratio=0.1, noise_meter=meter
+        100 + own(rank), SGD(0.1, momentum=0.9), compression="topk", ratio=0.1, noise_meter=meter
     )
     model.optimizer.build(model.trainable_variables)
     for velocity in model.optimizer.velocities:
-        velocity.assign(np.full(velocity.shape, 0.01 * (rank + 1), "float32"))
+        velocity.assign(np.full(velocity.shape, 0.01 * (own(rank) + 1), "float32"))
     meter.continue_from(rank)
     smoother = Smoother(decay=0.9)
     smoother.update(1.0 + rank, 2.0 + rank)

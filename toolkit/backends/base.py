@@ -55,10 +55,12 @@ class Backend:
 
     # ---------------------------------------------------------------- how it trains
     horovod_module: ClassVar[str] = "horovod.tensorflow"
-    """The Horovod that carries its collectives (:meth:`horovod`)."""
-    averages_in_step: ClassVar[bool] = False
-    """Its workers are one compiled program that averages the gradients inside the step (no
-    allreduce hook sees a worker's own gradient, and assigning a variable is collective)."""
+    """The Horovod that carries its collectives (:meth:`horovod`); inside the train step too,
+    unless the backend's own collectives do (:meth:`allreduce_mean`, :meth:`allgather`)."""
+    one_program: ClassVar[bool] = False
+    """Its workers are one compiled program (JAX's engine): assigning a variable is
+    collective, so every worker does it, and its step runs on each worker's own batch only
+    once :meth:`per_worker_step` made it."""
     jit_compile: ClassVar[bool] = False
     """The ``jit_compile`` its train step is compiled with (Horovod's ops cannot run inside
     XLA)."""
@@ -69,9 +71,6 @@ class Backend:
     tensorflow_kernels: ClassVar[bool] = False
     """Its variables are TensorFlow's, so the optimizers' fused and raw TensorFlow kernels
     apply (:mod:`toolkit.optimizers.kernels`)."""
-    stateless_step: ClassVar[bool] = False
-    """Its compiled step returns only the optimizer's tracked variables, so state an update
-    writes (the applied trust ratios) must be one of them."""
 
     def refusal(
         self,
@@ -153,6 +152,38 @@ class Backend:
         """A context in which variables made while a step runs are made once, outside it (a
         traced step's graph); nothing where steps run eagerly."""
         return contextlib.nullcontext()
+
+    def per_worker_step(self, model: keras.Model) -> None:
+        """Make ``model``'s train step run on this worker's own batch, its gradients this
+        worker's until the optimizer's allreduce hook averages them (the step already is, where
+        each worker is its own program)."""
+
+    def carry(self, optimizer: keras.optimizers.Optimizer, variables: list) -> None:
+        """Make ``variables``, state outside the model that ``optimizer``'s update writes (a
+        traffic counter, the noise meter's norms, the trust ratios applied), part of what the
+        compiled step keeps: nothing where a step writes variables in place."""
+
+    def carried(self, optimizer: keras.optimizers.Optimizer) -> list:
+        """What :meth:`carry` made part of ``optimizer``'s variables (none where a step writes
+        variables in place): not the optimizer's state, so a saved model leaves it out."""
+        return []
+
+    # ---------------------------------------------------------------- inside its step
+    def allreduce_mean(self, engine: Any, tensors: list, compression: Any = None) -> list:
+        """The workers' mean of each of ``tensors``, inside the train step: one grouped
+        allreduce of ``engine`` (:meth:`horovod`'s started module), sent through
+        ``compression`` (a Horovod compressor: ``compress``/``decompress``)."""
+        wire = compression if compression is not None else engine.Compression.none
+        return engine.grouped_allreduce(tensors, op=engine.Average, compression=wire)
+
+    def allgather(self, engine: Any, tensors: list) -> list:
+        """Each of ``tensors`` concatenated over the workers along its first axis, in rank
+        order, inside the train step (one grouped allgather)."""
+        return engine.grouped_allgather(tensors)
+
+    def allreduce_min(self, engine: Any, tensor: Any) -> Any:
+        """The workers' minimum of ``tensor``, inside the train step."""
+        return engine.allreduce(tensor, op=engine.Min)
 
     # ---------------------------------------------------------------- its arithmetic
     def when(self, condition: Any, action: Callable[[], None]) -> None:

@@ -1,6 +1,11 @@
 """Keras on JAX: several workers are one JAX program (:mod:`toolkit.backends.jax_engine`)
-whose compiled step averages the gradients itself; Horovod carries the run's small collectives
-only (records, checkpoints' gathers, metric averages)."""
+whose train step runs on each worker's batch and averages the gradients with JAX's own
+collectives, compiled into the step; Horovod carries the run's small collectives only
+(records, checkpoints' gathers, metric averages).
+
+Its compiled step is stateless: it returns only the model's and optimizer's variables, so
+state outside them that an update writes is carried as the optimizer's, and a conditional
+write is a selection between the old value and the new (:mod:`toolkit.backends.jax_state`)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from toolkit import codecs
 from toolkit.backends import jax_engine
 from toolkit.backends.base import Backend
 from toolkit.backends.devices import pin_tensorflow_gpu
@@ -21,13 +27,14 @@ class JaxBackend(Backend):
     """Keras's JAX backend (see the module's docstring)."""
 
     name = "jax"
+    codecs = (codecs.DENSE.name, codecs.FP16.name)
     lacks = (
-        "JAX's engine averages float32 gradients inside the compiled step, where no hook sees "
-        "a worker's own gradient to encode, and jax.distributed has no elastic world"
+        "on JAX the lab's step does not yet carry an encoded exchange's residuals, parameter "
+        "averaging, AdaScale's or an adaptive batch's state, and jax.distributed has no "
+        "elastic world"
     )
-    averages_in_step = True
+    one_program = True
     jit_compile = True
-    stateless_step = True
 
     def start_worker(self, engine: Any) -> None:
         """Join the other workers as one JAX program (with more than one); TensorFlow, which
@@ -42,6 +49,42 @@ class JaxBackend(Backend):
     def alone(self) -> Iterator[None]:
         with jax_engine.alone():
             yield
+
+    def per_worker_step(self, model: keras.Model) -> None:
+        if jax_engine.joined():
+            jax_engine.per_worker(model)
+
+    def carry(self, optimizer: keras.optimizers.Optimizer, variables: list) -> None:
+        from toolkit.backends import jax_state
+
+        jax_state.carry(optimizer, variables)
+
+    def carried(self, optimizer: keras.optimizers.Optimizer) -> list:
+        from toolkit.backends import jax_state
+
+        return jax_state.carried(optimizer)
+
+    def allreduce_mean(self, engine: Any, tensors: list, compression: Any = None) -> list:
+        if compression is None:
+            return jax_engine.mean(tensors)
+        sent = [compression.compress(t) for t in tensors]
+        means = jax_engine.mean([t for t, _ in sent])
+        return [compression.decompress(m, c) for m, (_, c) in zip(means, sent, strict=True)]
+
+    def allgather(self, engine: Any, tensors: list) -> list:
+        return jax_engine.gather(tensors)
+
+    def allreduce_min(self, engine: Any, tensor: Any) -> Any:
+        return jax_engine.minimum(tensor)
+
+    def when(self, condition: Any, action: Callable[[], None]) -> None:
+        """In a compiled step, ``action`` writes what it writes wherever ``condition`` holds
+        and leaves the values it found elsewhere (its collectives run on every update);
+        eagerly, it runs where ``condition`` holds."""
+        from toolkit.backends import jax_state
+
+        if not jax_state.when(condition, action):
+            super().when(condition, action)
 
     def state_dtype(self) -> str:
         """``float64`` only with ``jax_enable_x64``; ``float32`` otherwise (JAX has no float64)."""

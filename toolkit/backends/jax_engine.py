@@ -8,22 +8,27 @@ starts become one JAX program instead:
   already gives Horovod its ranks, locally, over ssh and under Slurm);
 * JAX's Gloo collectives carry them on CPUs (NCCL on GPUs);
 * Keras's ``DataParallel`` over every process's devices makes the compiled step's batch the
-  workers' own batches side by side (each worker still reads its own shard), so the loss and
-  its gradient are means over the global batch, as Horovod's averaged allreduce makes them on
-  TensorFlow, and the optimizer, replicated on every worker, applies the same update
-  everywhere: trust ratios and all, from the global gradient.
+  workers' own batches side by side (each worker still reads its own shard);
+* :func:`per_worker` maps the train step over the workers (``jax.shard_map``): each runs it
+  on its own batch, so its gradient is its own, as on TensorFlow and PyTorch, until the
+  optimizer's allreduce hook (:mod:`toolkit.parallel.distributed`) averages it with
+  :func:`mean` (or gathers an encoding with :func:`gather`), JAX's collectives compiled into
+  the step. The update is then the same on every worker; what stays a worker's own (its
+  loss and metrics, batch norm's statistics, a traffic counter) stays so, as on the others.
 
-Horovod still carries the run's small collectives (the workers' records, the checkpoint's
-gathers, metric averages), none of them a gradient.
+Evaluation stays one program over the global batch. Horovod still carries the run's small
+collectives (the workers' records, the checkpoint's gathers, metric averages).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
 from collections.abc import Callable, Iterator
+from typing import Any
 
 _log = logging.getLogger(__name__)
 
@@ -84,3 +89,63 @@ def alone() -> Iterator[None]:
         yield
     finally:
         keras.distribution.set_distribution(shared)
+
+
+def per_worker(model: Any) -> None:
+    """Map ``model``'s train step over the workers (:func:`start` first): each runs it on its
+    own batch, the state it gets and returns the same on every worker where the step's
+    collectives make it so (the model's and optimizer's), its own elsewhere (metrics, batch
+    norm's statistics). Idempotent."""
+    import jax
+    import keras
+    from jax.sharding import PartitionSpec
+
+    if getattr(model.train_step, "per_worker", False):
+        return
+    distribution = keras.distribution.distribution()
+    mapped = jax.jit(  # compiled even where Keras would not (jit_compile=False): traced
+        jax.shard_map(  # again at every call, a mapped step costs seconds
+            model.train_step,
+            mesh=distribution.device_mesh.backend_mesh,
+            in_specs=(PartitionSpec(), PartitionSpec(distribution.batch_dim_name)),
+            out_specs=PartitionSpec(),
+            check_vma=False,  # a worker's own state is returned as it is, not checked equal
+        )
+    )
+
+    @functools.wraps(mapped)
+    def train_step(state, data):
+        return mapped(state, data)
+
+    train_step.per_worker = True
+    model.train_step = train_step
+    model.make_train_function(force=True)
+
+
+def _axis() -> str:
+    """The mesh axis the workers lie along (Keras's data-parallel batch axis)."""
+    import keras
+
+    return keras.distribution.distribution().batch_dim_name
+
+
+def mean(tensors: list) -> list:
+    """The workers' mean of each of ``tensors``, inside :func:`per_worker`'s step."""
+    import jax
+
+    return jax.lax.pmean(list(tensors), _axis())
+
+
+def gather(tensors: list) -> list:
+    """Each of ``tensors`` concatenated over the workers along its first axis, in rank order,
+    inside :func:`per_worker`'s step."""
+    import jax
+
+    return [jax.lax.all_gather(t, _axis(), tiled=True) for t in tensors]
+
+
+def minimum(tensor: Any) -> Any:
+    """The workers' minimum of ``tensor``, inside :func:`per_worker`'s step."""
+    import jax
+
+    return jax.lax.pmin(tensor, _axis())

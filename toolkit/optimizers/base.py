@@ -23,13 +23,14 @@ def unwrapped(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimiz
 
 
 def state_variables(optimizer: keras.optimizers.Optimizer) -> list:
-    """``optimizer.variables`` less the trust ratios it applied last, which are for logging and
-    among them on JAX only (its compiled step returns only tracked variables): what a saved
-    model holds (``model.save``), the same list on every backend. (A run directory's
-    checkpoint holds ``optimizer.variables``, so one written on JAX resumes on JAX.)"""
-    ratios = getattr(unwrapped(optimizer), "_applied_ratios", None)
-    logged = ratios.variable if ratios is not None else None
-    return [v for v in optimizer.variables if v is not logged]
+    """``optimizer.variables`` less what the backend carries among them and is not the
+    optimizer's state (on JAX, whose compiled step returns only tracked variables: the trust
+    ratios applied last, a traffic counter, the noise meter's norms:
+    :meth:`~toolkit.backends.base.Backend.carry`): what a saved model holds (``model.save``),
+    the same list on every backend. (A run directory's checkpoint holds
+    ``optimizer.variables``, so one written on JAX resumes on JAX.)"""
+    carried = backends.current().carried(unwrapped(optimizer))
+    return [v for v in optimizer.variables if all(v is not c for c in carried)]
 
 
 class CoupledDecayOptimizer(keras.optimizers.Optimizer):

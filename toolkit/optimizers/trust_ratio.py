@@ -93,9 +93,10 @@ class AppliedRatios:
     """The ratio the latest update applied to each of some variables, for logging (NaN before
     the first update). Kept in one vector outside the optimizer's tracked variables, so
     ``optimizer.variables``, checkpoints and the broadcast of optimizer state do not see it;
-    on JAX, whose compiled step is stateless and returns only tracked variables, it is one of
-    them, which a saved model leaves out (:func:`~toolkit.optimizers.base.state_variables`),
-    so it loads on every backend.
+    on JAX, whose compiled step is stateless and returns only tracked variables, the backend
+    carries it as one of them (:meth:`~toolkit.backends.base.Backend.carry`), which a saved
+    model leaves out (:func:`~toolkit.optimizers.base.state_variables`), so it loads on every
+    backend.
 
     An update holds each variable's ratio as it goes (:meth:`record`) and keeps them all at its
     end in one assignment (:meth:`write`): one op per update rather than one per layer, which
@@ -110,17 +111,12 @@ class AppliedRatios:
         self._paths = [variables[i].path for i in indices]
         self._position = {index: position for position, index in enumerate(indices)}
         self._dtype = keras.backend.result_type(*(variables[i].dtype for i in indices))
-        if backends.current().stateless_step:
-            self._ratios = optimizer.add_variable(
-                (len(indices),),
-                keras.initializers.Constant(NONE_YET),
-                self._dtype,
-                name="applied_trust_ratios",
-            )
-        else:
-            self._ratios = keras.Variable(
-                ops.full((len(indices),), NONE_YET, self._dtype), trainable=False
-            )
+        self._ratios = keras.Variable(
+            ops.full((len(indices),), NONE_YET, self._dtype),
+            trainable=False,
+            name="applied_trust_ratios",
+        )
+        backends.current().carry(optimizer, [self._ratios])
         self._pending = {}
         self._whole = None
 

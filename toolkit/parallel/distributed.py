@@ -1,8 +1,10 @@
 """Horovod for Keras 3: the glue over the backend's Horovod (``horovod.tensorflow``'s or
-``horovod.torch``'s ops, as :meth:`toolkit.backends.base.Backend.horovod` gives).
+``horovod.torch``'s ops, as :meth:`toolkit.backends.base.Backend.horovod` gives) and, inside
+the train step, the backend's collectives (Horovod's, or on JAX JAX's own).
 
 Horovod's own ``horovod.tensorflow.keras`` targets Keras 2. This module gives the same recipe
-for Keras 3 on every backend (on JAX, several workers join JAX's own engine at :func:`init`:
+for Keras 3 on every backend (on JAX, several workers join JAX's own engine at :func:`init`,
+and :class:`BroadcastInitialState` maps the train step over them:
 :mod:`toolkit.backends.jax_engine`)::
 
     distributed.init()
@@ -125,17 +127,15 @@ def elastic() -> bool:
 
 
 def collective_gradients() -> bool:
-    """Whether gradients need Horovod's collectives: more than one worker now, or an elastic
-    run, which may grow while it trains; on TensorFlow and PyTorch (on JAX, JAX's engine
-    averages them in the compiled step: :mod:`toolkit.backends.jax_engine`)."""
-    return (size() > 1 or elastic()) and not backends.current().averages_in_step
+    """Whether gradients need collectives: more than one worker now, or an elastic run, which
+    may grow while it trains."""
+    return size() > 1 or elastic()
 
 
 def one_program() -> bool:
-    """Whether the workers are one compiled program (JAX's engine, with several workers): no
-    hook sees a worker's own gradient, and assigning a variable is collective, so every worker
-    must do it."""
-    return size() > 1 and backends.current().averages_in_step
+    """Whether the workers are one compiled program (JAX's engine, with several workers):
+    assigning a variable is collective, so every worker must do it."""
+    return size() > 1 and backends.current().one_program
 
 
 def rank() -> int:
@@ -320,6 +320,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
         _allreduce_before_clipping(optimizer, reduce, noise_meter)
     if compressed is not None or many:
         _WIRING[optimizer] = _Wiring(traffic, compressed)
+        metered = noise_meter.variables if noise_meter is not None and many else []
+        backends.current().carry(optimizer, [traffic.sent, *metered])
     return optimizer
 
 
@@ -363,7 +365,7 @@ def _reducer(
     collective = collective_gradients()
     return compression_lib.CompressedAllreduce(
         codec,
-        _engine().grouped_allgather if collective else _identity,
+        _allgather_tensors if collective else _identity,
         _allreduce_mean_tensors if collective else _identity,
         _engine().size_op if elastic() else size(),  # an elastic run's world: the step's
         residual=allreduce.residual,
@@ -381,20 +383,18 @@ def _reducer(
 def _dense_reducer(
     codec: codecs.Codec, fp16_clip: float | None, traffic: compression_lib.Traffic
 ) -> Callable[[list], list]:
-    """One ``grouped_allreduce`` (average) in float32, or in float16 (``fp16``), by the
-    backend's Horovod."""
-    engine = _engine()
+    """One grouped allreduce (average) in float32, or in float16 (``fp16``), by the
+    backend's collectives."""
+    wire = None
     if codec is codecs.FP16:
         clip = fp16_clip if fp16_clip is not None else compression_lib.FLOAT16_MAX / size()
         wire = compression_lib.Float16(clip)
-    else:
-        wire = engine.Compression.none if engine is not None else None
     element = codec.element_bytes
 
     def allreduce(grads: list) -> list:
         traffic.count_dense(grads)
         traffic.add(element * sum(compression_lib.elements(g) for g in grads))
-        return engine.grouped_allreduce(grads, op=engine.Average, compression=wire)
+        return backends.current().allreduce_mean(_engine(), grads, wire)
 
     return allreduce
 
@@ -458,8 +458,11 @@ def _average_after_update(
 
 
 def _allreduce_mean_tensors(tensors: list) -> list:
-    engine = _engine()
-    return engine.grouped_allreduce(tensors, op=engine.Average)
+    return backends.current().allreduce_mean(_engine(), tensors)
+
+
+def _allgather_tensors(tensors: list) -> list:
+    return backends.current().allgather(_engine(), tensors)
 
 
 def _identity(tensors: list) -> list:
@@ -471,24 +474,24 @@ def _allreduces(optimizer: keras.optimizers.Optimizer) -> bool:
 
 
 def _make_finite_check_global(optimizer: keras.optimizers.LossScaleOptimizer) -> None:
-    local_check, engine = optimizer.check_finite, _engine()
+    local_check, backend = optimizer.check_finite, backends.current()
 
     def finite_on_every_worker(grads: list) -> Any:
         finite = keras.ops.cast(local_check(grads), "float32")
-        return engine.allreduce(finite, op=engine.Min) > 0.5
+        return backend.allreduce_min(_engine(), finite) > 0.5
 
     optimizer.check_finite = finite_on_every_worker
 
 
 def check_model(model: keras.Model) -> None:
     """Raise ``ValueError`` if the compiled ``model`` cannot train with more than one worker:
-    XLA (``jit_compile=True``), or a ``LossScaleOptimizer`` (added by ``compile`` under
-    ``mixed_float16``) around a distributed optimizer, whose local finite check would let
-    workers disagree on which steps to apply and hang. A no-op with one worker, and on JAX,
-    whose engine is XLA's."""
+    XLA (``jit_compile=True``, except on JAX, whose collectives are XLA's), or a
+    ``LossScaleOptimizer`` (added by ``compile`` under ``mixed_float16``) around a distributed
+    optimizer, whose local finite check would let workers disagree on which steps to apply
+    and hang. A no-op with one worker."""
     if not collective_gradients():
         return
-    if model.jit_compile:
+    if model.jit_compile and not backends.current().jit_compile:
         raise ValueError(
             "Horovod's ops cannot run inside XLA: compile the model with jit_compile=False"
         )
@@ -502,6 +505,15 @@ def check_model(model: keras.Model) -> None:
             "the model's LossScaleOptimizer wraps a DistributedOptimizer; wrap the other way "
             "round: DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))"
         )
+
+
+def train_per_worker(model: keras.Model) -> None:
+    """Make ``model``'s train step run on this worker's own batch, its gradients its own until
+    the allreduce hook (on JAX, the step mapped over the workers; elsewhere it is so already).
+    :class:`BroadcastInitialState` does it as ``fit`` starts; call it before
+    ``train_on_batch``. A no-op with one worker."""
+    if collective_gradients():
+        backends.current().per_worker_step(model)
 
 
 def broadcast_variables(
@@ -532,11 +544,12 @@ def broadcast_values(variables: list[keras.Variable], root_rank: int = 0) -> Non
 class BroadcastInitialState(keras.callbacks.Callback):
     """At the start of ``fit``: :func:`check_model`, then broadcast the model's and optimizer's
     variables from rank 0 (so workers started with different seeds, or a resumed rank 0,
-    agree)."""
+    agree), and :func:`train_per_worker`."""
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         check_model(self.model)
         broadcast_variables(self.model, self.model.optimizer)
+        train_per_worker(self.model)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -19,7 +19,9 @@ class GradientNoiseMeter:
     ratios): ``small_sq``, each worker's own gradient norm² averaged over the workers (one
     scalar allreduce), and ``big_sq``, the norm² of the allreduced gradient. Their batch sizes
     are the per-worker examples per update and the global batch. Read after a step with
-    :meth:`read`; the variables live outside the optimizer, so checkpoints do not change.
+    :meth:`read`; the variables live outside the optimizer, so checkpoints do not change (on
+    JAX, whose compiled step returns only tracked variables, the backend carries them among the
+    optimizer's: :meth:`~toolkit.backends.base.Backend.carry`).
     ``on_measure(small_sq, big_sq)``, if given, is called in the graph with each measurement,
     before the update reads its learning rate (AdaScale's gain: :mod:`toolkit.scaling.adascale`)."""
 
@@ -45,10 +47,10 @@ class GradientNoiseMeter:
         self._backend.when(count % self.every == 0, lambda: self._record(local, reduced, count))
 
     def _record(self, local: list, reduced: list | None, count) -> None:
-        engine, norm = self._backend.horovod(), self._backend.squared_norm
-        small = engine.allreduce(norm(local), op=engine.Average, name="noise_small_sq")
-        mean = engine.grouped_allreduce(local, op=engine.Average) if reduced is None else reduced
-        big = norm(mean)
+        backend, engine = self._backend, self._backend.horovod()
+        (small,) = backend.allreduce_mean(engine, [backend.squared_norm(local)])
+        mean = backend.allreduce_mean(engine, local) if reduced is None else reduced
+        big = backend.squared_norm(mean)
         self._small_sq.assign(ops.cast(small, self._small_sq.dtype))
         self._big_sq.assign(ops.cast(big, self._big_sq.dtype))
         self._measured.assign(count)

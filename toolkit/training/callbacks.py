@@ -33,6 +33,14 @@ from toolkit.training import system
 from toolkit.training.experiment import rates_at
 
 
+def current(callback: keras.callbacks.Callback, variable: keras.Variable | None = None):
+    """Make the variables the train step writes current before ``callback`` reads them (on
+    JAX, Keras's ``Callback.model`` reattaches the compiled step's state to them; elsewhere
+    they are); ``variable``'s value, if given."""
+    callback.model  # noqa: B018 (the property's side effect is the point)
+    return None if variable is None else variable.numpy()
+
+
 class NonFiniteLoss(RuntimeError):
     """Training produced a NaN or infinite loss."""
 
@@ -140,7 +148,7 @@ class EventLogger(keras.callbacks.Callback):
         self.writer.write(record)
 
     def _sent(self) -> float:
-        return float(self.traffic.sent.numpy()) if self.traffic is not None else 0.0
+        return float(current(self, self.traffic.sent)) if self.traffic is not None else 0.0
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -275,6 +283,7 @@ class NoiseScaleLogger(keras.callbacks.Callback):
         if int(updates(step)) // every == int(updates(seen)) // every:
             return  # no multiple of the interval since the last call
         if self.meter is not None:
+            current(self)
             update, small_sq, big_sq = self.meter.read()
             if update == self._last_update:  # nothing new measured
                 return
@@ -484,7 +493,7 @@ class SystemLogger(keras.callbacks.Callback):
         if self.traffic is None:
             return math.nan
         updates = int(unwrapped(self.model.optimizer).iterations.numpy())
-        now = (updates, float(self.traffic.sent.numpy()))
+        now = (updates, float(current(self, self.traffic.sent)))
         before, self._sent = self._sent, now
         if before is None or now[0] <= before[0]:
             return math.nan

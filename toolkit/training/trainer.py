@@ -49,11 +49,6 @@ from toolkit.training.experiment import (
     train_batches,
 )
 
-NO_NOISE_SCALE_ON_JAX = (
-    "the gradient noise scale is not measured: with several workers on JAX, JAX's engine "
-    "averages the gradients inside the compiled step, where no hook sees each worker's"
-)
-
 
 @dataclasses.dataclass
 class Trainer:
@@ -273,11 +268,7 @@ class Trainer:
         # the noise scale: from the meter's norms (the allreduce hook's with several workers, so
         # none with one worker of an elastic run: its hook has one gradient; one worker's under
         # AdaScale), else from two half batches
-        if meter is None and distributed.one_program():  # no hook sees a worker's gradient
-            measurable = False
-            if writer and plan.noise_every:
-                print(NO_NOISE_SCALE_ON_JAX, flush=True)
-        elif meter is None:
+        if meter is None:
             measurable = plan.noise_batch >= 2
         else:
             measurable = plan.world_size > 1 or isinstance(meter, callbacks.HalfBatchMeter)
