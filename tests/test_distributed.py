@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT, weights
+from conftest import ROOT, keras_workers_on, weights
 
 sys.path.insert(0, str(ROOT / "tests" / "workers"))
 from scenarios import (
@@ -31,6 +31,7 @@ from scenarios import (
     wire_grads,
 )
 
+from toolkit import backends, codecs
 from toolkit.backends import devices
 from toolkit.optimizers import LBSGD, SGD
 from toolkit.parallel import distributed, noise_meter
@@ -128,17 +129,28 @@ def simulate_sync(options: dict, workers: int = 2) -> list[list[list[np.ndarray]
     return steps
 
 
-@pytest.fixture(params=["tensorflow", "torch"])
-def workers_on(request):
-    """Each rank's ``(arrays, info)`` from two real workers on a Keras backend: TensorFlow's
-    (tests/workers/two_workers.py) or PyTorch's (tests/workers/torch_workers.py), both run
-    once a session."""
+def running(**settings) -> list[str]:
+    """The Keras backends that run ``settings`` (:meth:`toolkit.backends.base.Backend.refusal`'s
+    keywords), so a test of them covers each backend as soon as it runs them."""
+    return [name for name in backends.BACKENDS if backends.of(name).refusal(**settings) is None]
+
+
+ENCODING = running(codec=codecs.TOPK.name)  # and every other encoded mode with it
+AVERAGING = running(sync_mode="partial")  # and local SGD
+
+
+@pytest.fixture
+def workers_on(request, tmp_path_factory, subprocess_env):
+    """Each rank's ``(arrays, info)`` from two real workers on the Keras backend the test is
+    parametrized with: TensorFlow's (tests/workers/two_workers.py), PyTorch's or JAX's
+    (tests/workers/keras_workers.py), each run once a session."""
     if request.param == "tensorflow":
         ranks, infos, _ = request.getfixturevalue("two_workers")
         return list(zip(ranks, infos, strict=True))
-    return request.getfixturevalue("on_torch")[0]
+    return keras_workers_on(request.param, tmp_path_factory, subprocess_env)[0]
 
 
+@pytest.mark.parametrize("workers_on", AVERAGING, indirect=True)
 @pytest.mark.parametrize("scenario", list(SYNC))
 def test_partial_sync_and_local_sgd_match_a_simulation_of_the_workers(workers_on, scenario):
     ranks = [arrays for arrays, _ in workers_on]
@@ -284,6 +296,7 @@ def select(options: dict, values: np.ndarray, step: int, warmup: int) -> np.ndar
     return np.argsort(-np.abs(values), kind="stable")[:k]
 
 
+@pytest.mark.parametrize("workers_on", ENCODING, indirect=True)
 @pytest.mark.parametrize("scenario", [n for n, o in WIRE.items() if o["compression"] != "fp16"])
 def test_compressed_allreduce_matches_a_simulation_of_the_workers(workers_on, scenario):
     ranks = [arrays for arrays, _ in workers_on]
@@ -294,6 +307,7 @@ def test_compressed_allreduce_matches_a_simulation_of_the_workers(workers_on, sc
     assert 0 < sum(sent) < sum(int(np.prod(s)) for s in WIRE_SHAPES)  # compressed, not empty
 
 
+@pytest.mark.parametrize("workers_on", ENCODING, indirect=True)
 @pytest.mark.parametrize("scenario", list(WIRE))
 def test_traffic_counts_the_bytes_each_worker_sent(workers_on, scenario):
     """Per update, each worker's own bytes: a value (4 or 2 bytes) and an int32 index per
@@ -314,6 +328,7 @@ def test_traffic_counts_the_bytes_each_worker_sent(workers_on, scenario):
         assert expected[0] != expected[1]  # each worker's own count, not their mean
 
 
+@pytest.mark.parametrize("workers_on", AVERAGING, indirect=True)
 @pytest.mark.parametrize("scenario", list(SYNC))
 def test_traffic_counts_the_parameters_averaged(workers_on, scenario):
     infos = [info for _, info in workers_on]

@@ -60,11 +60,36 @@ def train(model: keras.Model, x, y, steps: int, first_step: int = 0) -> None:
 
 
 def compiled(optimizer, variables):
-    """``optimizer.apply(grads, variables)`` as a graph, the way ``model.fit`` runs it on
-    TensorFlow (eagerly on PyTorch, as Keras's PyTorch trainer runs it)."""
+    """``optimizer.apply(grads, variables)`` as ``model.fit`` runs it: as a graph on
+    TensorFlow, eagerly on PyTorch, in a step mapped over the workers on JAX's engine."""
     optimizer.build(variables)
+    if distributed.one_program():
+        return on_each_worker(optimizer, variables)
     apply = lambda grads: optimizer.apply(grads, variables)  # noqa: E731
     return tf.function(apply) if keras.backend.backend() == "tensorflow" else apply
+
+
+def on_each_worker(optimizer, variables):
+    """``optimizer.apply(grads, variables)`` with each worker's own ``grads``, as Keras's JAX
+    trainer runs it in a step mapped over the workers: ``stateless_apply``, then the variables
+    assigned what it returns."""
+    from toolkit.backends import jax_engine
+
+    def update(state, grads):
+        return optimizer.stateless_apply(state[0], grads, state[1])
+
+    step = jax_engine.each_worker(update)
+
+    def apply(grads):
+        state = ([v.value for v in optimizer.variables], [v.value for v in variables])
+        grads = [jax_engine.side_by_side(keras.ops.convert_to_numpy(g)) for g in grads]
+        values, optimizer_values = step(state, grads)
+        for variable, value in zip(
+            [*variables, *optimizer.variables], [*values, *optimizer_values]
+        ):
+            variable.assign(value)
+
+    return apply
 
 
 def traffic_of(optimizer) -> list | None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from toolkit import codecs
+from toolkit.communication import SYNC_MODES
 from toolkit.backends import jax_engine
 from toolkit.backends.base import Backend
 from toolkit.backends.devices import pin_tensorflow_gpu
@@ -28,10 +29,10 @@ class JaxBackend(Backend):
 
     name = "jax"
     codecs = (codecs.DENSE.name, codecs.FP16.name)
+    sync_modes = SYNC_MODES
     lacks = (
-        "on JAX the lab's step does not yet carry an encoded exchange's residuals, parameter "
-        "averaging, AdaScale's or an adaptive batch's state, and jax.distributed has no "
-        "elastic world"
+        "on JAX the lab's step does not yet carry an encoded exchange's residuals, AdaScale's "
+        "or an adaptive batch's state, and jax.distributed has no elastic world"
     )
     one_program = True
     jit_compile = True

@@ -92,20 +92,26 @@ def alone() -> Iterator[None]:
 
 
 def per_worker(model: Any) -> None:
-    """Map ``model``'s train step over the workers (:func:`start` first): each runs it on its
-    own batch, the state it gets and returns the same on every worker where the step's
-    collectives make it so (the model's and optimizer's), its own elsewhere (metrics, batch
-    norm's statistics). Idempotent."""
+    """Map ``model``'s train step over the workers (:func:`each_worker`). Idempotent."""
+    if not getattr(model.train_step, "per_worker", False):
+        model.train_step = each_worker(model.train_step)
+        model.make_train_function(force=True)
+
+
+def each_worker(step: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``step(state, data)`` run by every worker (:func:`start` first) on its own block of
+    ``data`` (global arrays whose first axis is the workers' blocks side by side, as Keras
+    makes a batch), compiled, its collectives :func:`mean` and :func:`gather`. What it returns
+    is the same on every worker where its collectives make it so (the model's and optimizer's
+    variables), each worker's own elsewhere (metrics, batch norm's statistics)."""
     import jax
     import keras
     from jax.sharding import PartitionSpec
 
-    if getattr(model.train_step, "per_worker", False):
-        return
     distribution = keras.distribution.distribution()
     mapped = jax.jit(  # compiled even where Keras would not (jit_compile=False): traced
         jax.shard_map(  # again at every call, a mapped step costs seconds
-            model.train_step,
+            step,
             mesh=distribution.device_mesh.backend_mesh,
             in_specs=(PartitionSpec(), PartitionSpec(distribution.batch_dim_name)),
             out_specs=PartitionSpec(),
@@ -113,13 +119,26 @@ def per_worker(model: Any) -> None:
         )
     )
 
-    @functools.wraps(mapped)
-    def train_step(state, data):
+    @functools.wraps(step)
+    def on_each_worker(state, data):
         return mapped(state, data)
 
-    train_step.per_worker = True
-    model.train_step = train_step
-    model.make_train_function(force=True)
+    on_each_worker.per_worker = True
+    return on_each_worker
+
+
+def side_by_side(local: Any) -> Any:
+    """This worker's array as its block of a global array whose first axis holds every
+    worker's, in rank order (what :func:`each_worker`'s ``data`` takes)."""
+    import jax
+    import keras
+
+    distribution = keras.distribution.distribution()
+    sharding = jax.sharding.NamedSharding(
+        distribution.device_mesh.backend_mesh,
+        jax.sharding.PartitionSpec(distribution.batch_dim_name),
+    )
+    return jax.make_array_from_process_local_data(sharding, local)
 
 
 def _axis() -> str:
