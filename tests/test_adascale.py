@@ -138,8 +138,8 @@ def test_at_scale_one_it_trains_exactly_like_the_base_optimizer(tmp_path):
 
 
 WORKER_BACKENDS = ("tensorflow", "torch")
-"""The backends whose workers run AdaScale and the adaptive batch (JAX refuses them: its engine
-averages inside the compiled step, where no hook measures a worker's gradient)."""
+"""The backends whose workers run AdaScale and the adaptive batch (JAX refuses them: its
+stateless step does not carry their state yet)."""
 
 
 def complete_and_resumed(config, root, backend: str, stop_after_epoch: int = 1):

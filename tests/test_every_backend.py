@@ -151,8 +151,8 @@ def test_a_one_worker_run_writes_the_run_the_dashboard_reads(
     [
         ("allreduce.compression=topk", "allreduce.compression", ["tensorflow", "torch"]),
         ("allreduce.compression=2bit", "allreduce.compression", ["tensorflow", "torch"]),
-        ("sync.mode=local_sgd", "sync.mode", ["tensorflow", "torch"]),
-        ("sync.mode=partial", "sync.mode", ["tensorflow", "torch"]),
+        ("sync.mode=local_sgd", "sync.mode", ["tensorflow", "torch", "jax"]),
+        ("sync.mode=partial", "sync.mode", ["tensorflow", "torch", "jax"]),
         ("lr_scaling={rule: adascale, base_batch: 32}", "lr_scaling.rule", ["tensorflow", "torch"]),
     ],
 )

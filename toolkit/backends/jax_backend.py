@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from toolkit import codecs
-from toolkit.communication import SYNC_MODES
 from toolkit.backends import jax_engine
 from toolkit.backends.base import Backend
 from toolkit.backends.devices import pin_tensorflow_gpu
+from toolkit.communication import SYNC_MODES
 
 if TYPE_CHECKING:
     import keras
