@@ -29,9 +29,10 @@ from scenarios import (
     sgd,
     token_data,
     wire_grads,
+    wire_scenarios,
 )
 
-from toolkit import backends, codecs
+from toolkit import backends
 from toolkit.backends import devices
 from toolkit.optimizers import LBSGD, SGD
 from toolkit.parallel import distributed, noise_meter
@@ -135,8 +136,18 @@ def running(**settings) -> list[str]:
     return [name for name in backends.BACKENDS if backends.of(name).refusal(**settings) is None]
 
 
-ENCODING = running(codec=codecs.TOPK.name)  # and every other encoded mode with it
 AVERAGING = running(sync_mode="partial")  # and local SGD
+
+
+def on_the_wire(scenarios) -> list:
+    """``(backend, scenario)`` for each of ``scenarios`` (:data:`WIRE`'s names) on each Keras
+    backend that runs it (:func:`wire_scenarios`), for ``workers_on`` and ``scenario``."""
+    return [
+        pytest.param(backend, name, id=f"{backend}-{name}")
+        for backend in backends.BACKENDS
+        for name in wire_scenarios(backends.of(backend))
+        if name in scenarios
+    ]
 
 
 @pytest.fixture
@@ -296,8 +307,11 @@ def select(options: dict, values: np.ndarray, step: int, warmup: int) -> np.ndar
     return np.argsort(-np.abs(values), kind="stable")[:k]
 
 
-@pytest.mark.parametrize("workers_on", ENCODING, indirect=True)
-@pytest.mark.parametrize("scenario", [n for n, o in WIRE.items() if o["compression"] != "fp16"])
+@pytest.mark.parametrize(
+    "workers_on, scenario",
+    on_the_wire([n for n, o in WIRE.items() if o["compression"] != "fp16"]),
+    indirect=["workers_on"],
+)
 def test_compressed_allreduce_matches_a_simulation_of_the_workers(workers_on, scenario):
     ranks = [arrays for arrays, _ in workers_on]
     for step, expected in enumerate(simulate_workers(WIRE[scenario])):
@@ -307,8 +321,7 @@ def test_compressed_allreduce_matches_a_simulation_of_the_workers(workers_on, sc
     assert 0 < sum(sent) < sum(int(np.prod(s)) for s in WIRE_SHAPES)  # compressed, not empty
 
 
-@pytest.mark.parametrize("workers_on", ENCODING, indirect=True)
-@pytest.mark.parametrize("scenario", list(WIRE))
+@pytest.mark.parametrize("workers_on, scenario", on_the_wire(list(WIRE)), indirect=["workers_on"])
 def test_traffic_counts_the_bytes_each_worker_sent(workers_on, scenario):
     """Per update, each worker's own bytes: a value (4 or 2 bytes) and an int32 index per
     selected entry, a 32-bit word per 16 entries (2bit), 4 bytes per dense entry, fp16 two

@@ -18,6 +18,7 @@ import psutil
 import pytest
 from conftest import ROOT
 
+from toolkit import backends
 from toolkit.config import from_mapping
 from toolkit.launching import launch as launcher
 from toolkit.plan import Scale
@@ -318,13 +319,14 @@ def test_cli_launch_wait_shows_progress_and_the_final_state(runs, subprocess_env
     assert run.tags() == ["one epoch", "smoke"] and run.notes() == "launched by the CLI test"
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
 def test_a_dgc_run_resumes_bit_for_bit_with_every_workers_residual_and_velocity(runs, backend):
     """topk with DGC's techniques (LARS, whose momentum moves into the allreduce): each
     worker's residual and velocity are training state, saved with the checkpoint and given
-    back to the same worker on resume; the sparsity warm-up resumes where it was. About 30 s
-    a backend."""
-    dgc = ["compression=topk", "ratio=0.05", "dgc=true", "sparsity_warmup_epochs=2"]
+    back to the same worker on resume; the sparsity warm-up resumes where it was (a backend
+    whose encodings are of fixed size runs none). About 30 s a backend."""
+    warmup = 2 if backends.of(backend).varying_payloads else 0
+    dgc = ["compression=topk", "ratio=0.05", "dgc=true", f"sparsity_warmup_epochs={warmup}"]
     config = from_mapping(SMALL, [f"allreduce.{option}" for option in dgc])
     complete = launcher.launch(config, run_id="sparse-complete", backend=backend)
     assert wait(complete)["state"] == "completed", complete.stdout_path.read_text()[-3000:]
@@ -352,16 +354,18 @@ def test_a_dgc_run_resumes_bit_for_bit_with_every_workers_residual_and_velocity(
     assert a[a.phase == "eval"].accuracy.iloc[-1] > 0.2  # 5% of the entries: it still learns
     traffic = a[a.phase == "train"][["epoch", "comm/bytes_sent", "comm/compression_ratio"]]
     assert traffic.notna().all().all()
-    # after the warm-up (resumed in its middle): 5% of the matrices' entries (a float32 value
-    # and an int32 index each, one bucket), the 1-D variables dense, and a gradient norm per
-    # variable (LARS's trust ratios, under momentum correction)
+    # after the warm-up (resumed in its middle; without one, from the start): 5% of the
+    # matrices' entries (a float32 value and an int32 index each, one bucket), the 1-D
+    # variables dense, and a gradient norm per variable (LARS's trust ratios, under momentum
+    # correction)
     squeezed = sum(int(np.prod(s)) for s in shapes if len(s) > 1)
     dense = sum(int(np.prod(s)) for s in shapes if len(s) <= 1)
     sent = 8 * int(np.ceil(0.05 * squeezed)) + 4 * dense + 4 * len(shapes)
     after = traffic[traffic.epoch > 2.2]
     np.testing.assert_allclose(after["comm/bytes_sent"], sent)
     np.testing.assert_allclose(after["comm/compression_ratio"], 4 * (squeezed + dense) / sent)
-    assert (traffic[traffic.epoch < 1.9]["comm/bytes_sent"] > sent).all()  # warming up
+    early = traffic[traffic.epoch < 1.9]["comm/bytes_sent"]
+    assert (early > sent).all() if warmup else (early == sent).all()  # warming up, or not
 
 
 @pytest.mark.parametrize("mode", ["partial", "local_sgd"])

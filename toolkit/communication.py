@@ -155,6 +155,14 @@ class Communication:
         return self.codec.encoded
 
     @property
+    def varying_payload(self) -> bool:
+        """Whether what a worker sends varies in size from update to update: a threshold's
+        count, a top-k read off a sample, or one whose ratio warms up."""
+        if self.codec is not codecs.TOPK:
+            return self.codec.sparse  # a threshold's count varies; the others' sizes do not
+        return self.allreduce.topk_sample > 0 or self.techniques.sparsity_warmup_epochs > 0
+
+    @property
     def averages_parameters(self) -> bool:
         """Whether parameters, not gradients, are averaged (``sync.mode`` partial or
         local SGD)."""

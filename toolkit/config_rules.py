@@ -46,6 +46,7 @@ def check_backend(config: ExperimentConfig, backend: str) -> None:
     (:func:`toolkit.backends.requested`), and by ``train``."""
     backends.of(backend).check(
         codec=config.allreduce.codec.name,
+        varying_payload=config.communication().varying_payload,
         sync_mode=config.sync.mode,
         elastic=config.elastic is not None,
         adaptive_batch=config.batch.adaptive is not None,

@@ -19,8 +19,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from toolkit import backends, codecs
-from toolkit.communication import SYNC_MODES
+from toolkit import backends
 from toolkit.optimizers import LARS
 from toolkit.parallel import distributed, noise_meter
 
@@ -106,10 +105,8 @@ def main(out: Path) -> None:
     weights["unaveraged"] = model.get_weights()
 
     skip_a_step_not_finite_on_rank1(weights, x, y)
-    if set(backend.codecs) == set(codecs.MODES):  # applied eagerly, outside a train step
-        send_on_the_wire(weights, info, rank)
-    if set(backend.sync_modes) == set(SYNC_MODES):
-        average_parameters(weights, info, rank)
+    send_on_the_wire(weights, info, rank)  # the scenarios the backend runs
+    average_parameters(weights, info, rank)
     measure_the_noise(weights, info)
     fit_with_the_callbacks(weights, info, x, y)
 

@@ -102,6 +102,19 @@ WIRE = {
 }
 
 
+def wire_scenarios(backend) -> dict[str, dict]:
+    """The :data:`WIRE` scenarios ``backend`` (a :class:`toolkit.backends.base.Backend`) runs:
+    those its refusal lets through."""
+    from toolkit.config import communication
+
+    def refused(options: dict) -> str | None:
+        wrap = {k: v for k, v in options.items() if k not in ("momentum", "updates_per_epoch")}
+        exchange = communication(**wrap)
+        return backend.refusal(codec=exchange.codec.name, varying_payload=exchange.varying_payload)
+
+    return {name: options for name, options in WIRE.items() if refused(options) is None}
+
+
 # Partial synchronisation and local SGD (toolkit.parallel.sync), on the same gradients,
 # SYNC_STEPS steps.
 SYNC_STEPS = 5

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from toolkit import backends
 from toolkit.optimizers import SGD
 from toolkit.parallel import distributed, noise_meter
 from toolkit.parallel.elastic import TrainingState
@@ -28,7 +29,6 @@ from scenarios import (
     STEPS,
     SYNC,
     SYNC_STEPS,
-    WIRE,
     WIRE_SHAPES,
     WIRE_STEPS,
     global_data,
@@ -37,6 +37,7 @@ from scenarios import (
     sgd,
     token_data,
     wire_grads,
+    wire_scenarios,
 )
 
 
@@ -103,7 +104,7 @@ def send_on_the_wire(weights: dict, info: dict, rank: int) -> None:
     """What goes on the wire: each step's reduced gradient (as ``wire_<scenario>_<step>``), read
     off variables that plain SGD (rate 1) moves from zero, and the traffic, on this process's
     backend."""
-    for name, options in WIRE.items():
+    for name, options in wire_scenarios(backends.current()).items():
         wrap = dict(options)
         momentum = wrap.pop("momentum", None)
         sgd_at_1 = SGD(1.0, momentum=momentum) if momentum else keras.optimizers.SGD(1.0)

@@ -50,6 +50,9 @@ class Backend:
     """Whether it runs AdaScale's rate (``lr_scaling.rule: adascale``)."""
     adaptive_batch: ClassVar[bool] = False
     """Whether it runs an adaptive batch (``batch.adaptive``)."""
+    varying_payloads: ClassVar[bool] = True
+    """Whether its exchange carries an encoding whose size varies from update to update (a
+    threshold's count, a top-k read off a sample, a sparsity warm-up's k)."""
     lacks: ClassVar[str] = ""
     """Why it refuses what it refuses, in one sentence (shown with every refusal)."""
 
@@ -80,6 +83,7 @@ class Backend:
         elastic: bool = False,
         adaptive_batch: bool = False,
         adascale: bool = False,
+        varying_payload: bool = False,
     ) -> str | None:
         """What the first of these settings this backend does not run would need instead,
         naming its field (``"sync.mode 'full'"``), else ``None``: the one rule the config's
@@ -89,6 +93,11 @@ class Backend:
             (
                 codec not in self.codecs,
                 "allreduce.compression " + " or ".join(repr(c) for c in self.codecs),
+            ),
+            (
+                varying_payload and not self.varying_payloads,
+                "an encoding of fixed size (allreduce.topk_sample 0, "
+                "allreduce.sparsity_warmup_epochs 0)",
             ),
             (
                 sync_mode not in self.sync_modes,
@@ -162,6 +171,11 @@ class Backend:
         """Make ``variables``, state outside the model that ``optimizer``'s update writes (a
         traffic counter, the noise meter's norms, the trust ratios applied), part of what the
         compiled step keeps: nothing where a step writes variables in place."""
+
+    def assign_own(self, variable: keras.Variable, value: np.ndarray) -> None:
+        """Assign ``variable`` this worker's own ``value`` (a codec's residual), which the
+        other workers' values need not equal."""
+        variable.assign(value)
 
     def carried(self, optimizer: keras.optimizers.Optimizer) -> list:
         """What :meth:`carry` made part of ``optimizer``'s variables (none where a step writes

@@ -22,17 +22,20 @@ from toolkit.communication import SYNC_MODES
 
 if TYPE_CHECKING:
     import keras
+    import numpy as np
 
 
 class JaxBackend(Backend):
     """Keras's JAX backend (see the module's docstring)."""
 
     name = "jax"
-    codecs = (codecs.DENSE.name, codecs.FP16.name)
+    codecs = (codecs.DENSE.name, codecs.FP16.name, codecs.TOPK.name, codecs.TWO_BIT.name)
+    varying_payloads = False  # a compiled step's shapes are fixed
     sync_modes = SYNC_MODES
     lacks = (
-        "on JAX the lab's step does not yet carry an encoded exchange's residuals, AdaScale's "
-        "or an adaptive batch's state, and jax.distributed has no elastic world"
+        "JAX compiles its step for fixed shapes, so an encoding's size cannot vary, the lab's "
+        "step does not yet carry AdaScale's or an adaptive batch's state, and "
+        "jax.distributed has no elastic world"
     )
     one_program = True
     jit_compile = True
@@ -64,6 +67,14 @@ class JaxBackend(Backend):
         from toolkit.backends import jax_state
 
         return jax_state.carried(optimizer)
+
+    def assign_own(self, variable: keras.Variable, value: np.ndarray) -> None:
+        """Several workers: ``variable`` takes a global value whose every device holds this
+        worker's, built from the devices' own buffers, where an assignment of a host value
+        would first check that every worker assigns the same."""
+        if not jax_engine.joined():
+            return super().assign_own(variable, value)
+        variable.assign(jax_engine.own(value, variable.value.sharding))
 
     def allreduce_mean(self, engine: Any, tensors: list, compression: Any = None) -> list:
         if compression is None:

@@ -415,7 +415,7 @@ class CompressedAllreduce:
     is the number of updates done (the optimizer's ``iterations``), read by the sparsity
     warm-up and a ``momentum`` schedule. ``fused=False`` keeps to the TensorFlow ops where the
     fused kernels would run (the oracle they are checked against). Call it with this worker's
-    gradients, in the same order every step; its state is created on the first call."""
+    gradients, in the same order every step; its state is created by :meth:`build`."""
 
     def __init__(
         self,
@@ -459,7 +459,7 @@ class CompressedAllreduce:
         return self.residual or self.momentum is not None
 
     def __call__(self, grads: list) -> list:
-        self._build(grads)
+        self.build(grads)
         workers = self.workers() if callable(self.workers) else self.workers
         update = self.updates if self.updates is not None else 0
         grads = self._clipped(grads, workers)
@@ -498,29 +498,38 @@ class CompressedAllreduce:
     def state(self) -> list[np.ndarray]:
         """This worker's residuals, then its velocities (with momentum correction), in gradient
         order (none before the first step)."""
-        return [ops.convert_to_numpy(v) for v in [*(self.residuals or []), *self.velocities]]
+        return [ops.convert_to_numpy(v) for v in self.variables]
 
     def restore(self, state: list[np.ndarray]) -> None:
-        """Continue from ``state`` (a :meth:`state`), now or at the first step."""
+        """Continue from ``state`` (a :meth:`state`, this worker's own), now or once built."""
         if self.residuals is None:
             self._restored = [np.asarray(a) for a in state] or None
             return
-        for variable, value in zip([*self.residuals, *self.velocities], state, strict=True):
-            variable.assign(value)
+        backend = backends.current()
+        for variable, value in zip(self.variables, state, strict=True):
+            backend.assign_own(variable, value)
 
-    def _build(self, grads: list) -> None:
+    @property
+    def variables(self) -> list[keras.Variable]:
+        """Its state: the residuals, then the velocities (none before :meth:`build`)."""
+        return [*(self.residuals or []), *self.velocities]
+
+    def build(self, like: list) -> None:
+        """Create the state, one tensor of each kind per gradient, shaped and typed as the
+        gradients ``like`` (or their variables), once: the distributed optimizer builds it
+        with the optimizer, outside any step; else the first call does."""
         if self.residuals is not None:
             return
         copies = int(self.residual) + int(self.momentum is not None)  # residuals, velocities
-        dtypes = [keras.backend.standardize_dtype(g.dtype) for g in grads]
-        fresh = [np.zeros(g.shape, d) for g, d in zip(grads, dtypes, strict=True)] * copies
+        dtypes = [keras.backend.standardize_dtype(g.dtype) for g in like]
+        fresh = [np.zeros(g.shape, d) for g, d in zip(like, dtypes, strict=True)] * copies
         start = self._restored or fresh
         if [a.shape for a in start] != [a.shape for a in fresh]:
             raise ValueError("the restored state does not match the gradients' shapes")
         with backends.current().outside_step():  # created once, outside a traced step
             variables = [keras.Variable(a, trainable=False, name="codec_state") for a in start]
-        self.residuals = variables[: len(grads)] if self.residual else []
-        self.velocities = variables[len(grads) :] if self.momentum is not None else []
+        self.residuals = variables[: len(like)] if self.residual else []
+        self.velocities = variables[len(like) :] if self.momentum is not None else []
 
     def _buckets(self, grads, indices: list[int]) -> list[list[int]]:
         """``indices`` of ``grads`` fused into buckets, in order."""

@@ -66,6 +66,7 @@ from toolkit import backends, codecs
 from toolkit import config as config_lib
 from toolkit.communication import Communication
 from toolkit.optimizers import accumulates_batches, applies_trust_ratios, unwrapped
+from toolkit.optimizers.base import state_variables
 from toolkit.parallel import compression as compression_lib
 from toolkit.parallel import sync as sync_lib
 from toolkit.parallel.noise_meter import GradientNoiseMeter
@@ -274,7 +275,12 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     elif options:
         raise TypeError(f"give a Communication or its options, not both (got {sorted(options)})")
     mode = communication.sync.mode
-    backends.current().check(codec=communication.codec.name, sync_mode=mode, elastic=elastic())
+    backends.current().check(
+        codec=communication.codec.name,
+        varying_payload=communication.varying_payload,
+        sync_mode=mode,
+        elastic=elastic(),
+    )
     if elastic() and not communication.survives_resets:
         raise ValueError(
             "an elastic run averages gradients (sync='full') in float32 or sparsified, got "
@@ -306,6 +312,8 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     if backward_passes_per_step > 1:
         _accumulate(optimizer, int(backward_passes_per_step))
     compressed = reduce if isinstance(reduce, compression_lib.CompressedAllreduce) else None
+    if compressed is not None:
+        _build_with_the_optimizer(optimizer, compressed)
     if communication.averages_parameters:
         if accumulates_batches(optimizer) is not None:
             raise ValueError(f"sync={mode!r}: {type(optimizer).__name__} accumulates gradients")
@@ -397,6 +405,28 @@ def _dense_reducer(
         return backends.current().allreduce_mean(_engine(), grads, wire)
 
     return allreduce
+
+
+def _build_with_the_optimizer(
+    optimizer: keras.optimizers.Optimizer, compressed: compression_lib.CompressedAllreduce
+) -> None:
+    """Create ``compressed``'s state as ``optimizer`` is built (now, if it is), outside any
+    step, and have the backend carry it with the optimizer's."""
+    build, backend = optimizer.build, backends.current()  # the class's, bound
+
+    def with_state(variables: list) -> None:
+        compressed.build(variables)
+        backend.carry(optimizer, compressed.variables)
+
+    if optimizer.built:
+        with_state(optimizer._trainable_variables)
+        return
+
+    def build_then_state(variables: list) -> None:
+        build(variables)
+        with_state(variables)
+
+    optimizer.build = build_then_state
 
 
 def _accumulate(optimizer: keras.optimizers.Optimizer, steps: int) -> None:
@@ -521,16 +551,18 @@ def broadcast_variables(
     optimizer: keras.optimizers.Optimizer | None = None,
     root_rank: int = 0,
 ) -> None:
-    """Make every worker's model weights (and ``optimizer``'s variables, building it on the
+    """Make every worker's model weights (and ``optimizer``'s state, building it on the
     model's trainable variables if needed) equal to rank ``root_rank``'s. Random-number state
-    (dropout seeds) stays per worker. A no-op with one worker."""
+    (dropout seeds) stays per worker, and so does what the backend carries among the
+    optimizer's variables without being its state (a worker's residuals: on JAX,
+    :meth:`~toolkit.backends.base.Backend.carry`). A no-op with one worker."""
     if size() == 1:
         return
     variables = list(model.weights)
     if optimizer is not None:
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        variables += list(optimizer.variables)
+        variables += state_variables(optimizer)
     broadcast_values(variables, root_rank)
 
 
