@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_adascale import WORKER_BACKENDS, assert_resumed_bit_for_bit, complete_and_resumed
+from test_adascale import assert_resumed_bit_for_bit, complete_and_resumed, running
 from test_adascale_gain import numpy_adascale
 
 from toolkit.config import ConfigError, from_mapping
@@ -299,7 +299,7 @@ def check_the_run(config, run):
     assert taus[-1] >= 3 * (1437 // 16) > taus[-2]
 
 
-@pytest.fixture(scope="module", params=WORKER_BACKENDS)
+@pytest.fixture(scope="module", params=running("adaptive_batch"))
 def two_workers(request, tmp_path_factory, subprocess_env):
     """A complete 2-worker adaptive run, and the same run stopped after its second checkpoint
     (the first after a change of batch, so the resumed run restores a changed plan) and

@@ -23,6 +23,7 @@ ORACLE_TESTS = [
     "tests/test_lbsgd.py",
     "tests/test_schedules.py",
     "tests/test_adascale_gain.py",
+    "tests/test_adascale.py::test_one_worker_logs_what_the_numpy_model_of_adascale_computes",
     "tests/test_optimizers_keras.py::test_config_round_trip",
     "tests/test_optimizers_keras.py::test_checkpoint_restore_continues_bit_for_bit",
     "tests/test_compression.py::test_two_bit_codes_pack_in_mxnets_layout_and_round_trip",
@@ -164,7 +165,11 @@ def test_a_one_worker_run_writes_the_run_the_dashboard_reads(
         ),
         ("sync.mode=local_sgd", "sync.mode", ["tensorflow", "torch", "jax"]),
         ("sync.mode=partial", "sync.mode", ["tensorflow", "torch", "jax"]),
-        ("lr_scaling={rule: adascale, base_batch: 32}", "lr_scaling.rule", ["tensorflow", "torch"]),
+        (
+            "lr_scaling={rule: adascale, base_batch: 32}",
+            "lr_scaling.rule",
+            ["tensorflow", "torch", "jax"],
+        ),
     ],
 )
 def test_what_a_backend_lacks_is_refused_naming_the_field_the_backend_and_why(

@@ -220,6 +220,12 @@ class Backend:
         """``function`` compiled as the backend compiles (itself where it runs eagerly)."""
         return function
 
+    def compiled_stateful(self, function: Callable) -> Callable:
+        """``function``, which reads or writes variables, compiled where the backend's compiled
+        functions read and write them as they are at each call (:meth:`compiled`), as it is
+        elsewhere."""
+        return self.compiled(function)
+
     def steps_per_execution(self, planned: int) -> int:
         """The ``steps_per_execution`` the model compiles with, given the plan's."""
         return 1 if self.one_step_per_call else planned

@@ -31,11 +31,12 @@ class JaxBackend(Backend):
     name = "jax"
     codecs = (codecs.DENSE.name, codecs.FP16.name, codecs.TOPK.name, codecs.TWO_BIT.name)
     varying_payloads = False  # a compiled step's shapes are fixed
+    adascale = True
     sync_modes = SYNC_MODES
     lacks = (
         "JAX compiles its step for fixed shapes, so an encoding's size cannot vary, the lab's "
-        "step does not yet carry AdaScale's or an adaptive batch's state, and "
-        "jax.distributed has no elastic world"
+        "step does not yet carry an adaptive batch's state, and jax.distributed has no "
+        "elastic world"
     )
     one_program = True
     jit_compile = True
@@ -108,6 +109,11 @@ class JaxBackend(Backend):
         import jax
 
         return jax.jit(function)
+
+    def compiled_stateful(self, function: Callable) -> Callable:
+        """``function`` as it is: a jitted function holds the variables' values it was traced
+        with, and its writes to them would hold traced values."""
+        return function
 
     def _gradients_of(self, model: keras.Model, x, y) -> Callable:
         import jax

@@ -109,7 +109,8 @@ class EventLogger(keras.callbacks.Callback):
         diverged = not math.isfinite(logs.get("loss", 0.0))
         if self._clock is not None and step % self.every_steps and not diverged:
             return
-        now, sent = time.perf_counter(), self._sent()  # a host read: only when an event needs it
+        current(self)  # what the step wrote (bytes sent, AdaScale's clock): read when logged
+        now, sent = time.perf_counter(), self._sent()
         if self._clock is None:  # the first call: a multiple (after a reset) is still logged
             self._clock = (step, now, sent)
             if not diverged and step % self.every_steps:
@@ -148,7 +149,7 @@ class EventLogger(keras.callbacks.Callback):
         self.writer.write(record)
 
     def _sent(self) -> float:
-        return float(current(self, self.traffic.sent)) if self.traffic is not None else 0.0
+        return float(self.traffic.sent.numpy()) if self.traffic is not None else 0.0
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -351,7 +352,7 @@ class HalfBatchMeter(keras.callbacks.Callback):
         self.halves, self.counter, self.accumulation = halves, counter, accumulation
         self._latest = (0, 0.0, 0.0)
         backend = backends.current()
-        self._observe = backend.compiled(adascale.observe)  # a few µs, not ms
+        self._observe = backend.compiled_stateful(adascale.observe)  # a few µs, not ms
         self._dtype = backend.state_dtype()  # handed tensors: a Python float would retrace
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -386,6 +387,7 @@ class AdaScaleProgress(keras.callbacks.Callback):
             self.bar = keras.utils.Progbar(self.total, stateful_metrics=["gain"], unit_name="τ")
 
     def on_train_batch_end(self, batch, logs=None):
+        current(self)  # the clock, every update (on JAX, the step's state reattached)
         if self.ended():
             self.model.stop_training = True
         if self.bar is not None:

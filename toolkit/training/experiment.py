@@ -127,10 +127,13 @@ def rates_at(optimizer: keras.optimizers.Optimizer) -> Callable[[int], tuple[flo
     applies them there: LBSGD's warmup multiplier is included (its ``lars`` strategy is per
     layer, so the scheduled base rate is reported), and the momentum is ``None`` for optimizers
     without one (the allreduce's, where momentum correction moved it there). Schedules are
-    compiled once: eagerly one costs milliseconds a call, compiled tens of microseconds."""
+    compiled once: eagerly one costs milliseconds a call, compiled tens of microseconds
+    (AdaScale's, which reads its state, as the backend compiles a stateful function)."""
     inner = optimizers.unwrapped(optimizer)
     momentum = getattr(inner, "moved_momentum", None) or getattr(inner, "momentum", None)
-    scheduled = backends.current().compiled(
+    backend = backends.current()
+    compiled = backend.compiled if adascale_of(optimizer) is None else backend.compiled_stateful
+    scheduled = compiled(
         lambda step: (_rate(optimizer, step), momentum(step) if callable(momentum) else 0.0)
     )
 

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from toolkit import backends
 from toolkit.config import ExperimentConfig
-from toolkit.optimizers import applies_trust_ratios
+from toolkit.optimizers import applies_trust_ratios, unwrapped
 from toolkit.parallel import distributed, elastic, noise_meter
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints, processes
@@ -91,10 +91,12 @@ class Trainer:
             backward_passes_per_step=config.batch.accumulation,
             noise_meter=meter,
         )
+        backend = backends.current()
+        if adascale:  # its state, which the rate reads in the step (and the hook writes there)
+            backend.carry(unwrapped(optimizer), adascale.variables)
         accumulation = Accumulation.starting(plan)
         if plan.adaptive:
             adaptive_batch.accumulate(optimizer, accumulation, model.trainable_variables)
-        backend = backends.current()
         model.compile(
             optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
