@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_adascale import assert_resumed_bit_for_bit, complete_and_resumed, running
+from test_adascale import (
+    assert_resumed_bit_for_bit,
+    complete_and_resumed,
+    running,
+    state_rtol,
+)
 from test_adascale_gain import numpy_adascale
 
+from toolkit import backends
 from toolkit.config import ConfigError, from_mapping
 from toolkit.plan import RunPlan, Scale
 from toolkit.runs.events import read_events
@@ -294,8 +300,9 @@ def check_the_run(config, run):
         decay=0.9,
         base_rate=lambda tau: 0.1,
     )
-    np.testing.assert_allclose(ends.gain, gains, rtol=1e-9)
-    np.testing.assert_allclose(ends.tau, taus, rtol=1e-9)
+    rtol = state_rtol(backends.recorded(run.meta()))
+    np.testing.assert_allclose(ends.gain, gains, rtol=rtol)
+    np.testing.assert_allclose(ends.tau, taus, rtol=rtol)
     assert taus[-1] >= 3 * (1437 // 16) > taus[-2]
 
 

@@ -24,6 +24,7 @@ ORACLE_TESTS = [
     "tests/test_schedules.py",
     "tests/test_adascale_gain.py",
     "tests/test_adascale.py::test_one_worker_logs_what_the_numpy_model_of_adascale_computes",
+    "tests/test_adaptive_batch.py::test_one_worker_grows_the_batch_the_same_way",
     "tests/test_optimizers_keras.py::test_config_round_trip",
     "tests/test_optimizers_keras.py::test_checkpoint_restore_continues_bit_for_bit",
     "tests/test_compression.py::test_two_bit_codes_pack_in_mxnets_layout_and_round_trip",

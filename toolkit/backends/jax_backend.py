@@ -31,12 +31,11 @@ class JaxBackend(Backend):
     name = "jax"
     codecs = (codecs.DENSE.name, codecs.FP16.name, codecs.TOPK.name, codecs.TWO_BIT.name)
     varying_payloads = False  # a compiled step's shapes are fixed
-    adascale = True
+    adascale = adaptive_batch = True
     sync_modes = SYNC_MODES
     lacks = (
-        "JAX compiles its step for fixed shapes, so an encoding's size cannot vary, the lab's "
-        "step does not yet carry an adaptive batch's state, and jax.distributed has no "
-        "elastic world"
+        "JAX compiles its step for fixed shapes, so an encoding's size cannot vary, and "
+        "jax.distributed has no elastic world"
     )
     one_program = True
     jit_compile = True

@@ -28,6 +28,7 @@ import keras
 from keras import ops
 
 from toolkit import backends
+from toolkit.optimizers import unwrapped
 from toolkit.plan import Scale, noise_batches
 
 
@@ -190,6 +191,7 @@ def accumulate(
     count = keras.Variable(0, dtype="int64", trainable=False, name="accumulated_steps")
     apply = optimizer.apply  # the class's, bound
     backend = backends.current()
+    backend.carry(unwrapped(optimizer), [*sums, count, *accumulation.variables])
 
     def accumulate_then_apply(grads, trainable_variables=None):
         for total, grad in zip(sums, grads, strict=True):
