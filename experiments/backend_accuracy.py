@@ -6,6 +6,8 @@ communication and scaling techniques (``TECHNIQUES``) on the backends that run t
     python experiments/backend_accuracy.py [--runs DIR] [--seeds 0 1 2] [--epochs 20]
     python experiments/backend_accuracy.py --techniques "topk 10%" dgc 2bit "local SGD H=4" \
         adascale --backends tensorflow torch --out backend_techniques.csv
+    python experiments/backend_accuracy.py --techniques "topk 10%" "dgc, no warm-up" 2bit \
+        "local SGD H=4" adascale "adascale, SGD" --backends jax --out backend_techniques_jax.csv
 
 Each run is an ordinary run (``launch(config, backend=...)``) in ``--runs``; a run already
 there and completed is read, not trained again. Prints, per technique and backend, the final
@@ -35,6 +37,12 @@ TECHNIQUES = {  # name: the quickstart's overrides
     "dense": [],
     "topk 10%": ["allreduce.compression=topk", "allreduce.ratio=0.1"],
     "dgc": ["allreduce.compression=topk", "allreduce.ratio=0.01", "allreduce.dgc=true"],
+    "dgc, no warm-up": [  # what a compiled JAX step carries: an encoding of fixed size
+        "allreduce.compression=topk",
+        "allreduce.ratio=0.01",
+        "allreduce.dgc=true",
+        "allreduce.sparsity_warmup_epochs=0",
+    ],
     "2bit": ["allreduce.compression=2bit", "allreduce.threshold=0.01"],
     "threshold 0.01": ["allreduce.compression=threshold", "allreduce.threshold=0.01"],
     "local SGD H=4": ["sync.mode=local_sgd", "sync.period=4"],
