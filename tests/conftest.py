@@ -219,6 +219,14 @@ def keras_workers(request, tmp_path_factory, subprocess_env):
     return keras_workers_on(request.param, tmp_path_factory, subprocess_env)
 
 
+def backends_running(**settings) -> list[str]:
+    """The Keras backends that run ``settings`` (:meth:`toolkit.backends.base.Backend.refusal`'s
+    keywords), so a test of them covers each backend as soon as it runs them."""
+    from toolkit import backends
+
+    return [name for name in backends.BACKENDS if backends.of(name).refusal(**settings) is None]
+
+
 def weights(npz, scenario: str) -> list[np.ndarray]:
     keys = [k for k in npz.files if k.split("/")[0] == scenario]
     return [npz[k] for k in sorted(keys, key=lambda k: int(k.split("/")[1]))]

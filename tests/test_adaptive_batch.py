@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import backends_running
 from test_adascale import (
     assert_resumed_bit_for_bit,
     complete_and_resumed,
-    running,
     state_rtol,
 )
 from test_adascale_gain import numpy_adascale
@@ -306,7 +306,7 @@ def check_the_run(config, run):
     assert taus[-1] >= 3 * (1437 // 16) > taus[-2]
 
 
-@pytest.fixture(scope="module", params=running("adaptive_batch"))
+@pytest.fixture(scope="module", params=backends_running(adaptive_batch=True))
 def two_workers(request, tmp_path_factory, subprocess_env):
     """A complete 2-worker adaptive run, and the same run stopped after its second checkpoint
     (the first after a change of batch, so the resumed run restores a changed plan) and

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import backends_running
 from test_adascale_gain import numpy_adascale
 
 from toolkit import backends, sections
@@ -147,13 +148,7 @@ def test_at_scale_one_it_trains_exactly_like_the_base_optimizer(tmp_path):
         np.testing.assert_array_equal(weights[0][key], weights[1][key])
 
 
-def running(capability: str) -> list[str]:
-    """The Keras backends whose workers run ``capability`` (a
-    :class:`~toolkit.backends.base.Backend` attribute: ``adascale``, ``adaptive_batch``)."""
-    return [name for name in backends.BACKENDS if getattr(backends.of(name), capability)]
-
-
-WORKER_BACKENDS = running("adascale")
+WORKER_BACKENDS = backends_running(adascale=True)
 
 
 def complete_and_resumed(config, root, backend: str, stop_after_epoch: int = 1):

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT, keras_workers_on, weights
+from conftest import ROOT, backends_running, keras_workers_on, weights
 
 sys.path.insert(0, str(ROOT / "tests" / "workers"))
 from scenarios import (
@@ -130,13 +130,7 @@ def simulate_sync(options: dict, workers: int = 2) -> list[list[list[np.ndarray]
     return steps
 
 
-def running(**settings) -> list[str]:
-    """The Keras backends that run ``settings`` (:meth:`toolkit.backends.base.Backend.refusal`'s
-    keywords), so a test of them covers each backend as soon as it runs them."""
-    return [name for name in backends.BACKENDS if backends.of(name).refusal(**settings) is None]
-
-
-AVERAGING = running(sync_mode="partial")  # and local SGD
+AVERAGING = backends_running(sync_mode="partial")  # and local SGD
 
 
 def on_the_wire(scenarios) -> list:

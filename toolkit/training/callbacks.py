@@ -33,12 +33,11 @@ from toolkit.training import system
 from toolkit.training.experiment import rates_at
 
 
-def current(callback: keras.callbacks.Callback, variable: keras.Variable | None = None):
+def current(callback: keras.callbacks.Callback) -> None:
     """Make the variables the train step writes current before ``callback`` reads them (on
     JAX, Keras's ``Callback.model`` reattaches the compiled step's state to them; elsewhere
-    they are); ``variable``'s value, if given."""
+    they are)."""
     callback.model  # noqa: B018 (the property's side effect is the point)
-    return None if variable is None else variable.numpy()
 
 
 class NonFiniteLoss(RuntimeError):
@@ -494,8 +493,9 @@ class SystemLogger(keras.callbacks.Callback):
     def _bytes_per_update(self) -> float:
         if self.traffic is None:
             return math.nan
+        current(self)
         updates = int(unwrapped(self.model.optimizer).iterations.numpy())
-        now = (updates, float(current(self, self.traffic.sent)))
+        now = (updates, float(self.traffic.sent.numpy()))
         before, self._sent = self._sent, now
         if before is None or now[0] <= before[0]:
             return math.nan
