@@ -310,7 +310,9 @@ class TwoBit:
     """The codec of MXNet's ``2bit``: each entry sends ``+t``, ``-t`` or 0 as two bits, 16 to a
     32-bit word. In MXNet's layout: byte ``j`` of a word holds entries ``4j .. 4j+3`` of its 16,
     the first in the high bits; ``11`` is ``+t``, ``10`` is ``-t``, ``00`` is 0. The entries
-    are padded with zeros to a multiple of 16."""
+    are padded with zeros to a multiple of 16. The codes are bytes (one per entry) until four
+    share one: where each op writes a new tensor (PyTorch's eager ops), the codec's time is
+    mostly the tensors it writes, so it writes as few full-size ones as it can."""
 
     SHIFTS = (6, 4, 2, 0)
 
@@ -323,23 +325,24 @@ class TwoBit:
         """``(payload, sent)``: the packed words, and the values they decode to."""
         t = ops.cast(self.threshold, flat.dtype)
         up, down = flat >= t, flat <= -t
-        sent = ops.where(up, t, ops.where(down, -t, ops.zeros_like(flat)))
-        codes = ops.cast(up, "int32") * 3 + ops.cast(down, "int32") * 2
+        sent = ops.where(up, t, ops.where(down, -t, 0.0))
+        codes = ops.cast(up, "uint8") + ops.cast(ops.logical_or(up, down), "uint8") * 2
         return (self.pack(codes),), sent
 
     @classmethod
     def pack(cls, codes):
-        """Two-bit codes (int32, one per entry) as int32 words, 16 codes each."""
+        """Two-bit codes (one per entry, any integer dtype) as int32 words, 16 codes each."""
         padding = -elements(codes) % 16
         quads = ops.reshape(ops.pad(codes, [[0, padding]]), [-1, 4])
-        bytes_ = ops.sum(ops.left_shift(quads, cls.SHIFTS), axis=1)
+        bytes_ = sum(quads[:, i] * (1 << shift) for i, shift in enumerate(cls.SHIFTS))
         return ops.view(ops.cast(bytes_, "uint8"), "int32")
 
     @classmethod
     def unpack(cls, words):
-        """The codes of ``words`` (int32, one per entry, padding included)."""
-        bytes_ = ops.cast(ops.view(words, "uint8"), "int32")
-        return ops.reshape(ops.bitwise_and(ops.right_shift(bytes_[:, None], cls.SHIFTS), 3), [-1])
+        """The codes of ``words`` (uint8, one per entry, padding included)."""
+        shifts = ops.convert_to_tensor(cls.SHIFTS, "uint8")
+        bytes_ = ops.view(words, "uint8")
+        return ops.reshape(ops.bitwise_and(ops.right_shift(bytes_[:, None], shifts), 3), [-1])
 
     @staticmethod
     def left(flat, sent):
@@ -352,8 +355,8 @@ class TwoBit:
     def decode_sum(self, payload, size: int):
         (words,) = payload
         codes = ops.reshape(self.unpack(words), [-1, math.ceil(size / 16) * 16])[:, :size]
-        t = self.threshold
-        return ops.sum(ops.take(ops.convert_to_tensor([0, 0, -t, t], "float32"), codes), axis=0)
+        t = ops.convert_to_tensor(self.threshold, "float32")
+        return ops.sum(ops.where(codes == 3, t, ops.where(codes == 2, -t, 0.0)), axis=0)
 
     @staticmethod
     def nbytes(payload):
