@@ -163,6 +163,17 @@ class Communication:
         return self.allreduce.topk_sample > 0 or self.techniques.sparsity_warmup_epochs > 0
 
     @property
+    def backend_needs(self) -> dict[str, Any]:
+        """What a backend must run to carry this exchange: its codec, whether its payload
+        varies in size, its sync mode (:meth:`toolkit.backends.base.Backend.refusal`'s
+        keywords, asked by the config's check and by the distributed optimizer)."""
+        return {
+            "codec": self.codec.name,
+            "varying_payload": self.varying_payload,
+            "sync_mode": self.sync.mode,
+        }
+
+    @property
     def averages_parameters(self) -> bool:
         """Whether parameters, not gradients, are averaged (``sync.mode`` partial or
         local SGD)."""

@@ -45,9 +45,7 @@ def check_backend(config: ExperimentConfig, backend: str) -> None:
     Checked before anything starts: by the launcher, for the backend its workers will get
     (:func:`toolkit.backends.requested`), and by ``train``."""
     backends.of(backend).check(
-        codec=config.allreduce.codec.name,
-        varying_payload=config.communication().varying_payload,
-        sync_mode=config.sync.mode,
+        **config.communication().backend_needs,
         elastic=config.elastic is not None,
         adaptive_batch=config.batch.adaptive is not None,
         adascale=config.lr_scaling.rule == "adascale",

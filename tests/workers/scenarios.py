@@ -109,8 +109,7 @@ def wire_scenarios(backend) -> dict[str, dict]:
 
     def refused(options: dict) -> str | None:
         wrap = {k: v for k, v in options.items() if k not in ("momentum", "updates_per_epoch")}
-        exchange = communication(**wrap)
-        return backend.refusal(codec=exchange.codec.name, varying_payload=exchange.varying_payload)
+        return backend.refusal(**communication(**wrap).backend_needs)
 
     return {name: options for name, options in WIRE.items() if refused(options) is None}
 

@@ -275,12 +275,7 @@ def DistributedOptimizer(  # named like Horovod's wrapper, which it replaces
     elif options:
         raise TypeError(f"give a Communication or its options, not both (got {sorted(options)})")
     mode = communication.sync.mode
-    backends.current().check(
-        codec=communication.codec.name,
-        varying_payload=communication.varying_payload,
-        sync_mode=mode,
-        elastic=elastic(),
-    )
+    backends.current().check(**communication.backend_needs, elastic=elastic())
     if elastic() and not communication.survives_resets:
         raise ValueError(
             "an elastic run averages gradients (sync='full') in float32 or sparsified, got "
