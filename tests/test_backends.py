@@ -8,11 +8,13 @@ in its own words and trains a run in this process through its own methods. Cost:
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
 
-from toolkit import backends
+from toolkit import backends, cache
 from toolkit.backends.tensorflow_backend import TensorFlowBackend
 from toolkit.config import ConfigError, load
 
@@ -170,3 +172,37 @@ def test_a_toy_backend_trains_a_run_through_its_own_methods(toy, tmp_path):
     assert {"steps_per_execution", "compiled", "loss_gradients"} <= set(toy.asked)
     events = read_events(tmp_path / "toy" / "events.jsonl")
     assert not events.query("phase == 'gns'").empty  # measured by the toy's gradients
+
+
+def test_a_jax_worker_keeps_its_compiled_programs_in_the_labs_cache(tmp_path, subprocess_env):
+    """A worker started on JAX (one, here: :func:`distributed.init` outside horovodrun) keeps
+    what it compiles in the lab's cache, where the next run reads it back. Cost: about 8 s (a
+    JAX process that imports Horovod's TensorFlow)."""
+    script = (
+        "import jax\n"
+        "from toolkit.parallel import distributed\n"
+        "distributed.init()\n"
+        "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)\n"
+        "jax.jit(lambda x: x * 2)(1.0)\n"
+    )
+    env = {**subprocess_env, "KERAS_BACKEND": "jax", cache.ENV: str(tmp_path)}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert list((tmp_path / "jax").glob("jit_*")), done.stderr[-3000:]
+
+
+def test_a_compilation_cache_the_user_named_stays_theirs(tmp_path):
+    """``JAX_COMPILATION_CACHE_DIR`` (or JAX's config) named a folder: the lab keeps to it.
+    (JAX's config in this process, restored.)"""
+    import jax
+
+    from toolkit.backends import jax_engine
+
+    named = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "theirs"))
+        jax_engine.keep_compiled(tmp_path / "ours")
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "theirs")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", named)

@@ -10,12 +10,13 @@ import mnist1d.data
 import numpy as np
 import pytest
 
+from toolkit import cache
 from toolkit.training import data
 
 
 @pytest.fixture(autouse=True)
 def cache_in_tmp(tmp_path, monkeypatch):
-    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
 
 
 def _check(ds: data.Dataset, input_shape, num_train, num_test, num_classes=10):

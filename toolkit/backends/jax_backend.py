@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from toolkit import codecs
+from toolkit import cache, codecs
 from toolkit.backends import jax_engine
 from toolkit.backends.base import Backend
 from toolkit.backends.devices import pin_tensorflow_gpu
@@ -42,7 +42,9 @@ class JaxBackend(Backend):
 
     def start_worker(self, engine: Any) -> None:
         """Join the other workers as one JAX program (with more than one); TensorFlow, which
-        reads the data, sees only the GPU the local rank names."""
+        reads the data, sees only the GPU the local rank names; compiled steps are kept in the
+        lab's cache (:func:`jax_engine.keep_compiled`)."""
+        jax_engine.keep_compiled(cache.folder("jax"))
         if engine.size() > 1:  # named: rank 0 sends a str, the others None, and Horovod
             # would name each broadcast by its value's type, so the ranks would never meet
             broadcast = functools.partial(engine.broadcast_object, root_rank=0, name="coordinator")

@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 _log = logging.getLogger(__name__)
@@ -42,6 +43,22 @@ def coordinator_address() -> str:
     with socket.socket() as probe:
         probe.bind(("", 0))
         return f"{host}:{probe.getsockname()[1]}"
+
+
+KEPT_COMPILE_S = 0.2
+"""Programs that take longer than this to compile are kept: the train and test steps, not the
+small programs whose reading back would cost what compiling them does."""
+
+
+def keep_compiled(folder: Path) -> None:
+    """Keep compiled programs in ``folder`` (JAX's persistent compilation cache), unless one
+    was named (``JAX_COMPILATION_CACHE_DIR``): a run whose steps an earlier run compiled reads
+    them back (on 2 CPU cores, a 1-epoch quickstart of 2 workers: about 2 s of its 13 s)."""
+    import jax
+
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(folder))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", KEPT_COMPILE_S)
 
 
 _joined = False

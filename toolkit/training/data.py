@@ -28,11 +28,9 @@ import sklearn.datasets
 import sklearn.model_selection
 import tensorflow as tf
 
+from toolkit import cache
 from toolkit.catalog import DATASETS
 from toolkit.plan import shard_size
-
-CACHE_ENV = "LARGE_BATCH_LAB_CACHE"
-"""Environment variable overriding the cache root (default ``~/.cache/large-batch-lab``)."""
 
 OFFLINE = ("mnist1d", "digits", "synthetic")
 
@@ -58,9 +56,8 @@ def _dataset(name: str, num_classes: int, x_train, y_train, x_test, y_test) -> D
 
 
 def cache_dir() -> Path:
-    """Where generated datasets are cached: ``$LARGE_BATCH_LAB_CACHE/datasets``."""
-    root = os.environ.get(CACHE_ENV, "~/.cache/large-batch-lab")
-    return Path(root).expanduser() / "datasets"
+    """Where generated datasets are cached (:mod:`toolkit.cache`)."""
+    return cache.folder("datasets")
 
 
 def load_mnist1d(seed: int = 0, num_samples: int = 5000, test_fraction: float = 0.2) -> Dataset:
