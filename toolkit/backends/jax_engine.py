@@ -48,6 +48,10 @@ def coordinator_address() -> str:
 KEPT_COMPILE_S = 0.2
 """Programs that take longer than this to compile are kept: the train and test steps, not the
 small programs whose reading back would cost what compiling them does."""
+KEPT_BYTES = 2**30
+"""The most the kept programs may weigh; the least recently used go first. A limit also makes
+JAX lock the folder around each read and write (``filelock``), so a worker never reads a
+program another worker is still writing."""
 
 
 def keep_compiled(folder: Path) -> None:
@@ -59,6 +63,7 @@ def keep_compiled(folder: Path) -> None:
     if jax.config.jax_compilation_cache_dir is None:
         jax.config.update("jax_compilation_cache_dir", str(folder))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", KEPT_COMPILE_S)
+        jax.config.update("jax_compilation_cache_max_size", KEPT_BYTES)
 
 
 _joined = False
