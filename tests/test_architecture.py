@@ -29,6 +29,7 @@ LAYERS = {  # bottom to top, as docs/notes/architecture.md's table gives them (t
         "registry",
         "safe_yaml",
         "files",
+        "cache",
         "advice",
         "words",
     },
