@@ -12,7 +12,8 @@ kernels allow:
   buffer);
 * :func:`heavy_ball` (MXNet's rule, the rate inside the velocity) is the same kernel given
   ``-rate * d`` as its gradient and ``-1`` as its rate, the velocity stored negated:
-  ``v = m * v - rate * d; w -= -1 * v``;
+  ``v = m * v - rate * d; w -= -1 * v`` (on a CPU, with a rate per variable, the rate goes in
+  as the kernel's dampening instead, so ``-rate * d`` is not written out: :func:`_heavy_ball_each`);
 * :func:`trust_ratios` gives every variable's ratio as one vector, from two multi-tensor norms.
 
 The kernels add and multiply in another order than :mod:`toolkit.optimizers.kernels`' steps
@@ -162,17 +163,11 @@ def _heavy_ball_each(weights, velocities, rates, gradients, momentum, nesterov, 
     buffers = [None] * len(weights) if velocities is None else velocities
     each = zip(weights, buffers, gradients, rates, strict=True)
     for weight, buffer, gradient, rate in each:
+        step, kernel_rate, dampening, kernel_decay = gradient, rate, 0.0, decay  # no momentum
         if nesterov:
-            step, kernel_rate, dampening, kernel_decay = (
-                torch.mul(gradient, -rate),
-                -1.0,
-                0.0,
-                -rate * decay,
-            )
+            step, kernel_rate, kernel_decay = torch.mul(gradient, -rate), -1.0, -rate * decay
         elif momentum:
-            step, kernel_rate, dampening, kernel_decay = gradient, -1.0, 1.0 + rate, decay
-        else:
-            step, kernel_rate, dampening, kernel_decay = gradient, rate, 0.0, decay
+            kernel_rate, dampening = -1.0, 1.0 + rate
         buffered_momentum(
             [weight],
             None if buffer is None else [buffer],
