@@ -174,6 +174,34 @@ def test_a_toy_backend_trains_a_run_through_its_own_methods(toy, tmp_path):
     assert not events.query("phase == 'gns'").empty  # measured by the toy's gradients
 
 
+WORKER_START = """
+import runpy, sys
+sys.argv = ["toolkit.train", "--help"]
+try:
+    runpy.run_module("toolkit.train", run_name="__main__")
+except SystemExit:
+    pass
+print(sorted({"sklearn", "jax", "mnist1d"} & set(sys.modules)))
+import jax, sklearn  # and afterwards they import as usual
+"""
+
+
+def test_a_worker_starts_without_what_keras_imports_only_because_it_is_installed(
+    subprocess_env,
+):
+    """``python -m toolkit.train`` on TensorFlow imports neither scikit-learn nor JAX (Keras's
+    scikit-learn wrappers and TensorFlow Lite's ``jit`` would, whenever they are installed:
+    1.7 s of CPU of a worker's start), nor mnist1d's generator, which only a cache miss needs;
+    all three import as usual afterwards. Cost: about 5 s (one TensorFlow process)."""
+    env = {**subprocess_env, "KERAS_BACKEND": "tensorflow"}
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_START], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "usage: python -m toolkit.train" in done.stdout
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
 def test_a_jax_worker_keeps_its_compiled_programs_in_the_labs_cache(tmp_path, subprocess_env):
     """A worker started on JAX (one, here: :func:`distributed.init` outside horovodrun) keeps
     what it compiles in the lab's cache, where the next run reads it back. Cost: about 8 s (a

@@ -17,9 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+from toolkit import backends
+
+if __name__ == "__main__":  # a worker: Keras without what it imports only because it can
+    backends.import_for_a_worker()
+
 import keras
 
-from toolkit import advice, backends, config_rules
+from toolkit import advice, config_rules
 from toolkit import config as config_lib
 from toolkit.files import WriteError
 from toolkit.parallel import distributed

@@ -74,6 +74,11 @@ class Backend:
     tensorflow_kernels: ClassVar[bool] = False
     """Its variables are TensorFlow's, so the optimizers' fused and raw TensorFlow kernels
     apply (:mod:`toolkit.optimizers.kernels`)."""
+    unused_imports: ClassVar[tuple[str, ...]] = ("sklearn", "jax")
+    """What Keras and TensorFlow import only because it is installed and a worker of this
+    backend never calls: scikit-learn (Keras's scikit-learn wrappers) and JAX (TensorFlow
+    Lite's ``jit``, Keras's Orbax callback). :func:`toolkit.backends.import_for_a_worker`
+    leaves them out."""
 
     def refusal(
         self,

@@ -39,6 +39,7 @@ class JaxBackend(Backend):
     )
     one_program = True
     jit_compile = True
+    unused_imports = ("sklearn",)
 
     def start_worker(self, engine: Any) -> None:
         """Join the other workers as one JAX program (with more than one); TensorFlow, which

@@ -19,13 +19,11 @@ import random
 import socket
 import tempfile
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 import keras
-import mnist1d.data
 import numpy as np
-import sklearn.datasets
-import sklearn.model_selection
 import tensorflow as tf
 
 from toolkit import cache
@@ -64,16 +62,17 @@ def load_mnist1d(seed: int = 0, num_samples: int = 5000, test_fraction: float = 
     """MNIST-1D (Greydanus 2020) generated locally with the package's default arguments.
 
     ``seed`` replaces the package's default 42. The arrays are cached as ``.npz`` under
-    :func:`cache_dir`, keyed by a hash of the generator arguments; the file is written
-    atomically, so concurrent workers generating the same dataset do not clash.
+    :func:`cache_dir`, keyed by a hash of the package's version (which fixes its defaults)
+    and these arguments; the file is written atomically, so concurrent workers generating the
+    same dataset do not clash. Only generating imports the package (a second: SciPy and
+    Matplotlib), so a worker reading the cache does not.
     """
-    args = mnist1d.data.get_dataset_args(as_dict=True)
-    args.update(seed=seed, num_samples=num_samples, train_split=1 - test_fraction)
-    del args["url"]
-    key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+    changed = {"seed": seed, "num_samples": num_samples, "train_split": 1 - test_fraction}
+    generator = {"mnist1d": metadata.version("mnist1d"), **changed}
+    key = hashlib.sha256(json.dumps(generator, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"mnist1d-{key}.npz"
     if not path.exists():
-        arrays = _generate_mnist1d(args)
+        arrays = _generate_mnist1d(changed)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as f:
             np.savez(f, **arrays)
@@ -83,8 +82,12 @@ def load_mnist1d(seed: int = 0, num_samples: int = 5000, test_fraction: float = 
         return _dataset("mnist1d", 10, x_train, arrays["y"], x_test, arrays["y_test"])
 
 
-def _generate_mnist1d(args: dict) -> dict[str, np.ndarray]:
-    """Run the generator, which seeds the global ``random`` and ``numpy`` RNGs: restore them."""
+def _generate_mnist1d(changed: dict) -> dict[str, np.ndarray]:
+    """Run the generator on its default arguments with ``changed`` changed. It seeds the
+    global ``random`` and ``numpy`` RNGs: they are restored."""
+    import mnist1d.data
+
+    args = {**mnist1d.data.get_dataset_args(as_dict=True), **changed}
     states = random.getstate(), np.random.get_state()
     try:
         data = mnist1d.data.make_dataset(mnist1d.data.ObjectView(args))
@@ -95,7 +98,11 @@ def _generate_mnist1d(args: dict) -> dict[str, np.ndarray]:
 
 
 def load_digits(seed: int = 0, test_fraction: float = 0.2) -> Dataset:
-    """scikit-learn's 8x8 digits scaled to [0, 1], split stratified with ``seed``."""
+    """scikit-learn's 8x8 digits scaled to [0, 1], split stratified with ``seed``.
+    scikit-learn is imported here, by the one loader that uses it (it takes 0.8 s)."""
+    import sklearn.datasets
+    import sklearn.model_selection
+
     digits = sklearn.datasets.load_digits()
     x = digits.images[..., None] / 16.0
     x_train, x_test, y_train, y_test = sklearn.model_selection.train_test_split(
