@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from toolkit.launching import launch as launcher
 from toolkit.plan import Scale
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import TERMINAL, RunDir
+from toolkit.runs.states import State
 from toolkit.runs.table import summary
 
 SMALL = {
@@ -68,6 +70,28 @@ def stop_after_the_first_checkpoint_and_resume(run: RunDir, epoch: int = 1) -> N
     assert wait(run)["state"] == "stopped"
     launcher.resume(run)
     assert wait(run)["state"] == "completed", run.stdout_path.read_text()[-3000:]
+
+
+def resume_a_copy(complete: RunDir, run_id: str) -> RunDir:
+    """A copy of the finished run ``complete``, named ``run_id``, as it stood stopped after the
+    earlier of the two checkpoints a run keeps (the last one gone, the state ``stopped``),
+    resumed to its end: a run resumed from a checkpoint, without the launch and the epochs of
+    :func:`stop_after_the_first_checkpoint_and_resume`, for tests of what a checkpoint carries
+    rather than of how a run stops. The resume drops the copied events past the checkpoint's
+    step, as it drops those a stopped run logged after its checkpoint."""
+    copy = RunDir(shutil.copytree(complete.path, complete.path.parent / run_id))
+    *kept, last = sorted(copy.checkpoints_path.glob("epoch-*"))
+    assert kept, f"{complete.run_id} kept one checkpoint: nothing to resume from before its end"
+    shutil.rmtree(last)
+    copy.status_path.unlink()
+    copy.set_status(State.STOPPED, reason="stopped by a test")
+    copied = time.time()
+    launcher.resume(copy)
+    assert wait(copy)["state"] == "completed", copy.stdout_path.read_text()[-3000:]
+    assert f"resuming from checkpoint {kept[-1].name}" in copy.stdout_path.read_text()
+    events = read_events(copy.events_path)
+    assert (events.wall > copied).any() and (events.wall < copied).any()  # resumed mid-way
+    return copy
 
 
 @pytest.fixture(scope="module")
