@@ -310,7 +310,7 @@ def check_the_run(config, run):
 def two_workers(request, tmp_path_factory, subprocess_env):
     """A complete 2-worker adaptive run, and a copy of it resumed from its next-to-last
     checkpoint (after the batch changed, so the resumed run restores a changed plan), on each
-    of the backends whose workers run it (about 20 s, 35 s on PyTorch and JAX)."""
+    of the backends whose workers run it (about 18 s, 23-25 s on PyTorch and JAX)."""
     import os
 
     os.environ["PATH"] = subprocess_env["PATH"]

@@ -166,7 +166,7 @@ def complete_and_resumed(config, root, backend: str):
 @pytest.fixture(scope="module", params=WORKER_BACKENDS)
 def two_workers(request, tmp_path_factory, subprocess_env):
     """A complete 2-worker AdaScale run, and a copy of it resumed from its next-to-last
-    checkpoint, on each of :data:`WORKER_BACKENDS` (about 20 s, 45 s on PyTorch and JAX)."""
+    checkpoint, on each of :data:`WORKER_BACKENDS` (about 15 s, 20-26 s on PyTorch and JAX)."""
     import os
 
     os.environ["PATH"] = subprocess_env["PATH"]
