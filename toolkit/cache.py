@@ -1,14 +1,14 @@
-"""What the lab keeps on this machine from run to run, under ``$LARGE_BATCH_LAB_CACHE``
-(default ``~/.cache/large-batch-lab``): the generated datasets (``datasets/``) and, on JAX, the
-compiled train and test steps (``jax/``). Deleting it loses nothing but the time to make them
-again."""
+"""What the lab keeps on this machine from run to run, under ``$LBL_CACHE`` (default
+``~/.cache/large-batch-lab``): the generated datasets (``datasets/``), on JAX the compiled
+train and test steps (``jax/``), and the Horovod wheels ``scripts/setup.sh`` builds (the same
+variable there). Deleting it loses nothing but the time to make them again."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-ENV = "LARGE_BATCH_LAB_CACHE"
+ENV = "LBL_CACHE"
 """Environment variable overriding the cache's root."""
 
 
