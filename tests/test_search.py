@@ -180,10 +180,11 @@ def test_the_objective_is_the_metric_at_the_last_or_best_evaluation(metric, at, 
 def searched(tmp_path_factory, subprocess_env):
     """The search of :func:`spec` on 2 slots. Before it starts, a trial (of :data:`GOOD`
     values) is asked and never launched (a runner that died between the two). The first runner
-    is killed with SIGKILL once two trials train and one of them has evaluated; that trial's
-    worker is killed too. :data:`HOPELESS` values are enqueued, so that they are the next
-    trial to start. A second runner then runs the search to its end, and a third
-    finds nothing to do."""
+    is killed with SIGKILL once two trials train and one of them has evaluated and was not
+    pruned (the runner is frozen while that is read, so its pruner cannot stop the trial in
+    between); that trial's worker is killed too. :data:`HOPELESS` values are enqueued, so that
+    they are the next trial to start. A second runner then runs the search to its end, and a
+    third finds nothing to do."""
     root = tmp_path_factory.mktemp("search-runs")
     slots.set_capacity("localhost:2", root)
     path = root.parent / "s.yaml"
@@ -203,7 +204,11 @@ def searched(tmp_path_factory, subprocess_env):
         training = [r for r in list_runs(root) if r.status()["state"] == "running"]
         evaluated = [r for r in training if list(r.checkpoints_path.glob("epoch-*"))]
         if len(training) == 2 and evaluated:
-            killed = evaluated[0]
+            first.send_signal(signal.SIGSTOP)  # its runner decides nothing more from here
+            if evaluated[0].status().get("stop_requested"):  # pruned just before: go on
+                first.send_signal(signal.SIGCONT)
+            else:
+                killed = evaluated[0]
         time.sleep(0.05)
     first.send_signal(signal.SIGKILL)
     first.wait()
