@@ -191,7 +191,7 @@ def test_a_worker_starts_without_what_keras_imports_only_because_it_is_installed
 ):
     """``python -m toolkit.train`` on TensorFlow imports neither scikit-learn nor JAX (Keras's
     scikit-learn wrappers and TensorFlow Lite's ``jit`` would, whenever they are installed:
-    1.7 s of CPU of a worker's start), nor mnist1d's generator, which only a cache miss needs;
+    1.4 s of CPU of a worker's start), nor mnist1d's generator, which only a cache miss needs;
     all three import as usual afterwards. Cost: about 5 s (one TensorFlow process)."""
     env = {**subprocess_env, "KERAS_BACKEND": "tensorflow"}
     done = subprocess.run(
