@@ -25,6 +25,30 @@ collect_ignore = [] if os.environ.get("KERAS_BACKEND") == "torch" else ["on_torc
 CHROMIUM = "/usr/bin/chromium"  # Debian's: the browser tests never download one
 
 
+CLUSTER_GROUP = "namespace-cluster"
+"""The pytest-xdist group of every test file with a test on the namespace cluster."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """How the suite shares out between pytest-xdist's workers (``-n``, ``--dist loadgroup``):
+    a file's tests run in one worker, which builds the file's module fixtures once; every file
+    with a test on the namespace cluster joins one group, whose worker alone brings the cluster
+    and Slurm up and down, and that group, the longest, starts first."""
+    on_cluster = {item.path for item in items if "cluster_hosts" in item.fixturenames}
+    for item in items:
+        group = CLUSTER_GROUP if item.path in on_cluster else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.path not in on_cluster)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: a worker a core, at most four (each holds TensorFlow and starts runs of two
+    processes; past four the cluster's group, a third of the suite, sets the time anyway)."""
+    return min(os.cpu_count() or 1, 4)
+
+
 @pytest.fixture(scope="session")
 def subprocess_env():
     """Environment for child processes: this interpreter's bin first on PATH (horovodrun)."""
