@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,20 +28,45 @@ CHROMIUM = "/usr/bin/chromium"  # Debian's: the browser tests never download one
 
 
 CLUSTER_GROUP = "namespace-cluster"
-"""The pytest-xdist group of every test file with a test on the namespace cluster."""
+"""The pytest-xdist group of every test file that asks for the namespace cluster."""
 
 
-@pytest.hookimpl(tryfirst=True)
+@functools.cache
+def cluster_files() -> frozenset[str]:
+    """The test files (as node ids name them) whose code asks for the namespace cluster."""
+    asks = re.compile(r"\b(cluster_hosts|slurm_hosts)\b")
+    files = (ROOT / "tests").rglob("test_*.py")
+    return frozenset(f.relative_to(ROOT).as_posix() for f in files if asks.search(f.read_text()))
+
+
+def xdist_group(nodeid: str) -> str:
+    """Which of pytest-xdist's workers runs a test: a file's tests run in one worker, which
+    builds the file's module fixtures once; every file on the namespace cluster joins
+    :data:`CLUSTER_GROUP`, whose worker alone brings the cluster and Slurm up and down."""
+    path = nodeid.split("::")[0]
+    return CLUSTER_GROUP if path in cluster_files() else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``-n``: the tests shared out by :func:`xdist_group`, in the order collected."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """How the suite shares out between pytest-xdist's workers (``-n``, ``--dist loadgroup``):
-    a file's tests run in one worker, which builds the file's module fixtures once; every file
-    with a test on the namespace cluster joins one group, whose worker alone brings the cluster
-    and Slurm up and down, and that group, the longest, starts first."""
-    on_cluster = {item.path for item in items if "cluster_hosts" in item.fixturenames}
+    """The cluster's group first: the longest, it sets the suite's time unless it starts
+    first. A test that reaches the cluster through another file's fixture is refused: its file
+    would not join the group, and two workers would share the cluster."""
     for item in items:
-        group = CLUSTER_GROUP if item.path in on_cluster else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.path not in on_cluster)
+        if "cluster_hosts" in item.fixturenames and xdist_group(item.nodeid) != CLUSTER_GROUP:
+            raise pytest.UsageError(f"{item.nodeid} uses the cluster: name cluster_hosts in it")
+    items.sort(key=lambda item: xdist_group(item.nodeid) != CLUSTER_GROUP)
 
 
 @pytest.hookimpl(optionalhook=True)
