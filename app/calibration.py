@@ -7,6 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data
+from app.actions import act
 from app.data import md_escape
 from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.launching import calibrate, sweep_runner
@@ -64,17 +65,11 @@ def panel(config: ExperimentConfig) -> None:
         if running:
             st.caption(f"Calibration {grid.name} is running: the Sweep page follows its runs.")
         if st.button("Start the calibration", disabled=running):
-            try:
-                pid = calibrate.start(
-                    config,
-                    root,
-                    batches=sorted(batches),
-                    rate_factors=factors,
-                    epochs=int(epochs),
+            pid = act(
+                lambda: calibrate.start(
+                    config, root, batches=sorted(batches), rate_factors=factors, epochs=int(epochs)
                 )
-            except (ConfigError, OSError) as error:
-                st.error(md_escape(error))
-                return
+            )
             st.success(
                 md_escape(
                     f"Calibration {grid.name} started (pid {pid}, {len(cells)} runs); the "

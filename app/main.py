@@ -1,10 +1,12 @@
-"""Large-Batch Lab dashboard. From the repository root: ``streamlit run app/main.py``.
+"""Large-Batch Lab dashboard's pages. From the repository root: ``streamlit run app/server.py``
+(:mod:`app.server`: these pages behind the owner's token).
 
 Pages (app/views/, not pages/, so Streamlit's automatic pages/ navigation never takes over):
 Runs, Launch, Run detail, Compare, Sweep, Search.
 
-The app only reads run directories under the runs root (``$LBL_RUNS``, default ``./runs``) and
-starts, stops and deletes runs through ``toolkit.launching.launch``.
+A session that did not show the token (:mod:`app.access`) gets one line saying whose dashboard
+this is, and nothing read from the runs root. The app only reads run directories under the runs
+root (``$LBL_RUNS``, default ``./runs``), and acts on them through :mod:`app.actions`.
 """
 
 import importlib
@@ -14,17 +16,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# `streamlit run app/main.py` puts app/ on the path; the app imports `app.*` and `toolkit`.
+# Streamlit puts app/ on the path; the app imports `app.*` and `toolkit`.
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import streamlit as st  # noqa: E402
 
-from app import data  # noqa: E402
+from app import access, data  # noqa: E402
 from toolkit.runs import theme  # noqa: E402
 
 st.set_page_config(page_title="Large-Batch Lab", page_icon="📈", layout="wide")
 theme.use()  # the notebooks' look: every chart is drawn with theme=None
+if not access.admitted():
+    st.title("Large-Batch Lab")
+    st.info(access.refusal())
+    st.stop()
 RUNS = st.Page("views/runs.py", title="Runs", icon=":material/table_rows:")
 
 

@@ -3,12 +3,13 @@
     .venv/bin/python experiments/bench_first_page.py [--runs 10] [--repeat 5]
 
 Fabricates ``--runs`` finished runs (tests/fabricate.py) in a temporary runs root, then, for each
-repeat, starts a new ``streamlit run app/main.py`` server (a new process: nothing imported,
-nothing cached) and opens it in Debian's headless Chromium (Playwright). Prints, per repeat and
-as the median with the spread:
+repeat, starts a new ``streamlit run app/server.py`` server as ``./lab start`` does (a new
+process: nothing imported, nothing cached) and opens it in Debian's headless Chromium
+(Playwright). Prints, per repeat and as the median with the spread:
 
 * server up: from starting the process to the first answer of its health endpoint;
-* first page: from the browser's request to the Runs table drawn (its data grid visible);
+* first page: from the browser's request of the printed address (the token, answered by the
+  cookie and a redirect) to the Runs table drawn (its data grid visible);
 * total: the two together, what a user waits for after ``./lab start`` has set up;
 * launch page: ``--reading`` seconds after the first page (a user reading the runs table),
   from asking for the Launch page to its form drawn (the schedule preview's chart visible).
@@ -55,12 +56,17 @@ def answers(url: str) -> bool:
 
 
 @contextmanager
-def dashboard(root: Path) -> Iterator[tuple[str, float]]:
-    """A new ``streamlit run app/main.py`` server on ``root``: its URL, and the seconds from
-    starting the process to the first answer of its health endpoint. Stopped on exit."""
+def dashboard(root: Path) -> Iterator[tuple[str, float, str]]:
+    """A new dashboard on ``root`` as ``./lab start`` serves it (``streamlit run
+    app/server.py``): its URL, the seconds from starting the process to the first answer of its
+    health endpoint, and the address to open, with the token (of a folder of this benchmark's
+    own, ``$LBL_CONFIG``). Stopped on exit."""
+    from app import access
+
+    os.environ.setdefault(access.CONFIG_ENV, tempfile.mkdtemp(prefix="lbl-bench-config-"))
     port = free_port()
     env = {**os.environ, "LBL_RUNS": str(root)}
-    command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py")]
+    command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "server.py")]
     command += ["--server.address", "127.0.0.1", f"--server.port={port}", "--server.headless=true"]
     started = time.perf_counter()
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -69,7 +75,8 @@ def dashboard(root: Path) -> Iterator[tuple[str, float]]:
             if server.poll() is not None or time.perf_counter() - started > 120:
                 raise RuntimeError("the server did not start")
             time.sleep(0.02)
-        yield f"http://127.0.0.1:{port}", time.perf_counter() - started
+        url = f"http://127.0.0.1:{port}"
+        yield url, time.perf_counter() - started, access.url("127.0.0.1", port)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -84,11 +91,11 @@ def chromium(playwright):
 
 def one_start(root: Path, playwright, reading_s: float) -> tuple[float, float, float]:
     """(server up, first page, launch page) in seconds, for one fresh server."""
-    with dashboard(root) as (url, up):
+    with dashboard(root) as (url, up, address):
         browser = chromium(playwright)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         asked = time.perf_counter()
-        page.goto(f"{url}/")
+        page.goto(address)  # the printed address: the token, answered by a cookie and a redirect
         page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=120_000)
         drawn = time.perf_counter() - asked
         time.sleep(reading_s)

@@ -111,8 +111,9 @@ def browser_page() -> Iterator[Page]:
 
 def photograph_dashboard(runs: Path, ids: dict[int, str], out: Path) -> None:
     """Run detail, Compare and the Sweep page, served on ``runs``."""
-    with dashboard(runs) as (url, _):
+    with dashboard(runs) as (url, _, address):
         with browser_page() as page:
+            page.goto(address)  # the owner's address: its cookie opens the pages after it
             page.goto(f"{url}/detail?run={ids[64]}")
             expect(page.get_by_text("Per-layer trust ratio")).to_be_visible(timeout=120_000)
             save(page, out / "run-detail.png", height=1900)

@@ -10,11 +10,15 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The dashboard's token (app/access.py) in a folder of the test session's own, never the user's.
+os.environ["LBL_CONFIG"] = tempfile.mkdtemp(prefix="lbl-config-")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -99,6 +103,18 @@ def run_cli(args: list[str], runs, env: dict | None = None, timeout: float = 300
     )
 
 
+def dashboard(timeout: float = 60):
+    """The dashboard's pages (app/main.py) in a Streamlit ``AppTest``, as their owner opens
+    them: with the token in the address (:mod:`app.access`). Not yet run."""
+    from streamlit.testing.v1 import AppTest
+
+    from app import access
+
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=timeout)
+    at.query_params[access.QUERY] = access.token()
+    return at
+
+
 def as_in_training(step: Callable) -> Callable:
     """``step`` as a training loop runs it: in a ``tf.function`` on the TensorFlow backend,
     unchanged on the others (the optimizer oracle tests run on PyTorch too)."""
@@ -143,6 +159,30 @@ def serving(
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+@contextlib.contextmanager
+def dashboard_server(runs: Path, log_path: Path, env: dict | None = None) -> Iterator[str]:
+    """The dashboard as ``./lab start`` serves it (``streamlit run app/server.py --server.address
+    127.0.0.1``, headless) on a free port, ``runs`` its runs root; yields the address it printed,
+    its owner's token in it, once it answers."""
+    env = {**(env or os.environ), "LBL_RUNS": str(runs)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    port = free_port()
+    command = [sys.executable, "-m", "streamlit", "run", "app/server.py"]
+    command += ["--server.address", "127.0.0.1", "--server.port", str(port)]
+    command += ["--server.headless", "true"]
+
+    def printed() -> str | None:
+        found = re.search(r"^\[lab\] the dashboard: (\S+)$", log_path.read_text(), re.M)
+        return found and found[1]
+
+    def ready() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+            return r.read() == b"ok" and printed() is not None
+
+    with serving(command, log_path=log_path, ready=ready, timeout_s=60, cwd=ROOT, env=env):
+        yield printed()
 
 
 def _answers(ready: Callable[[], bool]) -> bool:

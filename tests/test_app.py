@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run_cli
+from conftest import dashboard, run_cli
 from fabricate import fake_run
 from streamlit.testing.v1 import AppTest
 
@@ -70,7 +70,7 @@ def launches(monkeypatch, root):
 
 def page(name: str | None = None, timeout: float = 60) -> AppTest:
     """The app, run once, switched to ``views/<name>.py`` and run again."""
-    at = AppTest.from_file(str(MAIN), default_timeout=timeout).run()
+    at = dashboard(timeout).run()
     assert not at.exception, at.exception
     if name:
         at.switch_page(f"views/{name}.py").run()
@@ -664,7 +664,7 @@ def test_a_run_opens_from_its_row_and_shows_its_labels_and_config(three_runs):
     drawn = json.loads(at.dataframe[0].proto.columns)  # the id, drawn as its link, pinned
     assert drawn["run_id"] == {"hidden": True} and drawn["open"]["pinned"]
     assert drawn["open"]["label"] == "run" and drawn["open"]["type_config"]["display_text"]
-    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at = dashboard()
     at.query_params["run"] = "beta-sgd"  # a new tab, opened at the link's address
     at.switch_page("views/detail.py").run()
     assert not at.exception and at.selectbox[0].value == "beta-sgd"
@@ -1222,7 +1222,7 @@ def test_compare_opens_on_the_newest_runs_without_probes_and_a_removed_run_stays
 
 
 def test_compare_opens_the_runs_its_address_names_and_names_its_own(compare_runs):
-    at = AppTest.from_file(str(MAIN), default_timeout=60)
+    at = dashboard()
     at.switch_page("views/compare.py")
     at.query_params["run"] = ["run-2", "run-0", "no-such-run"]
     at.run()
@@ -1421,7 +1421,10 @@ def test_reading_pages_do_not_import_tensorflow(root, subprocess_env):
     script = (
         "import sys\n"
         "from streamlit.testing.v1 import AppTest\n"
-        "at = AppTest.from_file('app/main.py', default_timeout=60).run()\n"
+        "from app import access\n"
+        "at = AppTest.from_file('app/main.py', default_timeout=60)\n"
+        "at.query_params['token'] = access.token()\n"
+        "at.run()\n"
         "for page in ('runs', 'detail', 'compare'):\n"
         "    at.switch_page(f'views/{page}.py').run()\n"
         "    assert not at.exception and not at.error, (page, at.exception, at.error)\n"

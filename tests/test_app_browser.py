@@ -7,12 +7,9 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import sys
-import urllib.request
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, headless_chromium, serving
+from conftest import ROOT, dashboard_server, headless_chromium
 from playwright.sync_api import expect, sync_playwright
 
 from toolkit import config as config_lib
@@ -22,27 +19,11 @@ from toolkit.runs.table import summary
 
 @pytest.fixture
 def server(tmp_path):
-    """``streamlit run app/main.py`` on a free port, with an empty runs root."""
-    port, runs = free_port(), tmp_path / "runs"
-    env = dict(os.environ, LBL_RUNS=str(runs))
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-            return response.read() == b"ok"
-
-    command = [sys.executable, "-m", "streamlit", "run", "app/main.py"]
-    command += ["--server.port", str(port), "--server.headless", "true"]
-    with serving(
-        command,
-        log_path=tmp_path / "streamlit.log",
-        ready=healthy,
-        timeout_s=60,
-        cwd=ROOT,
-        env=env,
-    ):
-        yield url, runs
+    """The dashboard as ``./lab start`` serves it (:func:`conftest.dashboard_server`), with an
+    empty runs root: its URL, the runs root, and the address it printed, with the token."""
+    runs = tmp_path / "runs"
+    with dashboard_server(runs, tmp_path / "streamlit.log") as address:
+        yield address.split("/?")[0], runs, address
 
 
 EPOCHS = 6  # the quickstart launched from the form: 62 steps an epoch, above 50% by the 4th
@@ -53,10 +34,11 @@ def test_launch_follow_and_compare_in_chromium(server, tmp_path):
     """The quickstart preset (6 of its 20 epochs), launched from the form for real (2 Horovod
     workers on this host), followed live to its end on Run detail, then in the runs table and
     Compare. (The AppTest of the same launch on two cluster hosts is tests/test_app.py's.)"""
-    url, runs = server
+    url, runs, address = server
     with sync_playwright() as playwright:
         browser = headless_chromium(playwright)
         page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.goto(address)  # the owner's address: its cookie opens every page after it
         errors = []
         page.on("pageerror", lambda error: errors.append(str(error)))
 
@@ -134,7 +116,7 @@ def test_every_page_in_chromium_with_a_live_runs_table_and_screenshots(server, t
 
     from toolkit.runs.events import EventWriter
 
-    url, runs = server
+    url, runs, address = server
     fake_run(runs, "lars-done", events=400, gns_every=20, system_every=40)
     fake_run(runs, "sgd-failed", events=200, optimizer="sgd", state="failed", seed=1)
     live = fake_run(runs, "live-run", events=100, state="running", pid=os.getpid(), epochs=10)
@@ -143,6 +125,7 @@ def test_every_page_in_chromium_with_a_live_runs_table_and_screenshots(server, t
     with sync_playwright() as playwright:
         browser = headless_chromium(playwright)
         page = browser.new_page(viewport={"width": 1400, "height": 2600})  # a page's whole height
+        page.goto(address)  # the owner's address: its cookie opens every page after it
         errors = []
         page.on("pageerror", lambda error: errors.append(str(error)))
 

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run_cli
+from conftest import dashboard, run_cli
 
 from toolkit.config import from_mapping
 from toolkit.launching.probe import summarize
@@ -336,7 +336,6 @@ def test_the_launch_page_calibrates_in_the_background_and_its_probe_answers_with
     import time
 
     from conftest import ROOT
-    from streamlit.testing.v1 import AppTest
 
     from app.data import md_escape
     from toolkit.config import load
@@ -344,7 +343,7 @@ def test_the_launch_page_calibrates_in_the_background_and_its_probe_answers_with
 
     monkeypatch.setenv("LBL_RUNS", str(tmp_path))
     monkeypatch.setenv("PATH", subprocess_env["PATH"])
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=300).run()
+    at = dashboard(timeout=300).run()
     at.switch_page("views/launch.py").run()
     at.selectbox[0].set_value("quickstart").run()
     next(n for n in at.number_input if n.label == "Workers").set_value(1).run()

@@ -10,18 +10,16 @@ import os
 
 import pandas as pd
 import pytest
-from conftest import ROOT, run_cli
+from conftest import dashboard, run_cli
 from fabricate import fake_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from streamlit.testing.v1 import AppTest
 
 from toolkit.runs.events import TEXT_KEYS, read_events
 from toolkit.runs.rundir import STATES, UNREADABLE, RunDir, list_runs
 from toolkit.runs.table import summary
 from toolkit.terminal import runs_table
 
-MAIN = ROOT / "app" / "main.py"
 JSON_FILES = ("status.json", "meta.json")
 FILES = (*JSON_FILES, "config.yaml", "events.jsonl", "stdout.log")
 
@@ -159,7 +157,7 @@ def test_events_of_the_wrong_type_are_dropped_per_field(tmp_path):
 def test_every_page_renders_every_malformed_run(malformed, monkeypatch):
     root, made = malformed
     monkeypatch.setenv("LBL_RUNS", str(root))
-    at = AppTest.from_file(str(MAIN), default_timeout=120).run()
+    at = dashboard(timeout=120).run()
     assert not at.exception, at.exception
     shown = " ".join(str(e.value) for e in at.code) + " ".join(t.value for t in at.text)
     assert "SECRET" not in shown

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, dashboard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_safe_yaml import bomb
@@ -368,9 +368,8 @@ def test_a_mutated_sweep_file_is_refused_or_planned_in_time(sandbox, generated):
              min_size=1, max_size=3),
 )  # fmt: skip
 def test_the_pages_take_any_query_parameters(app_runs, view, values):
-    from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60)
+    at = dashboard()
     at.query_params["run"] = values
     at.run()
     at.switch_page(f"views/{view}.py").run()

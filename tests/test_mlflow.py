@@ -22,9 +22,8 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import ROOT, free_port, run_cli, serving
+from conftest import ROOT, dashboard, free_port, run_cli, serving
 from mlflow import MlflowClient
-from streamlit.testing.v1 import AppTest
 from test_tensorboard import from_jsonl
 
 from toolkit.config import from_mapping
@@ -324,7 +323,7 @@ def test_an_unreachable_server_or_a_bad_uri_is_one_line_and_exit_2(run):
 
 def test_the_runs_page_exports_the_selected_run(run, server, tmp_path, monkeypatch):
     monkeypatch.setenv("LBL_RUNS", str(run.path.parent))
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
+    at = dashboard().run()
     assert not at.exception, at.exception
     (uri,) = [w for w in at.text_input if w.label == "Tracking URI"]
     (experiment,) = [w for w in at.text_input if w.label == "Experiment"]

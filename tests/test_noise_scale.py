@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import dashboard
 
 from toolkit.scaling import noise_scale
 from toolkit.scaling.noise_scale import Smoother, estimate
@@ -235,15 +236,13 @@ def test_bad_noise_scale_settings_are_config_errors_naming_the_field(override, m
 
 @pytest.mark.parametrize("with_gns", [True, False])
 def test_run_detail_shows_the_noise_scale_against_the_batch(with_gns, tmp_path, monkeypatch):
-    from conftest import ROOT
     from fabricate import fake_run
-    from streamlit.testing.v1 import AppTest
 
     from app.data import md_escape
 
     monkeypatch.setenv("LBL_RUNS", str(tmp_path))
     fake_run(tmp_path, "gns", events=400, gns_every=20 if with_gns else None)
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
+    at = dashboard().run()
     at.switch_page("views/detail.py").run()
     assert not at.exception, at.exception
     texts = " ".join(t.value for t in [*at.text, *at.caption])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
-from conftest import ROOT, run_cli
+from conftest import dashboard, run_cli
 from test_train import SMALL, wait
 
 from toolkit.config import from_mapping
@@ -186,14 +186,13 @@ def test_a_run_stopped_while_queued_never_starts(tmp_path):
 
 
 def test_the_runs_page_shows_each_queued_runs_place(tmp_path, monkeypatch):
-    from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("LBL_RUNS", str(tmp_path))
     slots.set_capacity("localhost:1", tmp_path)
     for name in ("holder", "next", "after"):
         slots.enqueue(_queued_run(tmp_path, name), {"localhost": 1})
     assert slots.try_start(RunDir(tmp_path / "holder")) is True
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
+    at = dashboard().run()
     assert not at.exception, at.exception
     table = at.dataframe[0].value
     places = dict(zip(table["run_id"], table["queue"]))

@@ -18,7 +18,7 @@ import time
 
 import pytest
 import yaml
-from conftest import ROOT, run_cli
+from conftest import ROOT, dashboard, run_cli
 
 from app.data import md_escape
 from toolkit.launching import launch, search, search_runner, slots
@@ -327,10 +327,9 @@ def test_the_best_trial_launched_again_scores_the_same(searched, tmp_path):
 def test_the_search_page_shows_the_trials_their_runs_and_optunas_figures(searched, monkeypatch):
     """AppTest over the search run here: every trial with its state, value and a link to its
     Run detail, the best trials first, Optuna's three figures (~5 s)."""
-    from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("LBL_RUNS", str(searched["root"]))
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
+    at = dashboard().run()
     at.switch_page("views/search.py").run()
     at.radio[0].set_value("A search run here").run()
     assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
@@ -351,11 +350,10 @@ def test_the_search_page_shows_the_trials_their_runs_and_optunas_figures(searche
 def test_a_search_started_from_the_page_runs_to_its_end(tmp_path, monkeypatch, subprocess_env):
     """Written in the page (2 trials of 1 epoch, 1 worker), refused first where a field is
     bad, then started: its runner, in a process of its own, ends both trials (~20 s)."""
-    from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("LBL_RUNS", str(tmp_path))
     monkeypatch.setenv("PATH", subprocess_env["PATH"])
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
+    at = dashboard().run()
     at.switch_page("views/search.py").run()
     at.radio[0].set_value("Write one").run()
     body = spec(name="page", trials=2, base=BASE | {"epochs": 1, "batch": {"per_worker": 64}})

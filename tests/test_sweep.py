@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, run_cli
+from conftest import ROOT, dashboard, run_cli
 
 from app.data import md_escape
 from toolkit.config import ConfigError, load
@@ -408,10 +408,9 @@ def test_the_results_table_has_a_row_per_cell_with_its_coordinates(real):
 
 
 def sweep_page(root, monkeypatch, source: str):
-    from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("LBL_RUNS", str(root))
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120).run()
+    at = dashboard(timeout=120).run()
     at.switch_page("views/sweep.py").run()
     at.radio[0].set_value(source).run()
     assert not at.exception, at.exception

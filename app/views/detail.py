@@ -6,11 +6,11 @@ import numpy as np
 import streamlit as st
 
 from app import charts, data
+from app.actions import act
 from app.axes import X_AXES, x_values
 from app.charts import Series
 from app.data import md_escape
 from toolkit import advice, backends
-from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
 from toolkit.plan import Scale
 from toolkit.runs import checkpoints, placement, table
@@ -60,13 +60,8 @@ controls = st.columns([3, 2, 1])
 x_axis = controls[0].radio("x-axis", list(X_AXES), horizontal=True)
 smoothing = controls[1].slider("EMA smoothing", 0.0, 0.99, charts.SMOOTHING, 0.01)
 if controls[2].button("Stop", disabled=not live, width="stretch", help="stop this run"):
-    try:
-        with st.spinner("Stopping…"):
-            launcher.stop(run_id, data.root(), by="the app")
-    except (ConfigError, ValueError, OSError) as error:
-        st.error(md_escape(error))
-    else:
-        st.rerun()
+    act(lambda: launcher.stop(run_id, data.root(), by="the app"))
+    st.rerun()
 
 
 def setup_line(frame) -> str:

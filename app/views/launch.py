@@ -9,6 +9,7 @@ import streamlit as st
 import yaml
 
 from app import calibration, charts, data, form
+from app.actions import act
 from app.data import md_escape
 from toolkit import advice, backends, config_rules, safe_yaml
 from toolkit import config as config_lib
@@ -591,15 +592,14 @@ elif config is not None:
 if config is not None and not errors:
     st.markdown("**What batch should I use?** A short run measures the gradient noise scale.")
     if st.button("Probe", help="about 200 updates of this config with its workers"):
-        try:
-            with st.spinner("Probing: a short training run…"):
-                result = probe_lib.probe(
-                    config, np=config.workers, runs_root=data.root(), in_process=False
-                )
-        except (ConfigError, ValueError, OSError, RuntimeError) as error:
-            st.error(md_escape(f"The probe failed: {error}"))
-        else:
-            st.session_state.probe = (config.to_yaml(), result)
+        result = act(
+            lambda: probe_lib.probe(
+                config, np=config.workers, runs_root=data.root(), in_process=False
+            ),
+            doing="Probing: a short training run…",
+            failed="The probe failed: ",
+        )
+        st.session_state.probe = (config.to_yaml(), result)
     if (kept := st.session_state.get("probe")) and kept[0] == config.to_yaml():
         result = kept[1]
         cells = st.columns(3)
@@ -618,16 +618,15 @@ if st.button("Launch", type="primary"):
     if errors or config is None:
         st.error("Nothing was launched: the config is not valid.")
     else:
-        try:
-            run = launcher.launch(
+        run = act(
+            lambda: launcher.launch(
                 config, runs_root_dir=data.root(), run_id=run_id or None, backend=backend
-            )
-        except (ConfigError, ValueError, OSError) as error:
-            st.error(md_escape(f"Nothing was launched: {error}"))
-        else:
-            st.session_state.current_run = run.run_id
-            status = run.recorded_status()
-            said = f"; {status['reason']}" if status.get("reason") else ""
-            where = f"where: {placement.where(status)}{said}"
-            st.success(md_escape(f"Launched {run.run_id} in {run.path}, {where}"))
-            st.page_link("views/detail.py", label="Follow it live", icon=":material/monitoring:")
+            ),
+            failed="Nothing was launched: ",
+        )
+        st.session_state.current_run = run.run_id
+        status = run.recorded_status()
+        said = f"; {status['reason']}" if status.get("reason") else ""
+        where = f"where: {placement.where(status)}{said}"
+        st.success(md_escape(f"Launched {run.run_id} in {run.path}, {where}"))
+        st.page_link("views/detail.py", label="Follow it live", icon=":material/monitoring:")

@@ -9,10 +9,10 @@ import pandas as pd
 import streamlit as st
 
 from app import data
+from app.actions import act
 from app.columns import RUN_COLUMNS
 from app.data import md_escape
 from toolkit import files
-from toolkit.config import ConfigError
 from toolkit.launching import launch as launcher
 from toolkit.launching import slots
 from toolkit.runs.rundir import LIVE
@@ -40,16 +40,6 @@ LINKED = {  # the run's id drawn as a link to its Run detail, in the place of it
         "run", display_text=r"run=(.+)$", help="open the run's Run detail (a new tab)", pinned=True
     ),
 }
-
-
-def act(action):
-    """Run a launcher action and return its result; on error, show it and stop the page."""
-    try:
-        with st.spinner("Working…"):
-            return action()
-    except (ConfigError, ValueError, OSError) as error:
-        st.error(md_escape(error))
-        st.stop()
 
 
 def labels(run) -> None:

@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, form
+from app.actions import act
 from app.columns import RUN_COLUMNS
 from app.data import md_escape
 from toolkit import safe_yaml
@@ -112,11 +113,7 @@ running = search_runner.runner_active(search.name, root)
 left, right = st.columns([1, 3])
 parallel = left.number_input("Trials at a time", min_value=1, value=2, step=1)
 if right.button("Start search", type="primary", disabled=running, width="stretch"):
-    try:
-        pid = search_runner.start(search, root, max_parallel=int(parallel))
-    except (ConfigError, OSError) as error:
-        st.error(md_escape(error))
-        st.stop()
+    pid = act(lambda: search_runner.start(search, root, max_parallel=int(parallel)))
     st.session_state.search_flash = f"Search {search.name} started (runner pid {pid})."
     st.rerun()
 

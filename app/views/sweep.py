@@ -8,6 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import data, form
+from app.actions import act
 from app.columns import RUN_COLUMNS
 from app.data import md_escape
 from toolkit import safe_yaml
@@ -117,13 +118,11 @@ st.caption(md_escape(sweep_runner.cost(estimated, cells, int(parallel), startup)
 big = len(cells) > CONFIRM_CELLS
 sure = not big or st.checkbox(f"Yes, run all {counted(len(cells), 'cell')}")
 if right.button("Launch sweep", type="primary", disabled=running or not sure, width="stretch"):
-    try:
-        pid = sweep_runner.start(
+    pid = act(
+        lambda: sweep_runner.start(
             grid, root, max_parallel=int(parallel), retry_failed=retry, slurm=slurm
         )
-    except (ConfigError, OSError) as error:
-        st.error(md_escape(error))
-        st.stop()
+    )
     st.session_state.sweep_flash = f"Sweep {grid.name} started (runner pid {pid})."
     st.rerun()
 
