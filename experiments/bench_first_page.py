@@ -14,7 +14,13 @@ process: nothing imported, nothing cached) and opens it in Debian's headless Chr
 * launch page: ``--reading`` seconds after the first page (a user reading the runs table),
   from asking for the Launch page to its form drawn (the schedule preview's chart visible).
 
-Every repeat goes to ``experiments/bench_first_page.csv`` (:mod:`benchmark_csv`).
+Each repeat measures the dashboard twice, in turn: ``served=lab``, as ``./lab start`` serves
+it (``app/server.py``: the pages behind the owner's token, opened at the printed address), and
+``served=plain``, the peer: Streamlit's own server on ``app/main.py`` with the token off
+(``LBL_DASHBOARD_OPEN=1``), the dashboard as it was served before the token. The table gives
+each and their ratio. Every repeat goes to ``experiments/bench_first_page_served.csv``
+(:mod:`benchmark_csv`; ``bench_first_page.csv`` holds the rows of the Launch page's warm-up,
+measured before the token).
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +36,8 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -55,18 +62,25 @@ def answers(url: str) -> bool:
         return False
 
 
+SERVED = {
+    "lab": ("app/server.py", {}),
+    "plain": ("app/main.py", {"LBL_DASHBOARD_OPEN": "1"}),
+}
+"""How the dashboard is served: its script and environment (see the module's docstring)."""
+
+
 @contextmanager
-def dashboard(root: Path) -> Iterator[tuple[str, float, str]]:
-    """A new dashboard on ``root`` as ``./lab start`` serves it (``streamlit run
-    app/server.py``): its URL, the seconds from starting the process to the first answer of its
-    health endpoint, and the address to open, with the token (of a folder of this benchmark's
-    own, ``$LBL_CONFIG``). Stopped on exit."""
+def dashboard(root: Path, served: str = "lab") -> Iterator[tuple[str, float, str]]:
+    """A new dashboard on ``root``, served as :data:`SERVED` says: its URL, the seconds from
+    starting the process to the first answer of its health endpoint, and the address to open
+    (with the token, of a folder of this benchmark's own, ``$LBL_CONFIG``). Stopped on exit."""
     from app import access
 
     os.environ.setdefault(access.CONFIG_ENV, tempfile.mkdtemp(prefix="lbl-bench-config-"))
+    script, changes = SERVED[served]
     port = free_port()
-    env = {**os.environ, "LBL_RUNS": str(root)}
-    command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "server.py")]
+    env = {**os.environ, "LBL_RUNS": str(root), **changes}
+    command = [sys.executable, "-m", "streamlit", "run", str(ROOT / script)]
     command += ["--server.address", "127.0.0.1", f"--server.port={port}", "--server.headless=true"]
     started = time.perf_counter()
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -76,7 +90,8 @@ def dashboard(root: Path) -> Iterator[tuple[str, float, str]]:
                 raise RuntimeError("the server did not start")
             time.sleep(0.02)
         url = f"http://127.0.0.1:{port}"
-        yield url, time.perf_counter() - started, access.url("127.0.0.1", port)
+        address = url + "/" if changes else access.url("127.0.0.1", port)
+        yield url, time.perf_counter() - started, address
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -89,9 +104,9 @@ def chromium(playwright):
     )
 
 
-def one_start(root: Path, playwright, reading_s: float) -> tuple[float, float, float]:
+def one_start(root: Path, playwright, reading_s: float, served: str) -> tuple[float, float, float]:
     """(server up, first page, launch page) in seconds, for one fresh server."""
-    with dashboard(root) as (url, up, address):
+    with dashboard(root, served) as (url, up, address):
         browser = chromium(playwright)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         asked = time.perf_counter()
@@ -120,35 +135,29 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="lbl-first-page-"))
     for i in range(args.runs):
         fake_run(root, f"run-{i:03d}", events=2000)
-    times = []
+    rows = []
     with sync_playwright() as playwright:
-        for repeat in range(args.repeat):
-            up, drawn, launch = one_start(root, playwright, args.reading)
-            times.append((up, drawn, up + drawn, launch))
-            print(
-                f"repeat {repeat + 1}: server up {up:.2f} s, first page {drawn:.2f} s, "
-                f"launch page {launch:.2f} s"
-            )
-    benchmark_csv.save(
-        __file__,
-        [
-            {
-                "repeat": i,
-                "runs": args.runs,
-                "server_up_s": up,
-                "first_page_s": drawn,
-                "reading_s": args.reading,
-                "launch_page_s": launch,
-            }
-            for i, (up, drawn, _, launch) in enumerate(times, 1)
-        ],
-    )
-    print(f"\n{args.runs} runs, {args.repeat} fresh servers (median, min-max)")
-    print("| measure | median (s) | spread (s) |\n| --- | --- | --- |")
-    for name, column in zip(
-        ("server up", "first page", "total", "launch page"), zip(*times, strict=True), strict=True
-    ):
-        print(f"| {name} | {statistics.median(column):.2f} | {min(column):.2f}-{max(column):.2f} |")
+        for repeat in range(1, args.repeat + 1):
+            for served in SERVED:
+                up, drawn, launch = one_start(root, playwright, args.reading, served)
+                rows.append(
+                    {"repeat": repeat, "served": served, "runs": args.runs, "server_up_s": up}
+                    | {"first_page_s": drawn, "total_s": up + drawn, "reading_s": args.reading}
+                    | {"launch_page_s": launch}
+                )
+                print(
+                    f"repeat {repeat} ({served}): server up {up:.2f} s, first page {drawn:.2f} s, "
+                    f"launch page {launch:.2f} s"
+                )
+    benchmark_csv.save(__file__, rows, variant="served")
+    table = pd.DataFrame(rows)
+    print(f"\n{args.runs} runs, {args.repeat} fresh servers each way (median, min-max)")
+    print("| measure | ./lab start (s) | plain Streamlit (s) | ratio |\n| --- | --- | --- | --- |")
+    for name in ("server_up_s", "first_page_s", "total_s", "launch_page_s"):
+        lab, plain = (table[table.served == served][name] for served in ("lab", "plain"))
+        shown = [f"{t.median():.2f} ({t.min():.2f}-{t.max():.2f})" for t in (lab, plain)]
+        ratio = lab.median() / plain.median()
+        print(f"| {name[:-2].replace('_', ' ')} | {' | '.join(shown)} | {ratio:.2f}x |")
     return 0
 
 

@@ -345,14 +345,16 @@ def connect_when_up(playwright, devtools: str):
             time.sleep(0.5)
 
 
-def test_the_owners_own_requests_find_no_agent_api_and_xsrf_on(server):
-    """The options the lab starts Streamlit with (.streamlit/config.toml) keep XSRF protection
-    on and the agent API off, and the running server, asked with the owner's cookie, says so:
-    its agent API refuses to drive the app (``not_available``)."""
-    import tomllib
-
-    settings = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())["server"]
-    assert settings["enableXsrfProtection"] is True and settings["enableAgentApi"] is False
+def test_streamlit_runs_with_xsrf_protection_and_no_agent_api(server):
+    """About 2 s. The options the lab starts Streamlit with, as Streamlit itself resolves them
+    (``streamlit config show`` with ``./lab start``'s flags, from the repository root): XSRF
+    protection on, the agent API off, local only; and the running server, asked with the
+    owner's cookie, refuses to be driven by an agent (``not_available``)."""
+    command = [sys.executable, "-m", "streamlit", "config", "show", "--server.address", "127.0.0.1"]
+    shown = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    settings = dict(line.split(" = ", 1) for line in shown.splitlines() if " = " in line)
+    assert settings["enableXsrfProtection"] == "true" and settings["enableAgentApi"] == "false"
+    assert settings["address"] == '"127.0.0.1"'
     address, _ = server
     request = urllib.request.Request(
         address.split("/?")[0] + "/_stcore/agent/interact",
