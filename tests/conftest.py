@@ -75,9 +75,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: a worker a core, at most four (each holds TensorFlow and starts runs of two
-    processes; past four the cluster's group, a third of the suite, sets the time anyway)."""
-    return min(os.cpu_count() or 1, 4)
+    """``-n auto``: a worker a core and one more, at most four. Much of a test's time is waiting
+    (a server's start, Slurm, ssh), so two workers on two cores left the CPUs idle a third of
+    the time; each worker holds TensorFlow and starts runs of two processes, and past four the
+    cluster's group, a third of the suite, sets the time anyway."""
+    return min((os.cpu_count() or 1) + 1, 4)
 
 
 @pytest.fixture(scope="session")
