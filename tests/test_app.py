@@ -27,7 +27,6 @@ from streamlit.testing.v1 import AppTest
 from app import charts, data, form
 from app.data import md_escape
 from toolkit import config as config_lib
-from toolkit import files
 from toolkit.launching import launch as launcher
 from toolkit.parallel import cost
 from toolkit.plan import Scale
@@ -1346,46 +1345,6 @@ def test_compare_csv_export_holds_the_selected_runs_events(compare_runs, monkeyp
     mine = exported[exported["run_id"] == "run-2"].reset_index(drop=True)
     np.testing.assert_allclose(mine["loss"], expected[1]["loss"])
     assert data.events_csv([RunDir(compare_runs / "run-0")]).startswith(b"run_id,")
-
-
-# --- A real launch --------------------------------------------------------------------------
-
-
-@pytest.mark.timeout(240)
-def test_launch_quickstart_for_real_through_the_form_on_two_hosts(cluster_hosts, root, monkeypatch):
-    """The quickstart preset (6 of its 20 epochs), 2 Horovod workers, through the real
-    toolkit.launching.launch.launch on two hosts of the namespace cluster, each reached over
-    ssh, one rank on each. (The same launch on this host is tests/test_app_browser.py's, from
-    the form in Chromium.)"""
-    hosts = "lbl-h2:1,lbl-h3:1"
-    bin_dir = str(Path(sys.executable).parent)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    at = launch_page()
-    by_label(at.selectbox, "Start from").set_value("quickstart").run()
-    assert by_label(at.number_input, "Workers").value == 2
-    by_label(at.radio, "Where").set_value("Hosts over ssh").run()
-    by_label(at.text_input, "Hosts").set_value(hosts).run()
-    by_label(at.number_input, "Epochs").set_value(6).run()  # of the preset's 20: to its end
-    by_label(at.button, "Launch").click().run(timeout=60)
-    assert not at.exception and not at.error, [e.value for e in at.error]
-    (run_dir,) = root.iterdir()
-    run = RunDir(run_dir)
-    deadline = time.time() + 200
-    while (state := run.status()["state"]) not in ("completed", "failed", "stopped"):
-        assert time.time() < deadline, "the quickstart did not finish in time"
-        time.sleep(1)
-    assert state == "completed", files.tail(run.stdout_path)
-    expected = config_lib.load(ROOT / "experiments" / "quickstart.yaml", ["epochs=6"])
-    assert run.config() == expected.model_copy(update={"hosts": hosts})
-    ranks = {p["rank"]: p["host"] for p in run.status()["processes"] if p["role"] == "worker"}
-    assert ranks == {0: "lbl-h2", 1: "lbl-h3"}  # neither is this machine: both by ssh
-    assert run.meta()["world_size"] == 2
-    at.switch_page("views/runs.py").run()
-    row = at.dataframe[0].value.iloc[0]
-    assert row["run_id"] == run.run_id and row["state"] == "completed" and row["workers"] == 2
-    assert row["best_eval_accuracy"] > 0.5
-    at.switch_page("views/compare.py").run()
-    assert not at.exception and len(at.get("plotly_chart")) == 3
 
 
 def test_event_files_are_parsed_once_until_they_change(root, monkeypatch):

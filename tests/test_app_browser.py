@@ -33,7 +33,7 @@ EPOCHS = 6  # the quickstart launched from the form: 62 steps an epoch, above 50
 def test_launch_follow_and_compare_in_chromium(server, tmp_path):
     """The quickstart preset (6 of its 20 epochs), launched from the form for real (2 Horovod
     workers on this host), followed live to its end on Run detail, then in the runs table and
-    Compare. (The AppTest of the same launch on two cluster hosts is tests/test_app.py's.)"""
+    Compare. (The AppTest of the same launch on two cluster hosts is tests/test_multihost.py's.)"""
     url, runs, address = server
     with sync_playwright() as playwright:
         browser = headless_chromium(playwright)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -260,7 +261,8 @@ def test_two_resumes_at_once_start_one_training(tmp_path, subprocess_env):
     results = outcomes([cli(runs, "resume", "twice", env=subprocess_env) for _ in range(2)])
     assert sorted(code for code, *_ in results) == [0, 2], results
     loser = next(err for code, _, err in results if code == 2)
-    assert ("is queued" in loser or "is running" in loser) and "Traceback" not in loser
+    # the first is queued, starting or running by then, as the machine's load has it
+    assert re.search(r"is (queued|starting|running)", loser) and "Traceback" not in loser
     supervisors = [p for p in run.status()["processes"] if p["role"] == "supervisor"]
     assert len(supervisors) == 1
     launcher.stop("twice", runs)

@@ -20,11 +20,14 @@ import psutil
 import pytest
 import yaml
 from conftest import ROOT, run_cli
+from test_app import by_label, launch_page
 from test_checkpoint_damage import flip_a_bit
 from test_failures import failed_after, stop_a_worker
 from test_train import SMALL as TRAIN_SMALL
 from test_train import wait
 
+from toolkit import config as config_lib
+from toolkit import files
 from toolkit.config import from_mapping
 from toolkit.launching import cluster, slots
 from toolkit.launching import launch as launcher
@@ -352,3 +355,45 @@ def test_cluster_down_leaves_no_namespace_process_or_file_and_can_run_twice(clus
     assert not cluster.SSH_CLIENT_CONFIG.exists() and not cluster.STATE.exists()
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).name() == "sshd" for pid in sshd)
     cluster.up(3)  # as the session's fixture left it, for any test after this one
+
+
+@pytest.mark.timeout(240)
+def test_launch_quickstart_for_real_through_the_form_on_two_hosts(
+    cluster_hosts, tmp_path, monkeypatch
+):
+    """The quickstart preset (6 of its 20 epochs), 2 Horovod workers, through the real
+    toolkit.launching.launch.launch on two hosts of the namespace cluster, each reached over
+    ssh, one rank on each, from the Launch page (an AppTest). (The same launch on this host is
+    tests/test_app_browser.py's, from the form in Chromium.)"""
+    hosts = "lbl-h2:1,lbl-h3:1"
+    root = tmp_path / "runs"
+    root.mkdir()
+    monkeypatch.setenv("LBL_RUNS", str(root))
+    bin_dir = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    at = launch_page()
+    by_label(at.selectbox, "Start from").set_value("quickstart").run()
+    assert by_label(at.number_input, "Workers").value == 2
+    by_label(at.radio, "Where").set_value("Hosts over ssh").run()
+    by_label(at.text_input, "Hosts").set_value(hosts).run()
+    by_label(at.number_input, "Epochs").set_value(6).run()  # of the preset's 20: to its end
+    by_label(at.button, "Launch").click().run(timeout=60)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    (run_dir,) = root.iterdir()
+    run = RunDir(run_dir)
+    deadline = time.time() + 200
+    while (state := run.status()["state"]) not in ("completed", "failed", "stopped"):
+        assert time.time() < deadline, "the quickstart did not finish in time"
+        time.sleep(1)
+    assert state == "completed", files.tail(run.stdout_path)
+    expected = config_lib.load(ROOT / "experiments" / "quickstart.yaml", ["epochs=6"])
+    assert run.config() == expected.model_copy(update={"hosts": hosts})
+    ranks = {p["rank"]: p["host"] for p in run.status()["processes"] if p["role"] == "worker"}
+    assert ranks == {0: "lbl-h2", 1: "lbl-h3"}  # neither is this machine: both by ssh
+    assert run.meta()["world_size"] == 2
+    at.switch_page("views/runs.py").run()
+    row = at.dataframe[0].value.iloc[0]
+    assert row["run_id"] == run.run_id and row["state"] == "completed" and row["workers"] == 2
+    assert row["best_eval_accuracy"] > 0.5
+    at.switch_page("views/compare.py").run()
+    assert not at.exception and len(at.get("plotly_chart")) == 3
