@@ -75,9 +75,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: a worker a core, at most four. (Three on two cores were slower than two,
-    37.2 min against 35.7, and the load failed an elastic worker's 20 s rendezvous: the
-    cluster's group sets the time, not the idle CPU.)"""
+    """``-n auto``: a worker a core, at most four. (Three on two cores took as long as two,
+    37.2 min of tests against 35.7-38.0, the cluster's group setting the time, and their load
+    failed an elastic worker's 20 s rendezvous and an MLflow request's 5 s timeout.)"""
     return min(os.cpu_count() or 1, 4)
 
 
