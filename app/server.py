@@ -64,9 +64,14 @@ class OwnerOnly:
         return response
 
 
+def listening_address() -> str:
+    """The address the server listens on (Streamlit's ``server.address``; unset: every one)."""
+    return config.get_option("server.address") or "0.0.0.0"
+
+
 def refuse_an_open_dashboard_beyond_this_machine() -> None:
     """Exit, saying why, where the token is off and the server would listen beyond 127.0.0.1."""
-    address = config.get_option("server.address") or "0.0.0.0"
+    address = listening_address()
     if access.is_open() and address not in access.LOOPBACK:
         sys.exit(
             f"[lab] refused: --no-token with --server.address {address} would let anyone who "
@@ -80,8 +85,7 @@ async def announced(_app):
     """At start, print the address to open, token included (the port as bound, after
     Streamlit's search for a free one), and open it in a browser where there is a screen
     (Streamlit's ``server.headless`` off), as ``streamlit run`` opens its own."""
-    address = config.get_option("server.address") or "0.0.0.0"
-    opened = access.url(address, config.get_option("server.port"))
+    opened = access.url(listening_address(), config.get_option("server.port"))
     print(f"[lab] the dashboard: {opened}")
     if access.is_open():
         print("[lab] token off (--no-token): anyone who reaches this address may use it")

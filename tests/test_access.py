@@ -12,6 +12,7 @@ import pwd
 import stat
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -333,8 +334,6 @@ def test_another_user_sees_nothing_and_the_owner_stops_a_run_in_chromium(server,
 
 def connect_when_up(playwright, devtools: str):
     """Playwright connected to the Chromium listening at ``devtools``, once it listens."""
-    import time
-
     deadline = time.time() + 60
     while True:
         try:

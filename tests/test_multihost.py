@@ -358,19 +358,12 @@ def test_cluster_down_leaves_no_namespace_process_or_file_and_can_run_twice(clus
 
 
 @pytest.mark.timeout(240)
-def test_launch_quickstart_for_real_through_the_form_on_two_hosts(
-    cluster_hosts, tmp_path, monkeypatch
-):
+def test_launch_quickstart_for_real_through_the_form_on_two_hosts(cluster_hosts, runs):
     """The quickstart preset (6 of its 20 epochs), 2 Horovod workers, through the real
     toolkit.launching.launch.launch on two hosts of the namespace cluster, each reached over
     ssh, one rank on each, from the Launch page (an AppTest). (The same launch on this host is
     tests/test_app_browser.py's, from the form in Chromium.)"""
     hosts = "lbl-h2:1,lbl-h3:1"
-    root = tmp_path / "runs"
-    root.mkdir()
-    monkeypatch.setenv("LBL_RUNS", str(root))
-    bin_dir = str(Path(sys.executable).parent)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     at = launch_page()
     by_label(at.selectbox, "Start from").set_value("quickstart").run()
     assert by_label(at.number_input, "Workers").value == 2
@@ -379,13 +372,9 @@ def test_launch_quickstart_for_real_through_the_form_on_two_hosts(
     by_label(at.number_input, "Epochs").set_value(6).run()  # of the preset's 20: to its end
     by_label(at.button, "Launch").click().run(timeout=60)
     assert not at.exception and not at.error, [e.value for e in at.error]
-    (run_dir,) = root.iterdir()
+    (run_dir,) = runs.iterdir()
     run = RunDir(run_dir)
-    deadline = time.time() + 200
-    while (state := run.status()["state"]) not in ("completed", "failed", "stopped"):
-        assert time.time() < deadline, "the quickstart did not finish in time"
-        time.sleep(1)
-    assert state == "completed", files.tail(run.stdout_path)
+    assert wait(run, timeout=200)["state"] == "completed", files.tail(run.stdout_path)
     expected = config_lib.load(ROOT / "experiments" / "quickstart.yaml", ["epochs=6"])
     assert run.config() == expected.model_copy(update={"hosts": hosts})
     ranks = {p["rank"]: p["host"] for p in run.status()["processes"] if p["role"] == "worker"}
