@@ -21,6 +21,7 @@ import yaml
 from conftest import ROOT, dashboard, run_cli
 
 from app.data import md_escape
+from toolkit import terminal
 from toolkit.launching import launch, search, search_runner, slots
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import RunDir, list_runs
@@ -154,6 +155,63 @@ def test_ranges_are_integer_when_both_bounds_are_and_say_so_in_the_dry_run(tmp_p
     assert "schedule.warmup.epochs: int 0 to 2" in said
     assert "optimizer.learning_rate: float 1 to 4, log" in said
     assert "optimizer.params.momentum: one of 0.8, 0.9" in said
+
+
+def test_a_space_value_this_machine_cannot_place_is_named_before_anything_starts(tmp_path):
+    """A range of workers past the queue's slots passes the config's own rules (any count up
+    to its maximum is a config), so the dry run asks the launch queue too (~2 s)."""
+    slots.set_capacity("localhost:2", tmp_path / "runs")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec(space={"workers": {"low": 1, "high": 64}})))
+    result = run_cli(["search", str(path), "--dry-run"], tmp_path / "runs", timeout=60)
+    assert result.returncode == 2, result.stdout
+    assert "search s, space.workers = 64: 64 workers on localhost can never start" in (
+        result.stderr
+    )
+    found = search.load(path)
+    with pytest.raises(search.SearchError, match="space.workers = 64"):
+        search_runner.start(found, tmp_path / "runs")
+    assert not (tmp_path / "runs" / ".searches" / "s.journal").exists()
+
+
+def test_the_trials_table_says_what_each_trial_is_doing_and_why_it_ended(tmp_path, capsys):
+    """Before any trial, the status is a sentence, not a traceback; a trial whose run waits in
+    the queue is ``queued``, one asked but not launched ``asked``; a pruned trial's reason is
+    its run's; with trials in flight and no runner alive, both views say nobody follows them.
+    No training: the study and the runs are made by hand (~2 s)."""
+    from toolkit.__main__ import main
+
+    root, path = tmp_path / "runs", tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec()))
+    found = search.load(path)
+    assert main(["--runs", str(root), "search", str(path), "--status"]) == 1
+    assert capsys.readouterr().out.startswith("no trial of search s asked yet under ")
+    empty = search_runner.trials(found, root)
+    assert list(empty.columns) == [*search_runner.TRIAL_COLUMNS, *found.spec.space]
+
+    study = search.study(found, root)
+    pruned, queued, asked = (study.ask(found.distributions()) for _ in range(3))
+    for trial in (pruned, queued):
+        trial.set_user_attr(search_runner.RUN_ID, f"s-t{trial.number}")
+        RunDir.create(root, f"s-t{trial.number}")
+    why = "pruned by search s's asha pruner at evaluation 2 (accuracy 0.3125)"
+    RunDir(root / "s-t0").finish("pruned", reason=why)
+    study.tell(pruned, state=optuna_state("PRUNED"))
+    asked.set_user_attr(search_runner.RUN_ID, "s-t2")  # its runner died before the launch
+    table = search_runner.trials(found, root).set_index("trial")
+    assert table["state"].tolist() == ["pruned", "queued", "asked"]
+    assert table.loc[0, "reason"] == why and table.loc[[1, 2], "reason"].isna().all()
+    said = search_runner.unfollowed(table, "s", root)
+    assert said.startswith("no runner of search s is alive: 2 trials in flight are not followed")
+    assert main(["--runs", str(root), "search", str(path), "--status"]) == 1
+    out, err = capsys.readouterr()
+    assert f"{why[: terminal.REASON_WIDTH - 1].rstrip()}…" in out and f"warning: {said}" in err
+
+
+def optuna_state(name: str):
+    import optuna
+
+    return optuna.trial.TrialState[name]
 
 
 @pytest.mark.parametrize(
@@ -356,7 +414,10 @@ def test_a_search_started_from_the_page_runs_to_its_end(tmp_path, monkeypatch, s
     at = dashboard().run()
     at.switch_page("views/search.py").run()
     at.radio[0].set_value("Write one").run()
-    body = spec(name="page", trials=2, base=BASE | {"epochs": 1, "batch": {"per_worker": 64}})
+    # a warm-up as long as the run: each launch warns, after the trial it is about
+    warned = {"epochs": 1, "batch": {"per_worker": 64}}
+    warned["schedule"] = {"name": "cosine", "warmup": {"epochs": 1}}
+    body = spec(name="page", trials=2, base=BASE | warned)
     body["pruner"] = "none"
     at.text_area[0].set_value(yaml.safe_dump({**body, "sampler": "bayes"})).run()
     refused = md_escape("sampler: Input should be 'tpe', 'gp', 'random' or 'grid'")
@@ -371,7 +432,8 @@ def test_a_search_started_from_the_page_runs_to_its_end(tmp_path, monkeypatch, s
         time.sleep(0.5)
     table = search_runner.trials(search.load(tmp_path / ".searches" / "page.yaml"), tmp_path)
     assert table["state"].tolist() == ["completed", "completed"], table
-    assert (
-        "search page done: 2 trials, 2 completed"
-        in (tmp_path / ".searches" / "page.log").read_text()
-    )
+    log = (tmp_path / ".searches" / "page.log").read_text()
+    assert "search page done: 2 trials, 2 completed" in log
+    for number in (0, 1):
+        header = log.index(f"trial {number} (page-t{number}): ")
+        assert log.index("The learning rate peaks at", header) < log.find(f"trial {number + 1} (")

@@ -130,6 +130,8 @@ def progress() -> None:
     if trials.empty:
         st.info("No trial has been asked yet.")
         return
+    if unfollowed := search_runner.unfollowed(trials, search.name, root):
+        st.warning(md_escape(f"{unfollowed.capitalize()} (Start search does)."))
     shown = with_runs(trials)
     st.dataframe(shown, hide_index=True, placeholder="", column_config=TRIAL_COLUMNS)
     done = shown[shown["state"] == "completed"]

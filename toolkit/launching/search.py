@@ -240,6 +240,15 @@ class Search:
         raw["name"] = trial_run_id(self.name, number)
         return config_lib.from_mapping(raw)
 
+    def edges(self) -> list[tuple[str, Any]]:
+        """Each space field with each value at its edges (a range's bounds, every choice), the
+        values every check of a search tries."""
+        return [
+            (path, value)
+            for path, field in self.spec.space.items()
+            for value in (field.edges() if isinstance(field, Range) else field)
+        ]
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.spec.model_dump(exclude_none=True), sort_keys=False)
 
@@ -304,17 +313,16 @@ def from_mapping(raw: Any, folder: str | Path = ".") -> Search:
         except ConfigError as error:
             raise SearchError(str(error)) from None
     search = Search(spec)
-    problems = []
-    for path, field in spec.space.items():
-        for value in field.edges() if isinstance(field, Range) else field:
-            try:
-                search.config({path: value}, 0)
-            except ConfigError as error:
-                said = str(error).removeprefix("invalid experiment config:\n").strip()
-                problems.append(f"space.{path} = {safe_yaml.short(value)}: {said}")
-                break  # one value is enough to name the field
+    problems = {}
+    for path, value in search.edges():
+        try:
+            search.config({path: value}, 0)
+        except ConfigError as error:
+            said = str(error).removeprefix("invalid experiment config:\n").strip()
+            problems.setdefault(path, f"space.{path} = {safe_yaml.short(value)}: {said}")
     if problems:
-        raise SearchError(f"invalid search {spec.name!r}:\n  " + "\n  ".join(problems))
+        said = "\n  ".join(problems.values())  # one value is enough to name a field
+        raise SearchError(f"invalid search {spec.name!r}:\n  " + said)
     return search
 
 

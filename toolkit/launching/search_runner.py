@@ -55,6 +55,7 @@ ATTEMPT = "attempt"
 RETRY_OF = "retry_of"
 REASON = "reason"
 RETRY_OWED = "retry_owed"  # set on a failure before it is told: a retry is due
+ASKED = "asked"  # a trial in flight whose run does not exist yet
 
 
 @dataclasses.dataclass
@@ -83,12 +84,10 @@ def run(
     the same search raises :class:`SearchError` while the first is alive."""
     search = search if isinstance(search, Search) else load(search)
     base = runs_root(root)
+    check_runnable(search, base)
     config = search.config({}, 0)
-    launch.check_fits_dataset(config)  # the base can train here, before any trial starts
     queues_here = registry.choose(config).queues_here  # else its executor's queue paces it
     need = slots_of(config)
-    if queues_here:
-        check_fits(need, base)
     if max_parallel is None and not queues_here:
         max_parallel = search.spec.trials
     elif max_parallel is None:
@@ -101,6 +100,23 @@ def run(
         save(search, base)
         _Runner(search, base, max_parallel, log).run(poll_s)
     return trials(search, base)
+
+
+def check_runnable(search: Search, root: str | Path | None = None) -> None:
+    """Raise :class:`SearchError` naming the base, or the first space value, a trial could not
+    run with here: a plan its dataset cannot make, or more slots than this machine's launch
+    queue gives (for a trial that waits in it). Checked before anything starts: by
+    :func:`run`, :func:`start` and ``search --dry-run``."""
+    base = runs_root(root)
+    tried = [("base", {})] + [(f"space.{p} = {_short(v)}", {p: v}) for p, v in search.edges()]
+    for label, params in tried:
+        config = search.config(params, 0)
+        try:
+            launch.check_fits_dataset(config)
+            if registry.choose(config).queues_here:
+                check_fits(slots_of(config), base)
+        except (ConfigError, RunError) as error:
+            raise SearchError(f"search {search.name}, {label}: {error}") from None
 
 
 class _Runner:
@@ -165,6 +181,8 @@ class _Runner:
     # --- starting and recovering -------------------------------------------------------
 
     def _start_next(self) -> None:
+        """Ask the study for a trial and launch its run, its line logged first (what the
+        launch warns of follows the trial it is about)."""
         self.study.sampler = sampler(self.search, len(self._trials()))
         trial = self.study.ask(self.search.distributions())
         attempt = trial.user_attrs.get(ATTEMPT, 1)
@@ -172,6 +190,9 @@ class _Runner:
             config = self.search.config(trial.params, trial.number)
             run_id = free_id(config.name, self.base)
             trial.set_user_attr(RUN_ID, run_id)  # before the run exists: a crash is seen
+            shown = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
+            again = f", attempt {attempt}" if attempt > 1 else ""
+            self.log(f"trial {trial.number} ({run_id}{again}): {shown}")
             run = launch.launch(
                 config,
                 runs_root_dir=self.base,
@@ -183,9 +204,6 @@ class _Runner:
             self._tell_failed(trial, f"could not launch: {error}", retry=False)
             return
         self.in_flight[trial.number] = _InFlight(trial, run)
-        shown = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
-        again = f", attempt {attempt}" if attempt > 1 else ""
-        self.log(f"trial {trial.number} ({run.run_id}{again}): {shown}")
 
     def _recover(self) -> None:
         """Adopt the trials a dead runner left running; fail those never launched; give a
@@ -303,28 +321,56 @@ class _Runner:
         self.study.enqueue_trial(params, user_attrs={ATTEMPT: attempt + 1, RETRY_OF: number})
 
 
+TRIAL_COLUMNS = ["trial", "state", "value", RUN_ID, ATTEMPT, REASON]
+"""The columns of :func:`trials` before the space's parameters."""
+
+
 def trials(search: Search | str | Path, root: str | Path | None = None) -> pd.DataFrame:
-    """One row per trial asked so far, in the order asked: its number, state (Optuna's, in
-    the lab's words), objective value, parameters, run id, attempt and, for a failure, its
-    reason."""
+    """One row per trial asked so far, in the order asked: its number, state, objective value,
+    run id, attempt, reason and parameters. A trial the study has been told the end of has that
+    end (in the lab's words); one in flight has its run's state (``queued``, ``running``, or an
+    end no runner has told the study yet), ``asked`` before its run exists. The reason is why a
+    trial did not complete: its failure's, or its run's (a pruned trial's pruner and
+    evaluation). The columns are the same with no trial asked yet."""
     search = search if isinstance(search, Search) else load(search)
     base = runs_root(root)
     if not (folder(base) / f"{search.name}.journal").exists():
-        return pd.DataFrame(columns=["trial", "state", "value", "run_id"])
+        return pd.DataFrame(columns=TRIAL_COLUMNS + list(search.spec.space))
     rows = []
     for trial in study(search, base).get_trials(deepcopy=False):
+        run_id = trial.user_attrs.get(RUN_ID)
+        run = RunDir(base / run_id) if run_id and (base / run_id).is_dir() else None
+        status = run.status() if run else {}
+        state = _STATES.get(trial.state.name) or status.get("state") or ASKED
+        reason = trial.user_attrs.get(REASON)
+        if state != State.COMPLETED and reason is None:
+            reason = status.get("reason")
         rows.append(
             {
                 "trial": trial.number,
-                "state": _STATES.get(trial.state.name, trial.state.name.lower()),
+                "state": str(state),
                 "value": trial.value,
-                **trial.params,
-                "run_id": trial.user_attrs.get(RUN_ID),
+                RUN_ID: run_id,
                 ATTEMPT: trial.user_attrs.get(ATTEMPT, 1),
-                REASON: trial.user_attrs.get(REASON),
+                REASON: reason,
+                **trial.params,
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=TRIAL_COLUMNS + list(search.spec.space))
+
+
+def unfollowed(table: pd.DataFrame, name: str, root: str | Path | None = None) -> str | None:
+    """What to say when trials of ``table`` are in flight and no runner of search ``name`` is
+    alive to follow them (their evaluations are not reported, nothing is pruned, no trial
+    is asked after them); ``None`` when a runner is alive or nothing is in flight."""
+    in_flight = table[table["state"].isin([*LIVE, ASKED])] if len(table) else table
+    if in_flight.empty or runner_active(name, root):
+        return None
+    return (
+        f"no runner of search {name} is alive: {counted(len(in_flight), 'trial')} in flight "
+        f"{'is' if len(in_flight) == 1 else 'are'} not followed (not reported, not pruned); "
+        "run the search again to go on from where it stopped"
+    )
 
 
 _STATES = {"COMPLETE": "completed", "FAIL": "failed", "PRUNED": "pruned", "WAITING": "waiting"}
@@ -351,6 +397,7 @@ def start(
     base = runs_root(root)
     if runner_active(search.name, base):
         raise SearchError(f"search {search.name!r} is already being run by another process")
+    check_runnable(search, base)
     command = [sys.executable, "-m", "toolkit", "--runs", str(base), "search"]
     command += [str(save(search, base))]
     command += [f"--max-parallel={max_parallel}"] * bool(max_parallel)
