@@ -11,8 +11,11 @@ the server's death (about 45 s).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -106,12 +109,18 @@ def trained(server, tmp_path_factory) -> RunDir:
     return run
 
 
+COPIES = itertools.count(1)
+
+
 @pytest.fixture
 def run(trained, tmp_path) -> RunDir:
-    """A copy of the trained run that a test may change."""
-    copy = tmp_path / "runs" / trained.run_id
+    """A copy of the trained run that a test may change, under an id of its own (a run is
+    found in the store by its id, wherever it was exported)."""
+    copy = tmp_path / "runs" / f"{trained.run_id}-copy{next(COPIES)}"
     shutil.copytree(trained.path, copy, ignore=shutil.ignore_patterns(".mlflow"))
-    return RunDir(copy)
+    copied = RunDir(copy)
+    copied.update_meta(run_id=copied.run_id)
+    return copied
 
 
 def mlflow_run(client: MlflowClient, experiment: str, run_id: str):
@@ -161,6 +170,7 @@ def test_a_live_run_is_in_mlflow_as_its_events_say(trained, server):
     logged = mlflow_run(client, LIVE_EXPERIMENT, trained.run_id)
     assert logged.info.run_name == trained.run_id
     assert logged.info.status == "FINISHED"
+    assert logged.data.tags["lab.state"] == "completed"  # its end, not the first round's state
     assert histories(client, logged.info.run_id) == events_by_step(trained)
     assert {"train/loss", "eval/accuracy", "trust_ratio/conv1/kernel", "epoch"} <= set(
         logged.data.metrics
@@ -171,21 +181,17 @@ def test_a_live_run_is_in_mlflow_as_its_events_say(trained, server):
 def test_an_export_after_the_live_mirror_adds_no_point_and_brings_the_labels(
     trained, server, tmp_path
 ):
+    """Exported without naming the experiment the mirror used, the run is found there (by
+    its ``lab.run_id``): no second MLflow run in the experiment the config would give."""
     client = MlflowClient(server.uri)
     before = histories(client, mlflow_run(client, LIVE_EXPERIMENT, trained.run_id).info.run_id)
-    out = run_cli(
-        [
-            "export",
-            "mlflow",
-            trained.run_id,
-            "--tracking-uri",
-            server.uri,
-            "--experiment",
-            LIVE_EXPERIMENT,
-        ],
-        trained.path.parent,
+    argv = ["export", "mlflow", trained.run_id, "--tracking-uri", server.uri]
+    out = run_cli(argv, trained.path.parent)
+    said = f"{trained.run_id}: 0 new metric points -> MLflow run "
+    assert said in out.stdout and f"in experiment {LIVE_EXPERIMENT!r}" in out.stdout, (
+        out.stdout + out.stderr
     )
-    assert f"{trained.run_id}: 0 new metric points" in out.stdout, out.stdout + out.stderr
+    assert client.get_experiment_by_name(QUICKSTART["name"]) is None  # the config's name
     logged = mlflow_run(client, LIVE_EXPERIMENT, trained.run_id)
     assert histories(client, logged.info.run_id) == before
     tags = logged.data.tags
@@ -232,6 +238,19 @@ def test_an_export_gives_every_metric_param_tag_and_artifact_once(run, server, t
     assert f"{run.run_id}: 0 new metric points" in second.stdout
     assert mlflow_run(client, experiment, run.run_id).info.run_id == logged.info.run_id
     assert histories(client, logged.info.run_id) == want
+
+
+def test_a_search_or_a_sweep_is_one_experiment(run):
+    """A trial's or a cell's run goes to its search's or sweep's experiment by default, not
+    one experiment per trial (their config names differ); a name given wins."""
+    run.update_meta(search="qs-tpe", trial=3)
+    said = mlflow_export.export_runs([run], root=run.path.parent)
+    assert "in experiment 'qs-tpe'" in said[0], said
+    other = RunDir(shutil.copytree(run.path, run.path.with_name("cell")))
+    other.update_meta(search=None, sweep="study-v2", cell="lars-1024")
+    named = mlflow_export.Destination(root=run.path.parent).experiment_name
+    assert named(other) == "study-v2"
+    assert mlflow_export.Destination(experiment="mine").experiment_name(other) == "mine"
 
 
 def test_a_run_exported_while_it_grows_gets_the_rest_later_in_the_local_store(run):
@@ -359,7 +378,7 @@ def test_a_server_killed_mid_run_stops_nothing_and_an_export_fills_the_gaps(tmp_
     launcher.stop(run, by="the test")
     log = run.stdout_path.read_text(errors="replace")
     assert log.count("warning: MLflow") == 1, log
-    assert f"python -m toolkit export mlflow {run.run_id}" in log
+    (hint,) = re.findall(r"`(python -m toolkit [^`]+)` catches MLflow up", log)
     with server.serve():  # the same store, back up: the export fills what the mirror missed
         client = MlflowClient(server.uri)
         logged = mlflow_run(client, "quickstart", run.run_id)
@@ -367,7 +386,9 @@ def test_a_server_killed_mid_run_stops_nothing_and_an_export_fills_the_gaps(tmp_
             len(p) for p in histories(client, logged.info.run_id).values()
         )
         assert missed > 0
-        out = run_cli(["export", "mlflow", run.run_id, "--tracking-uri", server.uri], runs)
+        # the command as the warning printed it, from another directory
+        command = [sys.executable, *shlex.split(hint)[1:]]
+        out = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert f"{run.run_id}: {missed:,} new metric points" in out.stdout, out.stdout + out.stderr
         assert histories(client, logged.info.run_id) == events_by_step(run)
         assert client.get_run(logged.info.run_id).info.status == "KILLED"  # stopped

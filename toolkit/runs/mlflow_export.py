@@ -1,9 +1,13 @@
 """Runs in MLflow: ``python -m toolkit export mlflow RUN...`` (and a run's live mirror,
 :mod:`toolkit.runs.mlflow_live`, which syncs with the same functions).
 
-Each lab run is one MLflow run, in an experiment named by the caller (by default the config's
-``name``), found again by its tag ``lab.run_id``; its MLflow name is the lab's run id. What goes
-in:
+Each lab run is one MLflow run, found again by its tag ``lab.run_id`` in whichever experiment
+of the store holds it (a run mirrored live into one experiment and exported later is synced
+where it is, never copied into a second); its MLflow name is the lab's run id. A run not yet in
+the store goes to the experiment the caller names, by default its sweep's or its search's name
+(a sweep or a search is one experiment, its runs side by side in MLflow's compare view; not a
+parent run with children, which would be a run with no metrics of its own), else its config's
+``name``. What goes in:
 
 - **metrics**: every :func:`~toolkit.runs.events.scalars` value of ``events.jsonl`` (the names
   TensorBoard's export gives: ``train/loss``, ``eval/accuracy``, ``trust_ratio/conv1/kernel``),
@@ -119,10 +123,14 @@ class Destination:
         self._experiment_ids: dict[str, str] = {}
 
     def experiment_name(self, run: RunDir) -> str:
-        """Where ``run`` goes: the destination's experiment, else the run's config name
-        (MLflow's ``Default`` where the config cannot be read)."""
+        """Where ``run`` goes if it is not in the store yet: the destination's experiment, else
+        its sweep's or search's name, else its config name (MLflow's ``Default`` where the
+        config cannot be read)."""
         if self.experiment:
             return self.experiment
+        meta = run.meta()
+        if isinstance(named := meta.get("search") or meta.get("sweep"), str):
+            return named
         try:
             return run.config().name
         except (OSError, ConfigError):
@@ -146,10 +154,16 @@ class Destination:
         return self._experiment_ids[name]
 
     def find(self, run: RunDir) -> Run | None:
-        """The MLflow run of ``run`` (by its ``lab.run_id`` tag), with its params, tags and
-        latest metrics; ``None`` where there is none."""
+        """The MLflow run of ``run`` (by its ``lab.run_id`` tag) in any active experiment of
+        the store, with its params, tags and latest metrics; ``None`` where there is none."""
+        experiments, token = [], None
+        while True:
+            page = self.client.search_experiments(ViewType.ACTIVE_ONLY, page_token=token)
+            experiments += [experiment.experiment_id for experiment in page]
+            if not (token := page.token):
+                break
         found = self.client.search_runs(
-            [self.experiment_id(self.experiment_name(run))],
+            experiments,
             filter_string=f"tags.`{RUN_ID_TAG}` = '{run.run_id}'",
             run_view_type=ViewType.ACTIVE_ONLY,
             max_results=1,
@@ -183,6 +197,7 @@ def export(run: RunDir, destination: Destination, points: pd.DataFrame | None = 
             found, missing, replaced = None, points, True
     found = found or client.get_run(destination.create(run))
     mlflow_id, logged = found.info.run_id, found.data
+    experiment = client.get_experiment(found.info.experiment_id).name
     tags = _tags(run)
     managed = _tag_keys(logged.tags.get(TAGS_TAG, "")) | {NOTE_TAG, REASON_TAG}
     for key in managed - set(tags):  # what the run no longer has (a tag dropped, a reason)
@@ -197,7 +212,7 @@ def export(run: RunDir, destination: Destination, points: pd.DataFrame | None = 
     log_points(client, mlflow_id, missing)
     _log_artifacts(client, mlflow_id, run)
     set_status(client, mlflow_id, run.status())
-    return Exported(run.run_id, mlflow_id, destination.experiment_name(run), len(missing), replaced)
+    return Exported(run.run_id, mlflow_id, experiment, len(missing), replaced)
 
 
 def export_all(runs: Iterable[RunDir], destination: Destination) -> list[Exported]:
@@ -268,9 +283,14 @@ def log_points(client: MlflowClient, mlflow_id: str, points: pd.DataFrame) -> No
 
 def set_status(client: MlflowClient, mlflow_id: str, status: dict) -> None:
     """The MLflow status of a lab ``status`` (:data:`STATUS`), an end at its ``finished``
-    time; nothing where MLflow says so already."""
+    time, and its ``lab.state`` and ``lab.reason`` tags; nothing where MLflow says so
+    already."""
     mlflow_status = STATUS.get(status.get("state"))
-    info = client.get_run(mlflow_id).info
+    logged = client.get_run(mlflow_id)
+    info, tags = logged.info, logged.data.tags
+    for key, value in ((STATE_TAG, status.get("state")), (REASON_TAG, status.get("reason"))):
+        if value and tags.get(key) != str(value):
+            client.set_tag(mlflow_id, key, str(value))
     if mlflow_status in TERMINAL:
         end = _ms(status.get("finished") or status.get("updated") or time.time())
         if (info.status, info.end_time) != (mlflow_status, end):

@@ -18,6 +18,7 @@ An elastic run is mirrored by its first rank 0 only.
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 from typing import Self
@@ -102,8 +103,16 @@ class LiveMirror:
         self.warned = True
         where = self.settings.tracking_uri or "the runs root's .mlflow/mlflow.db"
         print(
-            f"warning: MLflow ({where}) {what}; training goes on and its events stay on disk: "
-            f"`python -m toolkit export mlflow {self.run.run_id}` catches MLflow up "
-            "(this is said once)",
+            f"warning: MLflow ({where}) {what}; training goes on and its events stay on "
+            f"disk: `{self.catch_up()}` catches MLflow up (this is said once)",
             flush=True,
         )
+
+    def catch_up(self) -> str:
+        """The command that brings this run's MLflow run up to date, as it runs from any
+        directory: the runs root, the store and the experiment this mirror logs to."""
+        command = ["python", "-m", "toolkit", "--runs", str(self.run.path.parent.resolve())]
+        command += ["export", "mlflow", self.run.run_id]
+        command += ["--tracking-uri", self.settings.tracking_uri] * bool(self.settings.tracking_uri)
+        command += ["--experiment", self.settings.experiment] * bool(self.settings.experiment)
+        return shlex.join(command)
