@@ -122,6 +122,22 @@ def test_every_user_error_exits_2_with_one_line(case, user_runs, subprocess_env)
     assert sorted(p.name for p in user_runs.iterdir()) == ["done", "live"]
 
 
+@pytest.mark.parametrize(
+    "override, said",
+    [  # the fourth walk launched both: the seed failed in the workers, the epochs never end
+        ("seed=-5", "seed: Input should be greater than or equal to 0 (got -5)"),
+        ("seed=4294967296", "seed: Input should be less than or equal to 4294967295"),
+        ("epochs=1000000000", "epochs: Input should be less than or equal to 100000"),
+    ],
+)
+def test_a_value_the_workers_cannot_run_is_refused_before_anything_starts(
+    override, said, user_runs, subprocess_env
+):
+    result = run_cli(["launch", QUICK, "--set", override], user_runs, subprocess_env)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert sorted(p.name for p in user_runs.iterdir()) == ["done", "live"]
+
+
 def test_a_runs_root_that_is_a_file_is_a_clean_error(user_runs, subprocess_env):
     result = run_cli(["launch", QUICK, "--name", "x"], user_runs.parent / "a-file", subprocess_env)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr

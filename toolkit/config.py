@@ -53,6 +53,8 @@ from toolkit.sections import (
     run_name_problem,
 )
 
+MAX_SEED = 2**32 - 1  # numpy's and Keras's seeds are unsigned 32-bit integers
+MAX_EPOCHS = 100_000  # no real run meets it: over a thousand long ImageNet schedules (90 epochs)
 LOST_WORKER_AFTER_S = 30  # Horovod's own default for Gloo's timeout; see ExperimentConfig
 MOVED = {  # old dotted path -> new, for configs written before the move
     "compression": "allreduce.compression",
@@ -75,7 +77,7 @@ class ExperimentConfig(Section):
     not tell which worker went silent: it knows by their heartbeats, every 5 s."""
 
     name: str = "run"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     # The registered defaults are built unchecked: checking them would import TensorFlow.
     dataset: DatasetConfig = Field(default_factory=DatasetConfig.model_construct)
     model: ModelConfig = Field(default_factory=ModelConfig.model_construct)
@@ -83,7 +85,7 @@ class ExperimentConfig(Section):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig.model_construct)
     batch: BatchConfig = Field(default_factory=BatchConfig)
     lr_scaling: ScalingConfig = Field(default_factory=ScalingConfig)
-    epochs: int = Field(10, ge=1)
+    epochs: int = Field(10, ge=1, le=MAX_EPOCHS)
     steps_per_epoch: int | None = Field(None, ge=1, description="cap (throughput runs)")
     precision: Literal["float32", "mixed_float16"] = "float32"
     allreduce: AllreduceConfig = Field(default_factory=AllreduceConfig)
