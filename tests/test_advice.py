@@ -52,6 +52,11 @@ def test_adascale_at_the_base_batch_is_told_it_does_nothing():
     assert "AdaScale's gain is 1.0 at every step and the run trains as plain sgd" in finding
     below = {**at, "lr_scaling": {"rule": "adascale", "base_batch": 32}}
     assert advice.warnings(from_mapping(below)) == []
+    # an adaptive batch starting at the base batch grows past it: the gain does not stay 1
+    growing = {"per_worker": 32, "global_size": None, "adaptive": {"min": 64, "max": 4096}}
+    assert advice.warnings(from_mapping({**at, "batch": growing})) == []
+    fixed = {**growing, "adaptive": {"min": 64, "max": 64}}
+    assert [f for f in advice.warnings(from_mapping({**at, "batch": fixed})) if "gain" in f]
 
 
 def test_compression_on_the_small_cnn_quotes_the_communication_study_for_its_optimizer():

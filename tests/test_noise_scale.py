@@ -253,7 +253,7 @@ def test_run_detail_shows_the_noise_scale_against_the_batch(with_gns, tmp_path, 
         assert '"type":"log"' in chart and '"name":"global batch 64"' in chart
         assert '"shapes"' not in chart  # a shape on a log axis would be drawn at 10^64
     else:
-        assert "B_simple: no estimate yet" in texts
+        assert "B_simple: this run logged no estimate" in texts  # it has ended
         assert not any("B_simple against" in spec for spec in titles)
     at.switch_page("views/compare.py").run()
     assert not at.exception, at.exception

@@ -63,6 +63,8 @@ def _adascale_at_scale_one(config: ExperimentConfig) -> str | None:
     scaling = config.lr_scaling
     if scaling.rule != "adascale" or Scale.of(config).global_batch != scaling.base_batch:
         return None
+    if config.batch.adaptive is not None and config.batch.adaptive.max > scaling.base_batch:
+        return None  # the batch grows past the base: the scale does too
     return (
         f"lr_scaling.rule=adascale with base_batch={scaling.base_batch}, the global batch "
         "itself: the scale is 1, so AdaScale's gain is 1.0 at every step and the run trains as "

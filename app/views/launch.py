@@ -150,7 +150,7 @@ with top[3]:
         index=backends.BACKENDS.index(backends.chosen(None)),
         key=key("keras_backend"),
         help="what the workers run (their KERAS_BACKEND; default: this app's); several "
-        "workers: tensorflow (Horovod) or jax (JAX's own engine)",
+        "workers talk through Horovod on tensorflow and torch, through JAX's own engine on jax",
     )
     slots.add("keras_backend")
 with top[4]:
