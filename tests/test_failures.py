@@ -22,13 +22,14 @@ from test_checkpoint_damage import truncate
 from test_train import SMALL, wait
 
 from app.data import md_escape
+from toolkit import terminal
 from toolkit.config import from_mapping
 from toolkit.launching import failures
 from toolkit.launching import launch as launcher
 from toolkit.runs import processes
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import TERMINAL, RunDir
-from toolkit.runs.table import summary
+from toolkit.runs.table import silence, summary
 
 GLOO = "[/tmp/pip-wheel/horovod/third_party/compatible17_gloo/gloo/transport/tcp"
 SHUT_DOWN = (
@@ -247,13 +248,24 @@ def stopped_answering(rank: int) -> str:
 
 
 def test_after_a_stopped_worker_the_runs_page_resumes_past_a_damaged_checkpoint(runs):
-    """Rank 1 stopped after the second checkpoint: the run fails naming it; its latest
-    checkpoint then truncated, the Runs page warns of it for the chosen run, and its Resume
-    button continues from the one before to the end."""
+    """Rank 1 stopped after the second checkpoint: the run is said to be silent (``show``,
+    ``runs``) before it fails naming it; its latest checkpoint then truncated, the Runs page
+    warns of it for the chosen run, and its Resume button continues from the one before to
+    the end, which ``show`` says."""
     run = launcher.launch(from_mapping({**SMALL, "epochs": 4, "lost_worker_after_s": 10}))
-    status, took = failed_after(run, stop_a_worker(run, 1, epoch=2))
-    assert status["state"] == "failed" and took >= 10
+    pid, stopped = stop_a_worker(run, 1, epoch=2), time.monotonic()
+    while not (silent := silence(summary(run), time.time())):  # said before the run fails
+        assert time.monotonic() - stopped < 9 and run.status()["state"] == "running"
+        time.sleep(0.2)
+    assert silent.startswith("no event for ") and silent.endswith(": a worker may be stuck")
+    shown = terminal.run_text(run)
+    assert f"{run.run_id}: running\n  reason: no event for " in shown
+    assert "no event for " in terminal.runs_table(run.path.parent)
+    silent_s = time.monotonic() - stopped
+    status, took = failed_after(run, pid)
+    assert status["state"] == "failed" and silent_s + took >= 10
     assert status["reason"].startswith(stopped_answering(1)), status["reason"]
+    assert f"  reason: {status['reason']}\n" in terminal.run_text(run)  # the whole of it
     *_, before, latest = sorted(p.name for p in run.checkpoints_path.glob("epoch-*"))
     said = truncate(run.checkpoints_path / latest)
 
@@ -277,4 +289,5 @@ def test_after_a_stopped_worker_the_runs_page_resumes_past_a_damaged_checkpoint(
     (details,) = [t.value for t in at.text if t.value.startswith("state: completed")]
     assert f"resumed from checkpoint {before}, passing over {latest} ({said})" in details
     assert "pid:" not in details  # an ended run's pid is dead: not shown
+    assert f"  resumed from checkpoint {before}, passing over {latest}" in terminal.run_text(run)
     assert ran_s < summary(run)["duration_s"] < ran_s + 300  # the hour stopped is not counted

@@ -61,7 +61,7 @@ def test_runs_filters_by_tag_and_searches_ids_tags_and_notes(tmp_path):
 
     def listed(**filters) -> set[str]:
         lines = runs_table(tmp_path, **filters).splitlines()
-        return set() if lines == ["no runs"] else {line.split()[0] for line in lines[1:]}
+        return set() if lines[0].startswith("no runs") else {line.split()[0] for line in lines[1:]}
 
     assert listed() == {"alpha", "beta", "gamma"}
     assert listed(tags=["lars"]) == {"alpha", "beta"}

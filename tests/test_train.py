@@ -300,7 +300,7 @@ def test_runs_table_shows_times_and_numbers_a_person_can_read(completed, tmp_pat
     RunDir.create(tmp_path, "bare")  # no config, status or events: still a row, with gaps
     header, bare = runs_table(tmp_path).splitlines()
     assert bare.split()[0] == "bare" and bare.split().count("-") >= 8
-    assert runs_table(tmp_path / "none") == "no runs"
+    assert runs_table(tmp_path / "none") == f"no runs under {(tmp_path / 'none').resolve()}"
 
 
 def test_runs_leaves_probe_runs_out_unless_asked(tmp_path):

@@ -6,6 +6,7 @@ python -m toolkit launch CONFIG [--np N] [--hosts h1:2,h2:2 | auto | --hostfile 
                            [--gpus-per-task G] [--sbatch-arg ARG ...]]
                           [--set k=v ...] [--tag T ...] [--note TEXT] [--wait]
 python -m toolkit runs [--all] [--tag T ...] [--search TEXT]
+python -m toolkit show RUN
 python -m toolkit tag RUN [TAG ...] [--remove TAG ...]
 python -m toolkit note RUN [TEXT | -]
 python -m toolkit stop RUN
@@ -99,7 +100,9 @@ def build_parser() -> Parser:
     """The command line: every command, its arguments and their checks."""
     summary_line = __doc__.splitlines()[0].replace("``", "")
     parser = Parser(prog="python -m toolkit", description=summary_line)
-    parser.add_argument("--runs", help="runs root (default $LBL_RUNS or ./runs)")
+    parser.add_argument(
+        "--runs", help="runs root (default $LBL_RUNS, else ./runs here; ./lab: the repository's)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("launch", help="validate a config and start it under horovodrun")
     start.add_argument("config", help="the experiment's YAML file (experiments/*.yaml)")
@@ -127,6 +130,9 @@ def build_parser() -> Parser:
     listing.add_argument("--all", action="store_true", help="probe runs too")
     listing.add_argument("--tag", action="append", default=[], help="only runs with this tag")
     listing.add_argument("--search", help="only runs whose id, tags or notes contain this")
+    sub.add_parser("show", help="one run in full: state, why, where, resumes").add_argument(
+        "run", help=RUN_HELP
+    )
     tag = sub.add_parser("tag", help="add tags to a run (or --remove them); list them")
     tag.add_argument("run", help=RUN_HELP)
     tag.add_argument("tags", nargs="*", metavar="TAG", help="tags to add (none: list them)")
@@ -434,8 +440,7 @@ def _sweep(args) -> int:
             retry_failed=args.retry_failed,
             log=lambda line: print(line, flush=True),
         )
-    shown = table.drop(columns=["reason"], errors="ignore")
-    print(shown.map(terminal.cell).to_string(index=False))
+    print(terminal.frame_text(table))
     metrics = ("final_test_accuracy", "best_test_accuracy", "updates")
     print(
         "\nover seeds:\n"
@@ -453,6 +458,7 @@ def _search(args) -> int:
 
     found = search.on_slurm(search.load(args.search), _slurm_fields(args))
     if args.dry_run:
+        search_runner.check_runnable(found, args.runs)
         print(found.space_text())
         return 0
     if args.status:
@@ -460,7 +466,12 @@ def _search(args) -> int:
     else:
         log = functools.partial(print, flush=True)
         table = search_runner.run(found, args.runs, max_parallel=args.max_parallel, log=log)
-    print(table.drop(columns=["reason"]).map(terminal.cell).to_string(index=False))
+    if table.empty:
+        print(f"no trial of search {found.name} asked yet under {runs_root(args.runs).resolve()}")
+    else:
+        print(terminal.frame_text(table))
+    if unfollowed := search_runner.unfollowed(table, found.name, args.runs):
+        print(f"warning: {unfollowed}", file=sys.stderr)
     if (table["state"] == "completed").any():
         best = search_runner.best(found, args.runs)
         print(
@@ -598,6 +609,7 @@ def _wait(run, resumed: bool = False) -> int:
 COMMANDS = {  # the subcommand -> its handler, which returns the exit code (None: 0)
     "launch": _launch,
     "runs": _runs,
+    "show": lambda args: print(terminal.run_text(resolve(args.run, args.runs))),
     "tag": _tag,
     "note": _note,
     "stop": _stop,

@@ -2,6 +2,8 @@
 curves in the run's own colour against the x-axis and smoothing of your choice, refreshed every
 few seconds while it is live by a fragment that reads only the new bytes of its events file."""
 
+import time
+
 import numpy as np
 import streamlit as st
 
@@ -229,7 +231,8 @@ def noise_scale(frame) -> None:
     rows = data.phase(frame, "gns")
     if "b_simple" not in rows or rows["b_simple"].dropna().empty:
         if (config and config.logging.noise_scale_every_steps) or not rows.empty:
-            st.text("Gradient noise scale B_simple: no estimate yet")
+            said = "no estimate yet" if live else "this run logged no estimate"
+            st.text(f"Gradient noise scale B_simple: {said}")
         return
     rows = rows.dropna(subset=["b_simple"])
     x = x_values(frame, rows, x_axis, config)
@@ -286,6 +289,8 @@ def panel() -> None:
     if resumed := checkpoints.resumed_text(status):
         details.append(f"resumed {resumed}")
     st.text("    ".join(details))
+    if silent := table.silence(data.summary(run), time.time()):
+        st.warning(md_escape(silent.capitalize()))
     if state not in LIVE and (damaged := data.damaged_checkpoint(run)):
         st.warning(md_escape(damaged))
     outcome = table.outcome_text(data.summary(run))

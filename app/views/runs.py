@@ -3,6 +3,7 @@ tag or text, with any config field as a column to sort, filter or group by; and 
 run: stop, rerun, resume or delete, its tags and notes, its output, config and a config diff."""
 
 import difflib
+import time
 from urllib.parse import quote
 
 import pandas as pd
@@ -17,7 +18,7 @@ from toolkit.launching import launch as launcher
 from toolkit.launching import slots
 from toolkit.runs.rundir import LIVE
 from toolkit.runs.states import RESUMABLE
-from toolkit.runs.table import matches, progress_text
+from toolkit.runs.table import matches, progress_text, reason_now
 
 REFRESH_S = 2.0
 # The table's columns, in the order a researcher reads them: what, how far, how well, how fast.
@@ -82,6 +83,8 @@ def summaries(runs: list) -> pd.DataFrame:
     rows = [data.summary(r) for r in runs]
     frame = pd.DataFrame(rows)
     frame["epochs_done"] = [progress_text(row) for row in rows]
+    now = time.time()
+    frame["reason"] = [reason_now(row, now) for row in rows]  # a silent run's said too
     damaged = frame["damaged_checkpoint"].fillna("").astype(bool)  # None reads NaN: truthy
     frame["checkpoint"] = damaged.map({True: "⚠ damaged", False: ""})
     frame["queue"] = frame["run_id"].map(slots.positions(data.root()))

@@ -12,12 +12,56 @@ from typing import Any
 import pandas as pd
 
 from toolkit import backends
-from toolkit.config import ConfigError
+from toolkit.config import LOST_WORKER_AFTER_S, ConfigError
 from toolkit.plan import Scale
 from toolkit.runs import checkpoints, placement
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import LIVE, RunDir, short_error
 from toolkit.runs.states import State
+
+STALL_FACTOR = 10
+"""A running run is silent once its last event is older than this many of its usual gaps (the
+median gap between its latest :data:`STALL_GAPS` train events), than twice its longest pause
+since it last started (an evaluation, a checkpoint), and than a third of its
+``lost_worker_after_s``: so it is said before that timeout fails the run."""
+STALL_GAPS = 20
+
+
+def silence(row: dict[str, Any], now: float) -> str | None:
+    """What to say of a :func:`summary` row's running run whose events stopped (a worker
+    stopped or stuck, a host unreachable): ``no event for 44 s (one every 0.8 s before)``
+    once its last event is older than its ``silent_after_s`` (:data:`STALL_FACTOR`); ``None``
+    while they come as usual, before two train events, or for a run not running. ``now`` is a
+    parameter so that a cached row stays right."""
+    after, last = row.get("silent_after_s"), row.get("last_heard")
+    if row.get("state") != State.RUNNING or after is None or not last or now - last <= after:
+        return None
+    return (
+        f"no event for {now - last:.0f} s (one every {row['event_gap_s']:.2g} s before): "
+        "a worker may be stuck"
+    )
+
+
+def _silent_after(events: pd.DataFrame, since: float, lost_worker_after_s: float) -> tuple:
+    """A run's usual gap between train events and the age at which its silence is told
+    (:data:`STALL_FACTOR`), from ``events`` (those after ``since`` for its longest pause);
+    ``(None, None)`` before two train events."""
+    if "wall" not in events or "phase" not in events:
+        return None, None
+    walls = events["wall"].dropna()
+    train = events.loc[events["phase"] == "train", "wall"].dropna().tail(STALL_GAPS + 1)
+    if len(train) < 2:
+        return None, None
+    gap = float(train.diff().median())
+    longest = walls[walls >= since].diff().max()  # NaN with fewer than two
+    longest = float(longest) if pd.notna(longest) else 0.0
+    return gap, max(STALL_FACTOR * gap, 2 * longest, lost_worker_after_s / 3)
+
+
+def reason_now(row: dict[str, Any], now: float) -> str | None:
+    """A :func:`summary` row's reason, with what its :func:`silence` says at ``now``."""
+    said = [text for text in (row["reason"], silence(row, now)) if text]
+    return "; ".join(said) or None
 
 
 def matches(row: dict[str, Any], text: str | None) -> bool:
@@ -81,8 +125,10 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         "rounds": False,
         "adascale": False,
     }
+    lost_after = LOST_WORKER_AFTER_S  # the config's, once read
     try:
         config = run.config()
+        lost_after = config.lost_worker_after_s
         row.update(
             optimizer=config.optimizer.name,
             # an elastic run's: as many as it has now (or had last)
@@ -125,6 +171,7 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
     else:
         progress = min(1.0, epoch / row["epochs"]) if row["epochs"] else None
     reasons = [status.get("reason")] if status.get("reason") else []
+    gap, silent_after = _silent_after(events, status.get("updated") or 0.0, lost_after)
     if problems and status.get("state") != State.QUEUED:
         reasons.append("unreadable: " + "; ".join(problems))
     # an ended run's, by the files' sizes (a stat each): what a resume would meet
@@ -145,6 +192,10 @@ def summary(run: RunDir, events: pd.DataFrame | None = None) -> dict[str, Any]:
         "last_eval_accuracy": column(evals, "accuracy", "last"),
         "best_eval_accuracy": column(evals, "accuracy", "max"),
         "samples_per_sec": column(train, "samples_per_sec", "median"),
+        # the later of its last event and its last change of state (a resume starting again)
+        "last_heard": max(column(events, "wall", "max") or 0.0, status.get("updated") or 0.0),
+        "event_gap_s": gap,
+        "silent_after_s": silent_after,
         "reason": "; ".join(reasons) or None,
         "damaged_checkpoint": damaged,
         "probe": bool(meta.get("probe", False)),
