@@ -71,6 +71,43 @@ def test_the_notebooks_are_there_and_clean():
         assert len(tagged) == 1 and "LBL_NOTEBOOK_SMOKE" in tagged[0].source, path.name
 
 
+def test_the_studys_notebook_as_shipped_builds_its_whole_grid_and_a_search_of_real_rates(
+    tmp_path, monkeypatch
+):
+    """Notebook 03 in the mode a user gets (not smoke), up to what it would train: its grid
+    cell validates every cell of the study for its ``NP`` workers (the fourth walk: the LBSGD
+    cells' device batch of 128 could not be made by 2 workers of 128), and its search's
+    space is the rate a trial trains at, around the grid cell's (it was scaled again: 6-640
+    where 38 works). The cells that build them run here, none that train (~10 s)."""
+    monkeypatch.setenv("LBL_NOTEBOOK_SMOKE", "0")
+    monkeypatch.setenv("LBL_RUNS", str(tmp_path / "runs"))
+    nb = nbformat.read(NOTEBOOK_DIR / "03_large_batch_study.ipynb", as_version=4)
+    code = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+    (search_cell,) = [source for source in code if "search.from_mapping(" in source]
+    until_search = search_cell.split("trials = search_runner.run")[0]
+    namespace = {}
+    for source in [*code[:4], until_search]:  # set-up, imports, the grid: then the search
+        if "sweep_runner.run(" not in source:
+            exec(source.replace("sweep_runner.dry_run(grid)", ""), namespace)
+        if "grid = sweep.from_mapping" in source:
+            grid, scale = namespace["grid"], namespace["Scale"]
+            namespace["largest"] = max(scale.of(c.config).global_batch for c in grid.cells)
+    grid, found, scale = namespace["grid"], namespace["found"], namespace["Scale"]
+    assert not namespace["SMOKE"] and namespace["NP"] == 2
+    assert {c.config.workers for c in grid.cells} == {2}
+    assert {c.coordinates["method"] for c in grid.cells} >= {"lbsgd_lars", "lars", "sgd"}
+    lbsgd = [c.config for c in grid.cells if c.config.optimizer.name == "lbsgd"]
+    assert lbsgd and {c.batch.per_worker * c.workers for c in lbsgd} == {128}
+    rates = found.spec.space["optimizer.learning_rate"]
+    lars_rate = scale.of(namespace["lars"].config).learning_rate
+    assert rates.low < lars_rate < rates.high
+    for rate in (rates.low, rates.high):  # the rate a trial trains at is the one asked for
+        trial = found.config({"optimizer.learning_rate": rate}, 0)
+        assert scale.of(trial).learning_rate == pytest.approx(rate)
+    (closing,) = [source for source in code if "search_runner.best(" in source]
+    assert "No trial did much better than chance" in closing
+
+
 @pytest.fixture(scope="session")
 def kernel():
     return jupyter.install_kernel()
