@@ -185,11 +185,22 @@ def test_a_kept_calibration_is_read_for_its_task_only_and_the_probe_answers_with
     assert "0.5" in found.table() and "0.9" in found.table()
 
     gns = pd.DataFrame({"grad_sq_step": np.ones(40), "trace_sigma_step": np.full(40, 100.0)})
-    reading = summarize(gns, "probe-x", config, 1, found).reading()
+    probed = summarize(gns, "probe-x", config, 1, found)
+    reading = probed.reading()
     b_crit, (low, high) = fits[1].b_crit, fits[1].b_crit_band
     assert f"B_crit ≈ {b_crit:,.0f} (10–90% band {low:,.0f}–{high:,.0f}), calibrated" in reading
     assert "on this task (mnist1d-cnn1d-sgd) on 2026-11-27" in reading
     assert "the median factor" not in reading
+    # one model of the steps: the calibrated B_crit's, not B_simple's (100 here) beside it
+    ratio = probed.global_batch / b_crit
+    doubling = (1 + 1 / ratio) / (1 + 1 / (2 * ratio))
+    assert (
+        f"Steps to a given loss, taking B_noise as this task's calibrated B_crit ({b_crit:,.0f}):"
+        f" your global batch {probed.global_batch} is {1 / ratio:.1f}× below it, and doubling it "
+        "would divide the "
+        f"steps by about {doubling:.2f}. Up to about {b_crit / 4:,.0f} each doubling"
+    ) in reading
+    assert f"beyond {4 * b_crit:,.0f} under 10%" in reading and "beyond 400 " not in reading
     batch = 2 ** round(math.log2(b_crit))
     assert reading.splitlines()[-1].startswith(
         f"Batch to use: {batch:,}, near this task's calibrated B_crit ({b_crit:,.0f})"

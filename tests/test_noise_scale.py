@@ -311,7 +311,10 @@ def test_summarize_reads_the_late_measurements_and_suggests_a_batch():
     assert text.splitlines()[-1].startswith(  # defect 6: a batch to use, and why
         f"Batch to use: {result.suggested_batch:,}, the power of two nearest this B_simple"
     )
-    assert f"Your global batch 64 is {result.b_simple / 64:.1f}× below it" in text
+    assert (
+        f"Steps to a given loss, taking B_noise as B_simple ({result.b_simple:,.0f}), a floor: "
+        f"your global batch 64 is {result.b_simple / 64:.1f}× below it"
+    ) in text
     factors = pd.read_csv("experiments/probe_protocol/factors.csv").factor  # the raw table
     measured = (factors.median(), factors.min(), factors.max())
     assert CALIBRATION == pytest.approx(measured, abs=0.005)

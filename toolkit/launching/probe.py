@@ -50,21 +50,33 @@ class ProbeResult:
     calibration: Calibration | None = None
     """This task's measured ``B_crit`` (:mod:`toolkit.launching.calibrate`), if one was kept."""
 
+    @property
+    def b_noise(self) -> float:
+        """The one ``B_noise`` every statement of :meth:`reading` uses: this task's calibrated
+        ``B_crit`` where it has one (measured steps to a loss), else ``B_simple`` (a floor:
+        McCandlish et al.'s own stand-in, which grows as the loss falls)."""
+        return self.calibration.headline["b_crit"] if self.calibration else self.b_simple
+
     def reading(self) -> str:
-        """The result in plain language (McCandlish et al.: steps to a given loss go as
-        ``S_min·(1 + B_noise/B)``, so doubling ``B`` divides the steps by
-        ``(1 + n)/(1 + n/2)`` with ``n = B_noise/B``), with the ``B_crit`` that
-        :data:`CALIBRATION` gives."""
+        """The result in plain language with one model of the steps (McCandlish et al.: steps
+        to a given loss go as ``S_min·(1 + B_noise/B)``, so doubling ``B`` divides the steps
+        by ``(1 + n)/(1 + n/2)`` with ``n = B_noise/B``), ``B_noise`` being :attr:`b_noise`
+        and said to be; without a calibration, the ``B_crit`` that :data:`CALIBRATION` gives
+        as what ``calibrate`` would likely find."""
         b, low, high = self.b_simple, *self.band
-        ratio = self.global_batch / b
+        noise = self.b_noise
+        model = (
+            f"taking B_noise as this task's calibrated B_crit ({noise:,.0f})"
+            if self.calibration
+            else f"taking B_noise as B_simple ({noise:,.0f}), a floor"
+        )
+        ratio = self.global_batch / noise
         where = f"{1 / ratio:.1f}× below" if ratio < 1 else f"{ratio:.1f}× above"
         doubling = (1 + 1 / ratio) / (1 + 1 / (2 * ratio))
         lines = [
             f"B_simple ≈ {b:,.0f} at the start of training (10–90% band {low:,.0f}–{high:,.0f}: "
             "the probe's last half, at your batch and peak rate held constant, bootstrapped). "
             f"{noise_scale.GROWS}.",
-            f"Your global batch {self.global_batch:,} is {where} it: doubling it would divide "
-            f"the steps to a given loss by about {doubling:.2f}.",
             self.calibration.reading()
             if self.calibration
             else f"B_crit ≈ {CALIBRATION[0] * b:,.0f} ({CALIBRATION[1] * b:,.0f}–"
@@ -73,9 +85,11 @@ class ProbeResult:
             f"(docs/notes/study.md); it varied {CALIBRATION[1]:g}–{CALIBRATION[2]:g} there, "
             "growing as the loss tightens: `python -m toolkit calibrate CONFIG` measures it "
             "on yours.",
-            f"Up to about {b / 4:,.0f}, doubling the batch nearly halves the steps (≥ 1.8×); "
-            f"around {b:,.0f} it saves about a quarter; beyond {4 * b:,.0f} it saves under "
-            "10%: extra batch there buys little.",
+            f"Steps to a given loss, {model}: your global batch {self.global_batch:,} is "
+            f"{where} it, and doubling it would divide the steps by about {doubling:.2f}. Up "
+            f"to about {noise / 4:,.0f} each doubling nearly halves the steps (≥ 1.8×); around "
+            f"{noise:,.0f} it saves about a quarter; beyond {4 * noise:,.0f} under 10%: extra "
+            "batch there buys little.",
         ]
         if self.lr_rule == "adascale":
             lines.append(
