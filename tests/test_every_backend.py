@@ -50,9 +50,10 @@ ONLY_ON = {"torch": ["tests/on_torch"]}
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_oracle_tests_pass_on(backend, subprocess_env):
     tests = [*ORACLE_TESTS, *ONLY_ON.get(backend, [])]
-    result = run_on(
-        backend, ["-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], subprocess_env
-    )
+    # -n 0: in this test's process alone; xdist's workers would import every backend again
+    # (16 s more CPU each here, on a machine the suite's own workers already fill)
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *tests]
+    result = run_on(backend, args, subprocess_env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
 
