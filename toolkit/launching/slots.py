@@ -1,4 +1,5 @@
-"""The launch queue: every launched run waits here until its workers fit the free slots.
+"""The launch queue: every run its executor queues on these machines (this one, hosts over ssh)
+waits here until its workers fit the free slots; a Slurm job waits in Slurm's queue instead.
 
 The queue lives in the runs root, so it outlives whichever terminal, notebook or dashboard
 launched a run, and leaves nothing behind when nothing waits:

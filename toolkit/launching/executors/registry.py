@@ -3,7 +3,8 @@
 :func:`choose` asks each of :data:`EXECUTORS` in turn whether a config asks for it (a ``slurm``
 section: Slurm; other hosts or an elastic section: hosts over ssh; else this machine), once per
 request; :func:`of_run` finds the one a run went to by what its status records. Every door
-(launch, resume, stop, sweeps) asks here, and nothing else asks where a run runs.
+(launch, resume, stop, sweeps, searches) asks here; readers of a run's place (its words, its
+live state in a scheduler) ask :mod:`toolkit.runs.placement`.
 """
 
 from __future__ import annotations
