@@ -33,22 +33,36 @@ CHROMIUM = "/usr/bin/chromium"  # Debian's: the browser tests never download one
 
 CLUSTER_GROUP = "namespace-cluster"
 """The pytest-xdist group of every test file that asks for the namespace cluster."""
+SHARED_RUNS_GROUP = "shared-worker-runs"
+"""The group of the other files that read the session's shared worker runs (:func:`two_workers`,
+:func:`keras_workers_on`): a session fixture is built once a worker, so their readers share one."""
 
 
 @functools.cache
-def cluster_files() -> frozenset[str]:
-    """The test files (as node ids name them) whose code asks for the namespace cluster."""
-    asks = re.compile(r"\b(cluster_hosts|slurm_hosts)\b")
+def files_asking(*fixtures: str) -> frozenset[str]:
+    """The test files (as node ids name them) whose code names one of ``fixtures``."""
+    asks = re.compile(rf"\b({'|'.join(fixtures)})\b")
     files = (ROOT / "tests").rglob("test_*.py")
     return frozenset(f.relative_to(ROOT).as_posix() for f in files if asks.search(f.read_text()))
+
+
+def cluster_files() -> frozenset[str]:
+    """The test files whose code asks for the namespace cluster."""
+    return files_asking("cluster_hosts", "slurm_hosts")
 
 
 def xdist_group(nodeid: str) -> str:
     """Which of pytest-xdist's workers runs a test: a file's tests run in one worker, which
     builds the file's module fixtures once; every file on the namespace cluster joins
-    :data:`CLUSTER_GROUP`, whose worker alone brings the cluster and Slurm up and down."""
+    :data:`CLUSTER_GROUP`, whose worker alone brings the cluster and Slurm up and down, and
+    every other file reading a shared worker run joins :data:`SHARED_RUNS_GROUP` (a run
+    built twice cost a minute: test_elastic's readers of two_workers were moved out of the
+    cluster's group for it)."""
     path = nodeid.split("::")[0]
-    return CLUSTER_GROUP if path in cluster_files() else path
+    if path in cluster_files():
+        return CLUSTER_GROUP
+    shared = files_asking("two_workers", "keras_workers", "keras_workers_on", "on_torch")
+    return SHARED_RUNS_GROUP if path in shared else path
 
 
 @pytest.hookimpl(optionalhook=True)

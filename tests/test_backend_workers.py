@@ -4,23 +4,21 @@ Gloo workers on this machine): on JAX through JAX's own engine and collectives
 (``toolkit/parallel/distributed.py``). On each: the run a one-worker run at the same global batch
 is, step for step; resumed from a checkpoint, the run it would have been; the noise scale
 measured in the allreduce hook; the same run on two hosts over ssh, on the namespace cluster.
-Cost: about 2.5 min (4 short runs on each backend, on 2 cores)."""
+Cost: about 2 min (3 short runs and a resumed copy on each backend, on 2 cores)."""
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pytest
 from conftest import ROOT
-from test_train import stop_after_the_first_checkpoint_and_resume, wait
+from test_train import resume_a_copy, wait
 
 from toolkit.config import load
 from toolkit.launching import launch as launcher
 from toolkit.runs.events import read_events
 from toolkit.runs.table import summary
 
-EPOCHS = 4
+EPOCHS = 3
 STEPS = EPOCHS * 4000 // 32  # global batch 32: 2 workers of 16, or 1 of 32
 HORIZON = 50  # updates over which another order of summation stays float32's rounding
 OTHER_BACKENDS = ("jax", "torch")
@@ -104,7 +102,7 @@ def test_two_workers_train_as_one_worker_of_their_global_batch(two_and_one, on_b
     early = ratios.index <= HORIZON
     np.testing.assert_allclose(ratios[early], ratios_alone[early], rtol=1e-5)
     np.testing.assert_allclose(evals, evals_alone, rtol=0.05)
-    assert evals.iloc[-1] < 0.7 * evals.iloc[0]  # and it learned
+    assert evals.iloc[-1] < 0.8 * evals.iloc[0]  # and it learned (2.3 at chance; 29% lower here)
     losses, alone = train_losses(two), train_losses(one)
     assert losses.index.tolist() == alone.index.tolist() == list(range(10, STEPS + 1, 10))
 
@@ -123,15 +121,14 @@ def test_the_noise_scale_with_several_workers(two_and_one):
 def test_a_stopped_two_worker_run_resumes_into_the_run_it_would_have_been(
     two_and_one, on_backend, monkeypatch
 ):
-    """Resumed from a shell whose ``KERAS_BACKEND`` is another: it resumes on the backend it was
-    launched on."""
+    """The two-worker run, stopped after its next-to-last checkpoint (a copy of it: how a run
+    stops is the launch tests'), resumed from a shell whose ``KERAS_BACKEND`` is another: it
+    resumes on the backend it was launched on, into the run it would have been."""
     two, _ = two_and_one
-    run = on_backend("resumed", "workers=2", "batch.per_worker=16")
-    assert run.meta()["keras_backend"] == on_backend.backend
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
-    stop_after_the_first_checkpoint_and_resume(run)
-    log = run.stdout_path.read_text()
-    assert re.search(f"resuming from checkpoint epoch-000[1-{EPOCHS - 1}]", log), log[-3000:]
+    run = resume_a_copy(two, "resumed")
+    assert run.meta()["keras_backend"] == on_backend.backend
+    assert f"resuming from checkpoint epoch-{EPOCHS - 1:04d}" in run.stdout_path.read_text()
     np.testing.assert_array_equal(train_losses(run), train_losses(two))
     with (
         np.load(two.checkpoints_path / f"epoch-{EPOCHS:04d}" / "optimizer.npz") as want,

@@ -1,6 +1,7 @@
 """toolkit.parallel.distributed: under real ``horovodrun`` with 2 Gloo workers on localhost (one
-run, tests/workers/two_workers.py, shared by the tests that need workers) and in this process
-(size 1, or a pretended size 2 over the real size-1 Horovod for the hook's mechanics)."""
+run, tests/workers/two_workers.py, shared by the tests that need workers, elastic's state's
+among them) and in this process (size 1, or a pretended size 2 over the real size-1 Horovod
+for the hook's mechanics)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from toolkit import backends
 from toolkit.backends import devices
 from toolkit.optimizers import LBSGD, SGD
 from toolkit.parallel import distributed, noise_meter
+from toolkit.scaling.noise_scale import Smoother
 
 
 def reference(steps: int, rows_per_step: int, embedding: bool = False):
@@ -654,3 +656,48 @@ def test_a_compressed_update_with_the_noise_meter_never_calls_back_into_python(m
     hook = {"HorovodGroupedAllgather", "HorovodGroupedAllreduce", "TopKV2"}
     assert hook <= ops  # the hook is there
     assert not ops & {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+
+
+# --- elastic's state on two workers (toolkit.parallel.elastic) ---------------------------
+
+
+def test_two_workers_sync_to_rank0s_state(two_workers):
+    ranks, infos, _ = two_workers
+    synced = [weights(r, "elastic_synced") for r in ranks]
+    assert all(np.array_equal(a, b) for a, b in zip(*synced, strict=True))
+    assert [i["elastic_synced"]["epoch"] for i in infos] == [0, 0]
+    assert [i["elastic_synced"]["meter_updates"] for i in infos] == [0, 0]
+    want = Smoother(decay=0.9)
+    want.update(1.0, 2.0)  # rank 0's
+    assert all(Smoother(**i["elastic_synced"]["smoother"]) == want for i in infos)
+
+
+def test_two_workers_commit_gathers_every_workers_residual(two_workers):
+    ranks, _, _ = two_workers
+    own = [weights(r, "elastic_residual_committed") for r in ranks]
+    assert not all(np.array_equal(a, b) for a, b in zip(*own, strict=True))  # per worker
+    for r in ranks:  # every worker holds the same table: rank 0's row, then rank 1's
+        assert all(
+            np.array_equal(a, b)
+            for a, b in zip(weights(r, "elastic_residual_table"), own[0] + own[1], strict=True)
+        )
+
+
+def test_two_workers_restore_the_commit_and_replay_to_the_bit(two_workers):
+    ranks, infos, _ = two_workers
+    for r, info in zip(ranks, infos, strict=True):
+        committed, restored = weights(r, "elastic_committed"), weights(r, "elastic_restored")
+        assert not all(np.array_equal(a, b) for a, b in zip(committed, weights(r, "elastic_ahead")))
+        assert all(np.array_equal(a, b) for a, b in zip(restored, committed, strict=True))
+        assert all(
+            np.array_equal(a, b)
+            for a, b in zip(
+                weights(r, "elastic_residual_restored"),
+                weights(r, "elastic_residual_committed"),
+                strict=True,
+            )
+        )
+        replayed, ahead = weights(r, "elastic_replayed"), weights(r, "elastic_ahead")
+        assert all(np.array_equal(a, b) for a, b in zip(replayed, ahead, strict=True))
+        assert (info["elastic_restored"]["epoch"], info["elastic_restored"]["batch"]) == (1, 2)
+        assert Smoother(**info["elastic_restored"]["smoother"]).count == 1

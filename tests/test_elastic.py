@@ -1,5 +1,6 @@
-"""toolkit.parallel.elastic: the elastic state's save, restore and sync, on one worker (this
-process) and on two (the shared ``horovodrun -np 2`` run of tests/workers/two_workers.py); the rule
+"""toolkit.parallel.elastic: the elastic state's save, restore and sync on one worker (this
+process; on two, the shared ``horovodrun -np 2`` run of tests/workers/two_workers.py, in
+test_distributed.py, whose worker builds that run once); the rule
 that deals committed residuals out to a new number of workers, against numpy; and a real elastic
 ``horovodrun`` on two hosts of the namespace cluster that loses one host's worker mid-epoch and
 ends where one process taking the same global batches ends (tests/workers/elastic_worker.py)."""
@@ -16,7 +17,7 @@ import time
 import keras
 import numpy as np
 import pytest
-from conftest import ROOT, run_workers, weights
+from conftest import ROOT, run_workers
 
 from toolkit.launching import cluster
 from toolkit.optimizers import SGD
@@ -203,51 +204,6 @@ def test_an_elastic_worker_always_reduces_even_alone(monkeypatch):
         ).workers
         == 1
     )
-
-
-# --- two workers ------------------------------------------------------------------------------
-
-
-def test_two_workers_sync_to_rank0s_state(two_workers):
-    ranks, infos, _ = two_workers
-    synced = [weights(r, "elastic_synced") for r in ranks]
-    assert all(np.array_equal(a, b) for a, b in zip(*synced, strict=True))
-    assert [i["elastic_synced"]["epoch"] for i in infos] == [0, 0]
-    assert [i["elastic_synced"]["meter_updates"] for i in infos] == [0, 0]
-    want = Smoother(decay=0.9)
-    want.update(1.0, 2.0)  # rank 0's
-    assert all(Smoother(**i["elastic_synced"]["smoother"]) == want for i in infos)
-
-
-def test_two_workers_commit_gathers_every_workers_residual(two_workers):
-    ranks, _, _ = two_workers
-    own = [weights(r, "elastic_residual_committed") for r in ranks]
-    assert not all(np.array_equal(a, b) for a, b in zip(*own, strict=True))  # per worker
-    for r in ranks:  # every worker holds the same table: rank 0's row, then rank 1's
-        assert all(
-            np.array_equal(a, b)
-            for a, b in zip(weights(r, "elastic_residual_table"), own[0] + own[1], strict=True)
-        )
-
-
-def test_two_workers_restore_the_commit_and_replay_to_the_bit(two_workers):
-    ranks, infos, _ = two_workers
-    for r, info in zip(ranks, infos, strict=True):
-        committed, restored = weights(r, "elastic_committed"), weights(r, "elastic_restored")
-        assert not all(np.array_equal(a, b) for a, b in zip(committed, weights(r, "elastic_ahead")))
-        assert all(np.array_equal(a, b) for a, b in zip(restored, committed, strict=True))
-        assert all(
-            np.array_equal(a, b)
-            for a, b in zip(
-                weights(r, "elastic_residual_restored"),
-                weights(r, "elastic_residual_committed"),
-                strict=True,
-            )
-        )
-        replayed, ahead = weights(r, "elastic_replayed"), weights(r, "elastic_ahead")
-        assert all(np.array_equal(a, b) for a, b in zip(replayed, ahead, strict=True))
-        assert (info["elastic_restored"]["epoch"], info["elastic_restored"]["batch"]) == (1, 2)
-        assert Smoother(**info["elastic_restored"]["smoother"]).count == 1
 
 
 # --- a world that changes, under elastic horovodrun on the namespace cluster ---------------------
