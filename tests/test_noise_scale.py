@@ -341,7 +341,9 @@ def test_the_probe_cli_on_the_quickstart(tmp_path, subprocess_env):
     args = ["probe", "experiments/quickstart.yaml", "--steps", "80"]
     result = run_cli(args, tmp_path, subprocess_env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "B_simple ≈" in result.stdout and "Your global batch 32 is" in result.stdout
+    said = result.stdout
+    assert "B_simple ≈" in said and "taking B_noise as B_simple (" in said
+    assert "your global batch 32 is" in said
     (run,) = list_runs(tmp_path)
     assert run.meta()["probe"] is True and run.run_id in result.stdout
     assert run.status()["state"] == "completed"
