@@ -1,7 +1,8 @@
 """The runs table: one row per run (:func:`summary`), how a row reads (:func:`progress_text`,
-:func:`outcome_text`) and whether it matches a search (:func:`matches`). The CLI's ``runs``,
-the Runs page, sweeps' results and notebooks all read rows from here; like every reader, it
-never writes a run's files, and a row never raises on a broken one.
+:func:`outcome_text`), whether a running run went silent (:func:`silence`, told with its
+reason by :func:`reason_now`) and whether it matches a search (:func:`matches`). The CLI's
+``runs`` and ``show``, the Runs page, sweeps' results and notebooks all read rows from here;
+like every reader, it never writes a run's files, and a row never raises on a broken one.
 """
 
 from __future__ import annotations
