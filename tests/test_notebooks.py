@@ -86,13 +86,13 @@ def test_the_studys_notebook_as_shipped_builds_its_whole_grid_and_a_search_of_re
     (search_cell,) = [source for source in code if "search.from_mapping(" in source]
     until_search = search_cell.split("trials = search_runner.run")[0]
     namespace = {}
-    for source in [*code[:4], until_search]:  # set-up, imports, the grid: then the search
-        if "sweep_runner.run(" not in source:
-            exec(source.replace("sweep_runner.dry_run(grid)", ""), namespace)
-        if "grid = sweep.from_mapping" in source:
-            grid, scale = namespace["grid"], namespace["Scale"]
-            namespace["largest"] = max(scale.of(c.config).global_batch for c in grid.cells)
-    grid, found, scale = namespace["grid"], namespace["found"], namespace["Scale"]
+    for source in code[:4]:  # set-up, imports, the grid (its dry run's table not drawn)
+        exec(source.replace("sweep_runner.dry_run(grid)", ""), namespace)
+    grid, scale = namespace["grid"], namespace["Scale"]
+    # the figure's cell names the largest batch, which the search's cell reads
+    namespace["largest"] = max(scale.of(c.config).global_batch for c in grid.cells)
+    exec(until_search, namespace)
+    found = namespace["found"]
     assert not namespace["SMOKE"] and namespace["NP"] == 2
     assert {c.config.workers for c in grid.cells} == {2}
     assert {c.coordinates["method"] for c in grid.cells} >= {"lbsgd_lars", "lars", "sgd"}

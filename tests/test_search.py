@@ -179,6 +179,8 @@ def test_the_trials_table_says_what_each_trial_is_doing_and_why_it_ended(tmp_pat
     the queue is ``queued``, one asked but not launched ``asked``; a pruned trial's reason is
     its run's; with trials in flight and no runner alive, both views say nobody follows them.
     No training: the study and the runs are made by hand (~2 s)."""
+    from optuna.trial import TrialState
+
     from toolkit.__main__ import main
 
     root, path = tmp_path / "runs", tmp_path / "s.yaml"
@@ -196,7 +198,7 @@ def test_the_trials_table_says_what_each_trial_is_doing_and_why_it_ended(tmp_pat
         RunDir.create(root, f"s-t{trial.number}")
     why = "pruned by search s's asha pruner at evaluation 2 (accuracy 0.3125)"
     RunDir(root / "s-t0").finish("pruned", reason=why)
-    study.tell(pruned, state=optuna_state("PRUNED"))
+    study.tell(pruned, state=TrialState.PRUNED)
     asked.set_user_attr(search_runner.RUN_ID, "s-t2")  # its runner died before the launch
     table = search_runner.trials(found, root).set_index("trial")
     assert table["state"].tolist() == ["pruned", "queued", "asked"]
@@ -206,12 +208,6 @@ def test_the_trials_table_says_what_each_trial_is_doing_and_why_it_ended(tmp_pat
     assert main(["--runs", str(root), "search", str(path), "--status"]) == 1
     out, err = capsys.readouterr()
     assert f"{why[: terminal.REASON_WIDTH - 1].rstrip()}…" in out and f"warning: {said}" in err
-
-
-def optuna_state(name: str):
-    import optuna
-
-    return optuna.trial.TrialState[name]
 
 
 @pytest.mark.parametrize(

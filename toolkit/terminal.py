@@ -70,8 +70,7 @@ def runs_table(
     table["started (UTC)"] = started.dt.strftime("%Y-%m-%d %H:%M")
     table["duration_s"] = pd.to_numeric(table["duration_s"]).round()
     now = time.time()
-    said = [reason_now(row, now) for row in rows]
-    table["reason"] = [shortened(why) for why in said]
+    table["reason"] = [shortened(reason_now(row, now)) for row in rows]
     damaged = "".join(
         f"\n{row['run_id']}: {row['damaged_checkpoint']}"
         for row in rows
@@ -91,9 +90,9 @@ def cell(value) -> str:
 
 
 def run_text(run: RunDir) -> str:
-    """``show RUN``: one run in full, a line each: its state and why, where it ran, its
-    progress and results, its last event's age, what its latest resume started from, a damaged
-    newest checkpoint, its tags, notes and folder."""
+    """``show RUN``: one run in full, a line each: its state and why (a damaged newest
+    checkpoint among the reasons), where it ran, its progress and results, its last event's
+    age, what its latest resume started from, its tags, notes and folder."""
     launcher.settle(run)
     row, status, now = summary(run), run.recorded_status(), time.time()
     lines = [f"{run.run_id}: {row['state']}"]
@@ -106,8 +105,6 @@ def run_text(run: RunDir) -> str:
         lines.append(f"  last heard from: {now - row['last_heard']:.0f} s ago")
     if resumed := checkpoints.resumed_text(status):
         lines.append(f"  resumed {resumed}")
-    if row["damaged_checkpoint"] and row["damaged_checkpoint"] not in (why or ""):
-        lines.append(f"  checkpoint: {row['damaged_checkpoint']}")
     if row["tags"]:
         lines.append(f"  tags: {', '.join(row['tags'])}")
     if row["notes"]:

@@ -289,11 +289,12 @@ def panel() -> None:
     if resumed := checkpoints.resumed_text(status):
         details.append(f"resumed {resumed}")
     st.text("    ".join(details))
-    if silent := table.silence(data.summary(run), time.time()):
+    row = data.summary(run)
+    if silent := table.silence(row, time.time()):
         st.warning(md_escape(silent.capitalize()))
     if state not in LIVE and (damaged := data.damaged_checkpoint(run)):
         st.warning(md_escape(damaged))
-    outcome = table.outcome_text(data.summary(run))
+    outcome = table.outcome_text(row)
     st.markdown(f"**{md_escape(setup_line(frame))}**  \n{md_escape(outcome)}")
     if reading := noise_reading(data.phase(frame, "gns")):
         st.caption(md_escape(reading))
