@@ -434,3 +434,45 @@ def test_a_search_started_from_the_page_runs_to_its_end(tmp_path, monkeypatch, s
         header = log.index(f"trial {number} (page-t{number}): ")
         after = log.find(f"trial {number + 1} (", header)
         assert log.index("The learning rate peaks at", header) < (after if after > 0 else len(log))
+
+
+def test_a_search_of_three_seeds_is_worth_the_mean_of_its_seeds_runs(tmp_path, monkeypatch):
+    """The quickstart searched over 2 trials of 3 seeds each (1 epoch on 1 worker, 2 runs at a
+    time, ~30 s): each trial trains one run per seed (the base's seed, +1, +2; the trial's
+    values otherwise), and the study's value of a trial is the mean of its runs' last
+    held-out accuracies, read here from their events."""
+    monkeypatch.setenv("PATH", f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}")
+    slots.set_capacity("localhost:2", tmp_path)
+    base = yaml.safe_load((ROOT / "experiments" / "quickstart.yaml").read_text())
+    base |= {"epochs": 1, "workers": 1, "seed": 5, "checkpoint": {"every_epochs": 1}}
+    body = {
+        "name": "q3",
+        "base": base,
+        "space": {"optimizer.learning_rate": {"low": 0.2, "high": 1.0, "log": True}},
+        "trials": 2,
+        "seeds": 3,
+        "sampler": "random",
+        "pruner": "none",
+    }
+    found = search.from_mapping(body)
+    assert "accuracy at the last evaluation (the mean over 3 seeds)" in found.space_text()
+    lines = []
+    table = search_runner.run(found, tmp_path, max_parallel=2, log=lines.append, poll_s=0.3)
+    assert table["state"].tolist() == ["completed", "completed"], (table, lines)
+    runs = {run.run_id: run for run in list_runs(tmp_path)}
+    assert sorted(runs) == sorted(f"q3-t{t}-s{s}" for t in (0, 1) for s in range(3))
+    for trial in search.study(found, tmp_path).get_trials():
+        own = [runs[f"q3-t{trial.number}-s{s}"] for s in range(3)]
+        assert [run.config().seed for run in own] == [5, 6, 7]
+        rates = {run.config().optimizer.learning_rate for run in own}
+        assert rates == {trial.params["optimizer.learning_rate"]}  # the trial's, unscaled
+        last = []
+        for run in own:
+            events = read_events(run.events_path)
+            last.append(events[events.phase == "eval"].sort_values("step").accuracy.iloc[-1])
+            assert run.meta()["trial"] == trial.number and run.tags() == search.tags(
+                "q3", trial.number
+            )
+        assert trial.value == pytest.approx(sum(last) / 3, abs=1e-12)
+        assert trial.user_attrs[search_runner.RUN_IDS] == [run.run_id for run in own]
+    assert sum("(mean of 3 seeds)" in line for line in lines) == 2, lines

@@ -31,8 +31,8 @@ import pandas as pd
 from toolkit import config as config_lib
 from toolkit import files
 from toolkit.config import ExperimentConfig
+from toolkit.launching import runner, sweep_runner
 from toolkit.launching import sweep as sweep_lib
-from toolkit.launching import sweep_runner
 from toolkit.launching.sweep_results import cell_runs
 from toolkit.plan import RunPlan, Scale
 from toolkit.runs.events import read_events
@@ -362,4 +362,4 @@ def start(
     command += ["--rates", *map(str, rate_factors)]
     command += [f"--epochs={epochs}"] * bool(epochs)
     command += [f"--max-parallel={max_parallel}"] * bool(max_parallel)
-    return sweep_runner.detached(command, folder / f"{sweep.name}.log")
+    return runner.detached(command, folder / f"{sweep.name}.log")

@@ -16,6 +16,7 @@ A search file::
     pruner: asha                            # asha | hyperband | median | none
     objective: {metric: accuracy, at: last} # accuracy maximised, loss minimised; last | best
     seed: 0                                 # the sampler's; each trial trains with the base's
+    seeds: 1                                # runs a trial trains: seeds base.seed, +1, ...
     retries: 1                              # times a failed trial is resumed or rerun
 
 A range is an integer range when both bounds are integers (``type: float`` or ``type: int``
@@ -28,7 +29,10 @@ or a bound the field refuses, is named with the config's message).
 The study is Optuna's, in its journal-file storage in the runs root
 (``.searches/<name>.journal``: no database server, safe on a shared file system), named after
 the search. A trial is one run (``<name>-t<number>``, tagged ``search:<name>`` and
-``trial:<number>``); its number and parameters are in the run's ``meta.json`` too.
+``trial:<number>``); its number and parameters are in the run's ``meta.json`` too. With
+``seeds: N`` a trial is N runs (``<name>-t<number>-s<i>``, the base's seed plus ``i``, the same
+values otherwise) and its objective the mean of theirs: a seed's spread can be as large as the
+differences a sampler chooses between.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from toolkit import config as config_lib
 from toolkit import files, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig
+from toolkit.launching.executors.base import over
 from toolkit.launching.sweep import checked_name, keep, read_base, read_yaml
 from toolkit.runs.rundir import runs_root
 
@@ -53,6 +58,7 @@ SEARCHES_DIR = ".searches"
 """Where each search's resolved file (``<name>.yaml``), its study (``<name>.journal``), its
 runner's lock and log are kept, in the runs root."""
 MAX_TRIALS = 10_000
+MAX_SEEDS = 10
 DIRECTIONS = {"accuracy": "maximize", "loss": "minimize"}
 
 
@@ -159,6 +165,7 @@ class SearchSpec(BaseModel):
     pruner: Literal["asha", "hyperband", "median", "none"] = "asha"
     objective: Objective = Field(default_factory=Objective)
     seed: int = 0
+    seeds: int = Field(default=1, ge=1, le=MAX_SEEDS)
     retries: int = Field(default=1, ge=0, le=10)
 
     @field_validator("name")
@@ -232,12 +239,17 @@ class Search:
             for path, field in self.spec.space.items()
         }
 
-    def config(self, params: dict[str, Any], number: int) -> ExperimentConfig:
-        """The base with ``params`` (dotted path -> value) set, named for trial ``number``."""
+    def config(self, params: dict[str, Any], number: int, seed: int = 0) -> ExperimentConfig:
+        """The base with ``params`` (dotted path -> value) set, named for trial ``number``'s
+        run of its ``seed``-th seed (the base's seed plus ``seed``, where a trial has several)."""
         raw = json.loads(json.dumps(self.spec.base))
         for path, value in params.items():
             config_lib.set_path(raw, path, value)
         raw["name"] = trial_run_id(self.name, number)
+        if self.spec.seeds > 1:
+            base_seed = raw.get("seed", config_lib.ExperimentConfig.model_fields["seed"].default)
+            raw["seed"] = base_seed + seed
+            raw["name"] += f"-s{seed}"
         return config_lib.from_mapping(raw)
 
     def edges(self) -> list[tuple[str, Any]]:
@@ -259,7 +271,7 @@ class Search:
         lines = [
             f"search {spec.name}: {spec.trials} trials, sampler {spec.sampler} (seed {spec.seed}),"
             f" pruner {spec.pruner}, {spec.objective.direction} {spec.objective.metric} at the "
-            f"{spec.objective.at} evaluation, up to {spec.retries} "
+            f"{spec.objective.at} evaluation{_of_seeds(spec.seeds)}, up to {spec.retries} "
             f"{'retry' if spec.retries == 1 else 'retries'} a trial"
         ]
         for path, field in spec.space.items():
@@ -271,15 +283,24 @@ class Search:
         return "\n".join(lines)
 
 
-def on_slurm(search: Search, slurm: dict | None) -> Search:
-    """``search`` with its base given a ``slurm`` section of the fields ``slurm`` (over the
-    base's own; ``None``: unchanged): each trial is then a Slurm job, as any run so configured
-    (:mod:`toolkit.launching.slurm`). Validated like the search file."""
-    if slurm is None:
+def _of_seeds(seeds: int) -> str:
+    return f" (the mean over {seeds} seeds)" if seeds > 1 else ""
+
+
+def placed(search: Search, place: tuple[str, dict] | None) -> Search:
+    """``search`` with its base given ``place``'s section and fields
+    (:func:`~toolkit.launching.executors.base.over`; ``None``: unchanged): each trial then
+    goes there, as any run so configured. Validated like the search file."""
+    if place is None:
         return search
     raw = search.spec.model_dump(exclude_none=True)
-    raw["base"] = {**raw["base"], "slurm": {**(raw["base"].get("slurm") or {}), **slurm}}
+    raw["base"] = over(raw["base"], *place)
     return from_mapping(raw)
+
+
+def on_slurm(search: Search, slurm: dict | None) -> Search:
+    """:func:`placed` on Slurm with the ``slurm`` section's fields ``slurm``."""
+    return placed(search, None if slurm is None else ("slurm", slurm))
 
 
 def trial_run_id(search: str, number: int) -> str:

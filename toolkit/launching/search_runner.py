@@ -1,35 +1,35 @@
-"""Running a search (:mod:`toolkit.launching.search`): Optuna asks, the launch queue trains,
-the run's own eval events answer.
+"""Running a search (:mod:`toolkit.launching.search`) as a set of runs of
+:mod:`toolkit.launching.runner`: Optuna asks, the launch queue trains, the runs' own eval
+events answer.
 
-Each trial is an ordinary run launched by :func:`toolkit.launching.launch.launch` (so by the
-executor its config chooses), at most ``max_parallel`` at a time. While it trains, each new
-evaluation in its events is reported to the study as the objective so far (the ``at: best``
-objective reports the best so far), and the pruner is asked; a trial it prunes is ended by
-:func:`~toolkit.launching.launch.prune` (state ``pruned``). A completed run tells the study its
-objective.
+Each trial is an ordinary run (or one per seed, with ``seeds``) launched by the runner, at most
+``max_parallel`` runs at a time. While it trains, each new evaluation in its events is
+reported to the study as the objective so far (the ``at: best`` objective reports the best so
+far; with several seeds the mean over them, once each has made that evaluation), and the pruner
+is asked; a trial it prunes has its runs ended by :func:`~toolkit.launching.launch.prune`
+(state ``pruned``). A completed trial tells the study its objective (its seeds' mean).
 
 A search resumes by looking, not by remembering: the study's journal says which trials were
-asked and how each ended, and each trial's run directory says how its run stands. So a rerun
+asked and how each ended, and each trial's run directories say how its runs stand. So a rerun
 after the runner died (SIGKILL, a lost terminal) picks up the trials still training and goes
-on; a trial whose run failed (its processes killed, its node lost) is resumed from its latest
-intact checkpoint, or, with none, rerun as a new trial with the same parameters, each at most
-``retries`` times (the search file's); a trial asked but never launched is failed and rerun the
-same way. No trial is left running in the study once its run has ended, and none is launched
-twice. One runner per search and runs root holds the search's lock.
+on. A run that failed (its processes killed, its node lost) is given the runner's retries
+(:func:`toolkit.launching.runner.retry`): resumed from its latest intact checkpoint, or, with
+none, its trial rerun as a new trial with the same parameters, each at most ``retries`` times
+(the search file's); a trial asked but never launched is failed and rerun the same way. No
+trial is left running in the study once its runs have ended, and none is launched twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
 from toolkit.config import ConfigError
-from toolkit.launching import launch, runner_lock
+from toolkit.launching import launch, runner
 from toolkit.launching.executors import registry
 from toolkit.launching.search import (
     Search,
@@ -41,17 +41,15 @@ from toolkit.launching.search import (
     study,
     tags,
 )
-from toolkit.launching.slots import capacity, check_fits, slots_of
-from toolkit.launching.sweep_runner import detached, free_id
-from toolkit.runs import checkpoints
+from toolkit.launching.slots import check_fits, slots_of
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import LIVE, RunDir, RunError, runs_root
 from toolkit.runs.states import State
 from toolkit.words import counted
 
-POLL_S = 1.0
 RUN_ID = "run_id"
-ATTEMPT = "attempt"
+RUN_IDS = "run_ids"  # a trial's run for each of its seeds, in order (RUN_ID is the first)
+ATTEMPT = runner.ATTEMPT
 RETRY_OF = "retry_of"
 REASON = "reason"
 RETRY_OWED = "retry_owed"  # set on a failure before it is told: a retry is due
@@ -59,14 +57,20 @@ ASKED = "asked"  # a trial in flight whose run does not exist yet
 
 
 @dataclasses.dataclass
-class _InFlight:
-    """A trial being trained: its Optuna trial, its run, how many of its evaluations the
-    study has been told, and where the pruner stopped it."""
+class _Trial:
+    """A trial in flight: its Optuna trial, its seeds' runs (a flight each, once launched;
+    the state each ended in), how many of its evaluations the study has been told, and where
+    the pruner stopped it."""
 
     trial: object  # optuna.trial.Trial
-    run: RunDir
+    flights: dict[int, runner.Flight] = dataclasses.field(default_factory=dict)
+    ended: dict[int, str] = dataclasses.field(default_factory=dict)
     reported: int = 0
     prune_at: int | None = None  # the evaluation the pruner stopped it at, until it has ended
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
 
 
 def run(
@@ -75,30 +79,16 @@ def run(
     *,
     max_parallel: int | None = None,
     log: Callable[[str], None] = print,
-    poll_s: float = POLL_S,
+    poll_s: float = runner.POLL_S,
 ) -> pd.DataFrame:
     """Run ``search`` until it has its ``trials`` ended (completed, pruned, or failed with no
-    retry left), ``max_parallel`` trials at a time (default: as many as the launch queue's
-    slots hold; on Slurm, every trial, Slurm's queue pacing them), and return :func:`trials`.
+    retry left), ``max_parallel`` runs at a time (default: as many as the launch queue's
+    slots hold; on Slurm, every run, Slurm's queue pacing them), and return :func:`trials`.
     Safe to call again after an interruption (see the module docstring). A second runner of
     the same search raises :class:`SearchError` while the first is alive."""
     search = search if isinstance(search, Search) else load(search)
     base = runs_root(root)
-    check_runnable(search, base)
-    config = search.config({}, 0)
-    queues_here = registry.choose(config).queues_here  # else its executor's queue paces it
-    need = slots_of(config)
-    if max_parallel is None and not queues_here:
-        max_parallel = search.spec.trials
-    elif max_parallel is None:
-        have = capacity(base)
-        max_parallel = max(1, min(have.get(host, n) // n for host, n in need.items()))
-    elif isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
-        raise SearchError(f"max_parallel must be an integer >= 1 (got {max_parallel!r})")
-    refusal = SearchError(f"search {search.name!r} is already being run by another process")
-    with runner_lock.held(folder(base) / f"{search.name}.lock", refusal):
-        save(search, base)
-        _Runner(search, base, max_parallel, log).run(poll_s)
+    runner.run(SearchSet(search, base, log), max_parallel=max_parallel, log=log, poll_s=poll_s)
     return trials(search, base)
 
 
@@ -119,30 +109,33 @@ def check_runnable(search: Search, root: str | Path | None = None) -> None:
             raise SearchError(f"search {search.name}, {label}: {error}") from None
 
 
-class _Runner:
-    """One runner's pass over a search (see the module docstring)."""
+class SearchSet(runner.RunSet):
+    """A search as a set of runs: Optuna asks, each trial trains one run per seed, the runs'
+    own eval events answer (see the module docstring)."""
 
-    def __init__(self, search: Search, base: Path, limit: int, log: Callable[[str], None]):
+    kind, error = "search", SearchError
+
+    def __init__(self, search: Search, base: Path, log: Callable[[str], None] = print):
         import optuna
 
-        self.optuna = optuna
-        self.search, self.base, self.limit, self.log = search, base, limit, log
-        self.study = study(search, base)
-        self.spec = search.spec
-        self.in_flight: dict[int, _InFlight] = {}
+        self.optuna, self.log = optuna, log
+        self.search, self.base, self.name = search, base, search.name
+        self.folder, self.spec = folder(base), search.spec
+        self.retries = self.spec.retries
+        self.trials: dict[int, _Trial] = {}
 
-    def run(self, poll_s: float) -> None:
-        self._recover()
-        self.log(self._progress("going on" if self.study.trials else "starting"))
-        while True:
-            for number in list(self.in_flight):
-                self._follow(self.in_flight[number])
-            while len(self.in_flight) < self.limit and self._wanted():
-                self._start_next()
-            if not self.in_flight:
-                break
-            time.sleep(poll_s)
-        self.log(self._progress("done"))
+    def configs(self):
+        return [self.search.config({}, 0)]
+
+    def size(self) -> int:
+        return self.spec.trials * self.spec.seeds
+
+    def check(self) -> None:
+        check_runnable(self.search, self.base)
+
+    def save(self) -> None:
+        save(self.search, self.base)
+        self.study = study(self.search, self.base)
 
     # --- the study's view -----------------------------------------------------------------
 
@@ -162,8 +155,10 @@ class _Runner:
         counted_ = [t for t in self._trials() if t.state != ts.FAIL or t.number not in retried]
         return len(counted_) < self.spec.trials
 
-    def _progress(self, word: str) -> str:
+    def progress(self, word: str, in_flight: int, limit: int) -> str:
         ts = self.optuna.trial.TrialState
+        if word == "starting" and self._trials(ts.COMPLETE, ts.PRUNED, ts.FAIL, ts.RUNNING):
+            word = "going on"
         ended = {
             _STATES[state.name]: len(self._trials(state))
             for state in (ts.COMPLETE, ts.PRUNED, ts.FAIL)
@@ -174,103 +169,129 @@ class _Runner:
             trial = self.study.best_trial
             best = f"; best {self.spec.objective.metric} {trial.value:.4f} (trial {trial.number})"
         return (
-            f"search {self.search.name} {word}: {counted(self.spec.trials, 'trial')}, "
-            f"{said or 'none ended'}, {len(self.in_flight)} training{best}"
+            f"search {self.name} {word}: {counted(self.spec.trials, 'trial')}, "
+            f"{said or 'none ended'}, {len(self.trials)} training{best}"
         )
 
     # --- starting and recovering -------------------------------------------------------
 
-    def _start_next(self) -> None:
-        """Ask the study for a trial and launch its run, its line logged first (what the
-        launch warns of follows the trial it is about)."""
+    def _planned(self, flight: _Trial, seed: int) -> runner.Planned:
+        trial = flight.trial
+        config = self.search.config(trial.params, trial.number, seed)
+        meta = {"search": self.name, "trial": trial.number, "params": trial.params}
+        if self.spec.seeds > 1:
+            meta["seed_index"] = seed
+        meta[ATTEMPT] = trial.user_attrs.get(ATTEMPT, 1)
+        label = f"trial {trial.number}" + (f" seed {seed}" if self.spec.seeds > 1 else "")
+        item = (trial.number, seed)
+        return runner.Planned(config, config.name, meta, label, item, tags(self.name, trial.number))
+
+    def next(self) -> runner.Planned | None:
+        """A seed of a trial in flight not launched yet, else a new trial's first seed."""
+        for flight in self.trials.values():
+            pending = [s for s in range(self.spec.seeds) if s not in flight.flights]
+            if pending and flight.prune_at is None:
+                return self._planned(flight, pending[0])
+        if not self._wanted():
+            return None
         self.study.sampler = sampler(self.search, len(self._trials()))
         trial = self.study.ask(self.search.distributions())
-        attempt = trial.user_attrs.get(ATTEMPT, 1)
         try:
-            config = self.search.config(trial.params, trial.number)
-            run_id = free_id(config.name, self.base)
-            trial.set_user_attr(RUN_ID, run_id)  # before the run exists: a crash is seen
+            self.search.config(trial.params, trial.number)
+        except ConfigError as error:  # this trial's values cannot run
+            self._tell_failed(trial, f"could not launch: {error}", retry=False)
+            return self.next()
+        self.trials[trial.number] = flight = _Trial(trial)
+        return self._planned(flight, 0)
+
+    def launching(self, planned: runner.Planned, run_id: str, attempt: int) -> None:
+        """Record the run id on the trial before the run exists (a crash is seen), and log the
+        trial's line first (what the launch warns of follows the trial it is about)."""
+        number, seed = planned.item
+        trial = self.trials[number].trial
+        run_ids = list(trial.user_attrs.get(RUN_IDS, []))
+        run_ids[seed:] = [run_id]
+        trial.set_user_attr(RUN_IDS, run_ids)
+        trial.set_user_attr(RUN_ID, run_ids[0])
+        if seed == 0:
             shown = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
             again = f", attempt {attempt}" if attempt > 1 else ""
-            self.log(f"trial {trial.number} ({run_id}{again}): {shown}")
-            run = launch.launch(
-                config,
-                runs_root_dir=self.base,
-                run_id=run_id,
-                meta={"search": self.search.name, "trial": trial.number, "params": trial.params},
-                tags=tags(self.search.name, trial.number),
-            )
-        except (ConfigError, RunError, OSError) as error:  # this trial's values cannot run
-            self._tell_failed(trial, f"could not launch: {error}", retry=False)
-            return
-        self.in_flight[trial.number] = _InFlight(trial, run)
+            seeds = f", {self.spec.seeds} seeds" if self.spec.seeds > 1 else ""
+            self.log(f"trial {number} ({run_id}{seeds}{again}): {shown}")
 
-    def _recover(self) -> None:
-        """Adopt the trials a dead runner left running; fail those never launched; give a
-        retry to each failure owed one (a runner that died between the two)."""
+    def launched(self, flight: runner.Flight) -> None:
+        number, seed = flight.planned.item
+        self.trials[number].flights[seed] = flight
+
+    def not_launched(self, planned: runner.Planned, error: Exception) -> None:
+        flight = self.trials.pop(planned.item[0])
+        self._end_siblings(flight, f"trial {flight.number} could not launch")
+        self._tell_failed(flight.trial, f"could not launch: {error}", retry=False)
+
+    def recover(self, log) -> list[runner.Flight]:
+        """Adopt the trials a dead runner left running; fail those whose runs were never
+        launched; give a retry to each failure owed one (a runner that died between the two)."""
         ts = self.optuna.trial.TrialState
+        adopted = []
         for frozen in self._trials(ts.RUNNING):
             # the study's live handle on a trial asked by another process
             trial = self.optuna.trial.Trial(self.study, frozen._trial_id)
-            run_id = frozen.user_attrs.get(RUN_ID)
-            if run_id is None or not (self.base / run_id).is_dir():
+            run_ids = frozen.user_attrs.get(RUN_IDS) or [frozen.user_attrs.get(RUN_ID)]
+            flight = _Trial(trial, reported=len(frozen.intermediate_values))
+            if any(r is None or not (self.base / r).is_dir() for r in run_ids):
+                self._end_siblings(flight, f"trial {frozen.number}'s runner ended")
                 self._tell_failed(trial, "its runner ended before launching it", retry=True)
                 continue
-            reported = len(frozen.intermediate_values)
-            self.in_flight[frozen.number] = _InFlight(trial, RunDir(self.base / run_id), reported)
+            self.trials[frozen.number] = flight
+            for seed, run_id in enumerate(run_ids):
+                run = RunDir(self.base / run_id)
+                attempt = run.meta().get(ATTEMPT, frozen.user_attrs.get(ATTEMPT, 1))
+                flight.flights[seed] = runner.Flight(self._planned(flight, seed), run, attempt)
+                adopted.append(flight.flights[seed])
         retried = self._retried()
         for frozen in self._trials(ts.FAIL):
             if frozen.number not in retried and frozen.user_attrs.get(RETRY_OWED):
                 self._enqueue_retry(frozen.number, frozen.params, frozen.user_attrs.get(ATTEMPT, 1))
+        return adopted
 
     # --- following a trial ---------------------------------------------------------------
 
-    def _follow(self, flight: _InFlight) -> None:
-        """Report the trial's new evaluations, prune it if the pruner says so, and tell the
-        study how it ended once its run has."""
-        status = launch.settle(flight.run)
-        values = self._evaluations(flight.run)
-        trial, objective = flight.trial, self.spec.objective
-        state, prune_at = status["state"], None
-        for count in range(flight.reported + 1, len(values) + 1):
-            trial.report(objective.of(values[:count]), step=count)
+    def watch(self, flights: list[runner.Flight]) -> None:
+        """Report each trial's new evaluations (the mean over its seeds, once every seed has
+        made it) and prune it if the pruner says so."""
+        for flight in list(self.trials.values()):
+            if flight.flights:
+                self._report(flight)
+
+    def _report(self, flight: _Trial) -> None:
+        objective, trial = self.spec.objective, flight.trial
+        values = [self._evaluations(f.run) for f in flight.flights.values()]
+        live = [f for f in flight.flights.values() if f.state in LIVE]
+        made = min(map(len, values)) if len(values) == self.spec.seeds else 0
+        prune_at = None
+        for count in range(flight.reported + 1, made + 1):
+            trial.report(_mean(objective.of(v[:count]) for v in values), step=count)
             flight.reported = count
             # asked at every evaluation, even one read late or of a run that has ended:
             # ASHA keeps a trial's value at each rung as it is asked there
-            if trial.should_prune() and state in LIVE:
+            if trial.should_prune() and live:
                 prune_at = count
                 break
-        if prune_at is None and state in LIVE:
-            prune_at = flight.prune_at  # a prune that could not end its run last time
-        if prune_at is not None:
-            value = objective.of(values[:prune_at])
-            why = (
-                f"pruned by search {self.search.name}'s {self.spec.pruner} pruner at "
-                f"evaluation {prune_at} ({objective.metric} {value:.4f})"
-            )
-            try:
-                launch.prune(flight.run, why)
-            except RunError as error:  # ended meanwhile, or busy: tried again next time
-                flight.prune_at = prune_at
-                self.log(f"trial {trial.number}: not pruned yet ({error})")
-                return
-            state = flight.run.status()["state"]
-        if state in LIVE:
+        prune_at = prune_at or (flight.prune_at if live else None)
+        if prune_at is None:
             return
-        del self.in_flight[trial.number]
-        reason = flight.run.status().get("reason") or "no reason recorded"
-        if state == State.PRUNED:
-            self.study.tell(trial, state=self.optuna.trial.TrialState.PRUNED)
-            self.log(f"trial {trial.number}: pruned ({reason})")
-        elif state == State.COMPLETED and (value := objective.of(values)) is not None:
-            self.study.tell(trial, value)
-            self.log(f"trial {trial.number}: completed, {objective.metric} {value:.4f}")
-        elif state == State.COMPLETED:
-            self._tell_failed(trial, "completed without an evaluation", retry=False)
-        elif state == State.STOPPED:
-            self._tell_failed(trial, f"stopped ({reason})", retry=False)
-        else:
-            self._failed(flight, reason)
+        value = _mean(objective.of(v[:prune_at]) for v in values)
+        why = (
+            f"pruned by search {self.name}'s {self.spec.pruner} pruner at "
+            f"evaluation {prune_at} ({objective.metric} {value:.4f})"
+        )
+        flight.prune_at = prune_at
+        for seed_flight in live:
+            try:
+                launch.prune(seed_flight.run, why)
+            except RunError as error:  # ended meanwhile, or busy: tried again next time
+                self.log(f"trial {trial.number}: not pruned yet ({error})")
+            seed_flight.status = seed_flight.run.status()
 
     def _evaluations(self, run: RunDir) -> list[float]:
         """The objective's metric at each evaluation in ``run``'s events, in order."""
@@ -284,26 +305,64 @@ class _Runner:
         evals = events[events.phase == "eval"].sort_values("step")
         return [float(v) for v in evals[metric]]
 
-    def _failed(self, flight: _InFlight, reason: str) -> None:
-        """A trial whose run failed: resumed from its latest intact checkpoint while it has
-        retries, else failed (and rerun as a new trial while it has retries)."""
-        trial = flight.trial
-        attempt = trial.user_attrs.get(ATTEMPT, 1)
-        intact, _ = checkpoints.latest_intact(flight.run.checkpoints_path)
-        if attempt <= self.spec.retries and intact is not None:
-            try:
-                launch.resume(flight.run, self.base)
-            except (RunError, ConfigError, OSError) as error:
-                reason = f"{reason}; could not resume: {error}"
-            else:
-                trial.set_user_attr(ATTEMPT, attempt + 1)
-                self.in_flight[trial.number] = flight
-                self.log(
-                    f"trial {trial.number}: failed ({reason}); resumed from its checkpoint "
-                    f"{intact.name} (attempt {attempt + 1} of {self.spec.retries + 1})"
-                )
-                return
-        self._tell_failed(trial, reason, retry=True)
+    def resumed(self, flight: runner.Flight) -> None:
+        trial = self.trials[flight.planned.item[0]].trial
+        trial.set_user_attr(ATTEMPT, max(flight.attempt, trial.user_attrs.get(ATTEMPT, 1)))
+
+    def ended(self, flight: runner.Flight, reason: str) -> None:
+        """A seed's run has ended with no further attempt. A failed or stopped one fails its
+        trial at once (ending its other seeds' runs); once every seed's run has ended, the
+        study is told how the trial ended: pruned if the pruner stopped it, else completed,
+        worth the mean of its seeds' objectives."""
+        number, seed = flight.planned.item
+        if number not in self.trials:  # its trial was told already (a sibling failed)
+            return
+        trial_flight = self.trials[number]
+        trial_flight.ended[seed] = flight.state
+        if flight.state in (State.FAILED, State.STOPPED) and trial_flight.prune_at is None:
+            self._fail(trial_flight, flight, reason, retry=False)
+            return
+        if len(trial_flight.ended) < len(trial_flight.flights) or (
+            trial_flight.prune_at is None and len(trial_flight.flights) < self.spec.seeds
+        ):
+            return  # seeds still training, or still to launch
+        del self.trials[number]
+        trial, objective = trial_flight.trial, self.spec.objective
+        states = set(trial_flight.ended.values())
+        values = [objective.of(self._evaluations(f.run)) for f in trial_flight.flights.values()]
+        if State.PRUNED in states:
+            self.study.tell(trial, state=self.optuna.trial.TrialState.PRUNED)
+            self.log(f"trial {number}: pruned ({reason})")
+        elif states == {State.COMPLETED} and None not in values:
+            value = _mean(values)
+            self.study.tell(trial, value)
+            spread = f" (mean of {len(values)} seeds)" if len(values) > 1 else ""
+            self.log(f"trial {number}: completed, {objective.metric} {value:.4f}{spread}")
+        else:
+            self._tell_failed(trial, "completed without an evaluation", retry=False)
+
+    def relaunch(self, flight: runner.Flight, reason: str) -> None:
+        """A failed run with no checkpoint to resume: its trial fails and is rerun as a new
+        trial with the same parameters (Optuna keeps the failure, its sampler sees it)."""
+        trial_flight = self.trials.get(flight.planned.item[0])
+        if trial_flight is not None:
+            self._fail(trial_flight, flight, reason, retry=True)
+
+    def _fail(self, trial_flight: _Trial, flight: runner.Flight, reason: str, retry: bool):
+        """The trial fails with its seed's run ``flight`` (its other seeds' runs ended)."""
+        del self.trials[trial_flight.number]
+        self._end_siblings(trial_flight, f"trial {trial_flight.number} failed")
+        said = f"stopped ({reason})" if flight.state == State.STOPPED else reason
+        self._tell_failed(trial_flight.trial, said, retry=retry)
+
+    def _end_siblings(self, trial_flight: _Trial, why: str) -> None:
+        """End the trial's other seeds' runs still live: the trial they count for is over."""
+        for flight in trial_flight.flights.values():
+            if flight.run.status()["state"] in LIVE:
+                try:
+                    launch.prune(flight.run, why)
+                except RunError as error:
+                    self.log(f"{flight.planned.label}: could not end it ({error})")
 
     def _tell_failed(self, trial, reason: str, retry: bool) -> None:
         attempt = trial.user_attrs.get(ATTEMPT, 1)
@@ -319,6 +378,11 @@ class _Runner:
     def _enqueue_retry(self, number: int, params: dict, attempt: int) -> None:
         """Ask for trial ``number``'s parameters again, as its attempt ``attempt + 1``."""
         self.study.enqueue_trial(params, user_attrs={ATTEMPT: attempt + 1, RETRY_OF: number})
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
 
 
 TRIAL_COLUMNS = ["trial", "state", "value", RUN_ID, ATTEMPT, REASON]
@@ -394,19 +458,18 @@ def start(
     """Run ``search`` in a background process of its own session (the app's and notebooks'
     way: it outlives them), output appended to ``<root>/.searches/<name>.log``; returns its
     pid. Raises :class:`SearchError` if a runner of this search is alive already."""
+    runner.check_parallel(max_parallel, SearchError)
     base = runs_root(root)
-    if runner_active(search.name, base):
-        raise SearchError(f"search {search.name!r} is already being run by another process")
     check_runnable(search, base)
     command = [sys.executable, "-m", "toolkit", "--runs", str(base), "search"]
     command += [str(save(search, base))]
     command += [f"--max-parallel={max_parallel}"] * bool(max_parallel)
-    return detached(command, folder(base) / f"{search.name}.log")
+    return runner.start(SearchSet(search, base), command)
 
 
 def runner_active(name: str, root: str | Path | None = None) -> bool:
     """Whether a runner of search ``name`` is alive (it holds the search's lock)."""
-    return runner_lock.is_held(folder(root) / f"{name}.lock")
+    return runner.active(folder(root), name)
 
 
 def _short(value) -> str:

@@ -13,6 +13,7 @@ A sweep file::
       goyal: {lr_scaling.rule: linear, schedule.warmup.epochs: 3}
       lars_sqrt: {optimizer.name: lars, lr_scaling.rule: sqrt}
     seeds: [0, 1, 2]                       # optional (default: the base config's seed)
+    retries: 0                             # times a cell whose run fails is resumed or rerun
 
 ``grid`` may also be a list of such mappings: the cells are the union of their products, in
 order (scikit-learn's ``ParameterGrid``). Inside a grid mapping, the key ``method`` restricts
@@ -47,6 +48,7 @@ from toolkit import config as config_lib
 from toolkit import files, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.runs.rundir import runs_root
+from toolkit.sections import run_name_problem
 
 SWEEPS_DIR = ".sweeps"
 """Where :func:`save` keeps each sweep's resolved file, in the runs root (``<name>.yaml``), and
@@ -73,6 +75,7 @@ class SweepSpec(BaseModel):
     grid: dict[str, Values] | list[dict[str, Values]]
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict)
     seeds: list[int] | None = None
+    retries: int = Field(default=0, ge=0, le=10)
 
     @field_validator("name")
     @classmethod
@@ -107,7 +110,7 @@ class SweepSpec(BaseModel):
 def checked_name(value: str, kind: str, most: int) -> str:
     """``value`` if it may name a ``kind`` (a sweep, a search): a valid run name of at most
     ``most`` characters, since it prefixes its runs' ids; else a ``ValueError`` saying why."""
-    if problem := config_lib.run_name_problem(value):
+    if problem := run_name_problem(value):
         raise ValueError(f"{kind} names {problem}")
     if len(value) > most:
         raise ValueError(f"{kind} names have at most {most} characters (they prefix run ids)")

@@ -9,13 +9,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from toolkit.launching.sweep import METHOD, SEED, Cell, Sweep
 from toolkit.plan import Scale
 from toolkit.runs.curves import updates_by_epoch, wide
-from toolkit.runs.events import read_events
+from toolkit.runs.events import diverged, read_events
 from toolkit.runs.rundir import LIVE, RunDir, list_runs
 from toolkit.runs.states import State
 from toolkit.runs.table import summary
@@ -89,14 +88,6 @@ def _measure(cell: Cell, run_dir: RunDir | None, events) -> dict[str, Any]:
         "global_batch": scale.global_batch,
         "reason": row.get("reason"),
     }
-
-
-def diverged(events: pd.DataFrame) -> bool:
-    """Whether a run's ``events`` hold a train event whose loss is NaN or infinite."""
-    if "phase" not in events or "loss" not in events:
-        return False
-    losses = pd.to_numeric(events.loc[events["phase"] == "train", "loss"], errors="coerce")
-    return not np.isfinite(losses.to_numpy(float)).all()  # every train event has a loss
 
 
 def _adascale_updates(config, history: pd.DataFrame, evals: pd.DataFrame) -> int:

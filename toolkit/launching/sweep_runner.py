@@ -1,13 +1,12 @@
-"""Running a sweep (:mod:`toolkit.launching.sweep`): every cell that has not completed, through
-:mod:`toolkit.launching.launch`, at most ``max_parallel`` at a time; or, for cells whose executor
-starts a sweep's runs at once (Slurm's job arrays, whose ``%max_parallel`` Slurm enforces), all
-at once (:func:`toolkit.launching.launch.launch_all`).
+"""Running a sweep (:mod:`toolkit.launching.sweep`) as a set of runs of
+:mod:`toolkit.launching.runner` (:class:`SweepSet`): every cell that has not completed, at most
+``max_parallel`` at a time; or, for cells whose executor starts a sweep's runs at once (Slurm's
+job arrays, whose ``%max_parallel`` Slurm enforces), all at once.
 
 A sweep resumes by looking, not by remembering: :func:`run` skips completed cells, waits for
 cells already queued or running (launched by an earlier runner that was killed), reports failed
 or stopped ones (and reruns them, as a new attempt beside the old run, with ``retry_failed``),
-and launches the rest. One runner per sweep and runs root holds the sweep's lock
-(:func:`runner_active`). Before anything starts, :func:`dry_run` plans every cell
+and launches the rest. Before anything starts, :func:`dry_run` plans every cell
 (:class:`~toolkit.plan.RunPlan`) and :func:`estimate` prices it from measured throughputs.
 """
 
@@ -17,19 +16,19 @@ import collections
 import dataclasses
 import json
 import math
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
-from toolkit import advice, files, safe_yaml
+from toolkit import advice, safe_yaml
 from toolkit.config import ConfigError, ExperimentConfig, from_mapping
-from toolkit.launching import launch, remote, runner_lock
+from toolkit.launching import runner
 from toolkit.launching.executors import registry
-from toolkit.launching.slots import capacity, check_fits, positions, slots_of
+from toolkit.launching.executors.base import over
+from toolkit.launching.executors.slurm import SlurmExecutor
+from toolkit.launching.slots import check_fits, positions, slots_of
 from toolkit.launching.sweep import (
     SWEEPS_DIR,
     Cell,
@@ -42,13 +41,12 @@ from toolkit.launching.sweep import (
 )
 from toolkit.launching.sweep_results import cell_runs, results
 from toolkit.plan import RunPlan, Scale
-from toolkit.runs import placement
 from toolkit.runs.rundir import LIVE, RunDir, list_runs, runs_root
 from toolkit.runs.states import State
 from toolkit.runs.table import summary
 from toolkit.words import counted
 
-POLL_S = 1.0
+POLL_S = runner.POLL_S
 STARTUP_S = 12.6
 """A launch's seconds from its slots to its workers' training where no run here recorded
 one: ``experiments/bench_startup.py``'s median launch to first event (docs/notes/performance.md)."""
@@ -215,28 +213,105 @@ def states(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def on_slurm(sweep: Sweep, slurm: dict | None) -> Sweep:
-    """``sweep`` with every cell's config given a ``slurm`` section of the fields ``slurm``
-    (over the section a cell already has; ``None``: unchanged). A cell keeps its key, and so
-    its identity: a cell completed on this machine is not run again on Slurm."""
-    if slurm is None:
+def placed(sweep: Sweep, place: registry.Place | None) -> Sweep:
+    """``sweep`` with every cell's config given ``place``'s section and fields
+    (:func:`~toolkit.launching.executors.base.over`; ``None``: unchanged). A cell keeps its
+    key, and so its identity: a cell completed on this machine is not run again on Slurm."""
+    if place is None:
         return sweep
     cells = []
     for cell in sweep.cells:
-        raw = cell.config.model_dump(mode="json")
-        raw["slurm"] = {**(raw.get("slurm") or {}), **slurm}
+        raw = over(cell.config.model_dump(mode="json"), *place)
         cells.append(dataclasses.replace(cell, config=from_mapping(raw)))
     return dataclasses.replace(sweep, cells=tuple(cells))
 
 
+def on_slurm(sweep: Sweep, slurm: dict | None) -> Sweep:
+    """:func:`placed` on Slurm with the ``slurm`` section's fields ``slurm``."""
+    return placed(sweep, None if slurm is None else (SlurmExecutor.section, slurm))
+
+
 def default_parallel(sweep: Sweep, root: str | Path | None = None) -> int:
-    """How many cells fit the queue's capacity at once (at least 1)."""
-    have = capacity(root)
-    fits = [
-        min(have.get(host, need) // need for host, need in slots_of(cell.config).items())
-        for cell in sweep.cells
-    ]
-    return max(1, min(fits, default=1))
+    """How many cells go at once by default (:func:`toolkit.launching.runner.default_parallel`)."""
+    configs = [cell.config for cell in sweep.cells]
+    return runner.default_parallel(configs, len(configs), runs_root(root))
+
+
+class SweepSet(runner.RunSet):
+    """A sweep as a set of runs: its cells not completed, in order (see the module docstring).
+    A failed cell is given :func:`~toolkit.launching.runner.retry`'s attempts while this
+    runner follows it (the sweep file's ``retries``: none by default, since a sweep's cells
+    are measurements whose failures are among its results, where a search's trials are samples
+    whose failures only spend its budget); one that ended before this runner started is
+    reported, and with ``retry_failed`` launched again as a new attempt beside the old run."""
+
+    kind, error = "sweep", SweepError
+
+    def __init__(self, sweep, base, retry_failed=False, label=None, log=print):
+        self.sweep, self.base, self.name = sweep, base, sweep.name
+        self.folder = base / SWEEPS_DIR
+        self.retry_failed, self.retries = retry_failed, sweep.spec.retries
+        self.label, self.log = label or _label, log
+        self.todo: list[runner.Planned] = []
+        self.total, self.done = len(sweep.cells), 0
+
+    def configs(self):
+        return [cell.config for cell in self.sweep.cells]
+
+    def size(self) -> int:
+        return self.total
+
+    def check(self) -> None:
+        dry_run(self.sweep, self.base)  # every cell can launch, before any does
+
+    def save(self) -> None:
+        save(self.sweep, self.base)
+
+    def _planned(self, cell: Cell, attempt: int = 1) -> runner.Planned:
+        meta = {**cell.meta(), runner.ATTEMPT: attempt}
+        return runner.Planned(cell.config, cell.run_id, meta, self.label(cell), cell)
+
+    def recover(self, log) -> list[runner.Flight]:
+        runs, in_flight = cell_runs(self.sweep, self.base), []
+        for cell in self.sweep.cells:
+            run_dir = runs.get(cell.key)
+            state = run_dir.status()["state"] if run_dir else None
+            if state in LIVE:
+                attempt = run_dir.meta().get(runner.ATTEMPT, 1)
+                in_flight.append(runner.Flight(self._planned(cell, attempt), run_dir, attempt))
+            elif state is None or (self.retry_failed and state != State.COMPLETED):
+                self.todo.append(self._planned(cell))
+            elif state != State.COMPLETED:
+                log(f"{self.label(cell)}: {state} ({run_dir.run_id}); --retry-failed reruns it")
+        self.done = self.total - len(self.todo) - len(in_flight)
+        return in_flight
+
+    def at_once(self) -> list[runner.Planned]:
+        """The cells whose executor paces them itself, max_parallel at a time: all go now."""
+        at_once = [p for p in self.todo if registry.choose(p.config).starts_sweeps_at_once]
+        self.todo = [p for p in self.todo if p not in at_once]
+        return at_once
+
+    def next(self) -> runner.Planned | None:
+        return self.todo.pop(0) if self.todo else None
+
+    def relaunch(self, flight: runner.Flight, reason: str) -> None:
+        self.log(f"{flight.planned.label}: failed ({reason}); launched again from the start")
+        self.todo.insert(0, self._planned(flight.planned.item, flight.attempt + 1))
+
+    def ended(self, flight: runner.Flight, reason: str) -> None:
+        self.done += 1
+        state = flight.state
+        said = f" ({reason})" if state != State.COMPLETED else _accuracy(flight.run)
+        self.log(f"[{self.done}/{self.total}] {flight.planned.label}: {state}{said}")
+
+    def progress(self, word: str, in_flight: int, limit: int) -> str | None:
+        if word == "done":
+            return None
+        return (
+            f"sweep {self.name}: {counted(self.total, 'cell')}, {self.done} ended, "
+            f"{in_flight} in flight, {len(self.todo)} to launch, {limit} at a time"
+        )
 
 
 def run(
@@ -254,75 +329,16 @@ def run(
     is logged by its ``label`` (default: its coordinates). Safe to call again after an
     interruption: see the module docstring. One runner per sweep and runs root: a second raises
     :class:`SweepError` while the first is alive."""
-    _check_parallel(max_parallel)
     sweep = sweep if isinstance(sweep, Sweep) else load(sweep)
     base = runs_root(root)
-    dry_run(sweep, base)  # every cell can launch, before any does
-    with _runner_lock(sweep.name, base):
-        save(sweep, base)
-        return _run(sweep, base, max_parallel, retry_failed, log, poll_s, label or _label)
-
-
-def _run(sweep, base, max_parallel, retry_failed, log, poll_s, label) -> pd.DataFrame:
-    limit = max_parallel or default_parallel(sweep, base)
-    runs = cell_runs(sweep, base)
-    todo, in_flight, total = [], {}, len(sweep.cells)
-    for cell in sweep.cells:
-        run_dir = runs.get(cell.key)
-        state = run_dir.status()["state"] if run_dir else None
-        if state in LIVE:
-            in_flight[cell.key] = (cell, run_dir)
-        elif state is None or (retry_failed and state != State.COMPLETED):
-            todo.append(cell)
-        elif state != State.COMPLETED:
-            log(f"{label(cell)}: {state} ({run_dir.run_id}); --retry-failed reruns it")
-    done = total - len(todo) - len(in_flight)
-    log(
-        f"sweep {sweep.name}: {counted(total, 'cell')}, {done} ended, {len(in_flight)} in flight, "
-        f"{len(todo)} to launch, {limit} at a time"
-    )
-    at_once = [cell for cell in todo if registry.choose(cell.config).starts_sweeps_at_once]
-    if at_once:  # their executor paces them, max_parallel at a time: all go now
-        todo = [cell for cell in todo if cell not in at_once]
-        cells = [(c.config, free_id(c.run_id, base), c.meta()) for c in at_once]
-        started = launch.launch_all(cells, sweep.name, base, max_parallel)
-        for cell, run_dir in zip(at_once, started, strict=True):
-            in_flight[cell.key] = (cell, run_dir)
-        where = placement.where(started[0].status())
-        log(f"submitted {counted(len(at_once), 'cell')} at once ({where}...)")
-    while todo or in_flight:
-        while todo and len(in_flight) < limit:
-            cell = todo.pop(0)
-            run_id = free_id(cell.run_id, base)
-            run_dir = launch.launch(
-                cell.config, runs_root_dir=base, run_id=run_id, meta=cell.meta()
-            )
-            in_flight[cell.key] = (cell, run_dir)
-        time.sleep(poll_s)
-        for key, (cell, run_dir) in list(in_flight.items()):
-            status = launch.settle(run_dir)
-            if status["state"] not in LIVE:
-                del in_flight[key]
-                done += 1
-                log(f"[{done}/{total}] {label(cell)}: {status['state']}{_outcome(run_dir, status)}")
+    cells = SweepSet(sweep, base, retry_failed, label=label, log=log)
+    runner.run(cells, max_parallel=max_parallel, log=log, poll_s=poll_s)
     return results(sweep, base)
-
-
-def _runner_lock(name: str, base: Path):
-    refusal = SweepError(f"sweep {name!r} is already being run by another process")
-    return runner_lock.held(base / SWEEPS_DIR / f"{name}.lock", refusal)
 
 
 def runner_active(name: str, root: str | Path | None = None) -> bool:
     """Whether a runner of sweep ``name`` is alive (it holds the sweep's lock)."""
-    return runner_lock.is_held(runs_root(root) / SWEEPS_DIR / f"{name}.lock")
-
-
-def _check_parallel(max_parallel: int | None) -> None:
-    if max_parallel is not None and (
-        isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1
-    ):
-        raise SweepError(f"max_parallel must be an integer >= 1 (got {max_parallel!r})")
+    return runner.active(runs_root(root) / SWEEPS_DIR, name)
 
 
 def start(
@@ -331,76 +347,28 @@ def start(
     *,
     max_parallel: int | None = None,
     retry_failed: bool = False,
-    slurm: dict | None = None,
+    place: registry.Place | None = None,
 ) -> int:
     """Run ``sweep`` in a background process of its own session (the app's and notebooks'
     way: it outlives them), output to ``<root>/.sweeps/<name>.log``; returns its pid; with
-    ``slurm`` (the fields of a ``slurm`` section, :func:`on_slurm`), its cells go to Slurm.
-    Raises :class:`SweepError` if a runner of this sweep is alive already."""
-    _check_parallel(max_parallel)
+    ``place`` (:func:`placed`), its cells go there. Raises :class:`SweepError` if a runner of
+    this sweep is alive already."""
+    runner.check_parallel(max_parallel, SweepError)
     base = runs_root(root)
-    if runner_active(sweep.name, base):
-        raise SweepError(f"sweep {sweep.name!r} is already being run by another process")
-    command = [
-        sys.executable,
-        "-m",
-        "toolkit",
-        "--runs",
-        str(base),
-        "sweep",
-        str(save(sweep, base)),
-    ]
+    command = [sys.executable, "-m", "toolkit", "--runs", str(base), "sweep"]
+    command += [str(save(sweep, base))]
     command += [f"--max-parallel={max_parallel}"] * bool(max_parallel)
     command += ["--retry-failed"] * retry_failed
-    if slurm is not None:
-        on_slurm(sweep, slurm)  # refused here, naming the field, if it is not valid
-        command += ["--slurm", *_slurm_flags(slurm)]
-    return detached(command, base / SWEEPS_DIR / f"{sweep.name}.log")
-
-
-def detached(command: list[str], log_path: Path) -> int:
-    """Start ``command`` in a session of its own (it outlives the app or notebook that starts
-    it), from the package's folder, its output appended to ``log_path``; return its pid."""
-    with files.writing(log_path), open(log_path, "ab") as log:
-        runner = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=remote.PACKAGE_ROOT,
-        )
-    return runner.pid
-
-
-def _slurm_flags(slurm: dict) -> list[str]:
-    """The CLI's flags for the fields of a ``slurm`` section (see ``python -m toolkit sweep``)."""
-    flags = []
-    for field, value in slurm.items():
-        if field == "sbatch_args":
-            flags += [f"--sbatch-arg={arg}" for arg in value]
-        elif field == "signal_before_end_s":
-            raise SweepError("slurm.signal_before_end_s is set in the sweep's base config only")
-        else:
-            flags.append(f"--{field.replace('_', '-')}={value}")
-    return flags
-
-
-def free_id(run_id: str, base: Path) -> str:
-    """``run_id``, or ``run_id-2``, ``-3``... for a rerun beside an earlier attempt."""
-    attempt, candidate = 1, run_id
-    while (base / candidate).exists():
-        attempt += 1
-        candidate = f"{run_id[: 64 - len(str(attempt)) - 1]}-{attempt}"
-    return candidate
+    if place is not None:
+        placed(sweep, place)  # refused here, naming the field, if it is not valid
+        command += registry.with_section(place[0]).flags(place[1])
+    return runner.start(SweepSet(sweep, base), command)
 
 
 def _label(cell: Cell) -> str:
     return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in cell.coordinates.items())
 
 
-def _outcome(run_dir: RunDir, status: dict) -> str:
-    if status["state"] != State.COMPLETED:
-        return f" ({status.get('reason') or 'no reason recorded'})"
+def _accuracy(run_dir: RunDir) -> str:
     accuracy = summary(run_dir).get("last_eval_accuracy")
     return "" if accuracy is None else f", test accuracy {accuracy:.4f}"

@@ -327,6 +327,14 @@ def _save_copy(copy: Path, frame: pd.DataFrame, tie: dict) -> None:
         return
 
 
+def diverged(events: pd.DataFrame) -> bool:
+    """Whether a run's ``events`` hold a train event whose loss is NaN or infinite."""
+    if "phase" not in events or "loss" not in events:
+        return False
+    losses = pd.to_numeric(events.loc[events["phase"] == "train", "loss"], errors="coerce")
+    return not np.isfinite(losses.to_numpy(float)).all()  # every train event has a loss
+
+
 def truncate_after(path: str | os.PathLike, step: int) -> None:
     """Drop the records after ``step`` (a resumed run rewinds to its checkpoint, so its curve
     continues the original's instead of repeating steps). The file is replaced atomically;
