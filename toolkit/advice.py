@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import warnings as python_warnings
 
-from toolkit.communication import Techniques
 from toolkit.config import ExperimentConfig
+from toolkit.dgc import Techniques
 from toolkit.plan import Scale
 
 STUDY_V2 = "docs/notes/study.md, Study v2"

@@ -16,6 +16,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+VALUE_DTYPES = ("float32", "float16")
+"""The types a sparse mode's values may travel in (``allreduce.value_dtype``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Codec:

@@ -18,108 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolkit import codecs, optimizer_rules
 from toolkit.catalog import OPTIMIZERS
+from toolkit.dgc import Techniques
 from toolkit.errors import ConfigError
-
-if TYPE_CHECKING:  # the schema builds these objects, so they name its types only
-    from toolkit.sections import AllreduceConfig, SyncConfig
-
-VALUE_DTYPES = ("float32", "float16")
-SYNC_MODES = ("full", "partial", "local_sgd")
-
-
-@dataclasses.dataclass(frozen=True)
-class Techniques:
-    """Deep Gradient Compression's techniques (Lin et al., ICLR 2018), each on or off, for the
-    encoded modes: what :mod:`toolkit.parallel.compression` does with each is said there."""
-
-    momentum_correction: bool = False
-    momentum_masking: bool = False
-    local_clipnorm: float = 0.0
-    sparsity_warmup_epochs: int = 0
-    dense_1d: bool = False
-
-    @classmethod
-    def of(cls, allreduce: AllreduceConfig | Mapping[str, Any]) -> Techniques:
-        """Each technique as the section gives it, or where it does not (``None``), as
-        :data:`PRESET` has it if ``dgc`` is on, else off. The preset warms up ``topk`` only."""
-        options = allreduce if isinstance(allreduce, Mapping) else allreduce.model_dump()
-        default = OFF
-        if options.get("dgc"):
-            warms_up = codecs.of(options.get("compression", codecs.DENSE.name)).warms_up
-            default = PRESET if warms_up else PRESET_UNWARMED
-        return cls(
-            **{
-                name: getattr(default, name) if options.get(name) is None else options[name]
-                for name in NAMES
-            }
-        )
-
-    def words(self) -> list[str]:
-        """The techniques that are on, as a summary names them."""
-        return [
-            text
-            for text, shown in (
-                ("momentum correction", self.momentum_correction),
-                ("masking", self.momentum_masking),
-                (f"local clip {self.local_clipnorm:g}", self.local_clipnorm),
-                (f"warm-up {self.sparsity_warmup_epochs} epochs", self.sparsity_warmup_epochs),
-                ("1-D dense", self.dense_1d),
-            )
-            if shown
-        ]
-
-
-NAMES = tuple(field.name for field in dataclasses.fields(Techniques))
-OFF = Techniques()
-PRESET = Techniques(True, True, 5.0, 4, True)
-"""DGC's techniques as ``dgc: true`` sets them: the paper's four-epoch warm-up; its reference
-implementation's dense 1-D variables; the clipping norm is the lab's choice (the paper clips at
-the dense run's threshold scaled by ``workers ** -0.5``)."""
-PRESET_UNWARMED = dataclasses.replace(PRESET, sparsity_warmup_epochs=0)
-
-
-def check_encoding(allreduce: AllreduceConfig) -> None:
-    """Raise :class:`~toolkit.errors.ConfigError` if the ``allreduce:`` section's options do not
-    fit its mode: each
-    option names the modes it serves, and the option it builds on."""
-    mode, codec = allreduce.compression, codecs.of(allreduce.compression)
-    on = Techniques.of(allreduce)
-    asked = [name for name in ("dgc", "dense_norm") if getattr(allreduce, name)]
-    asked += [name for name in NAMES if getattr(on, name) and name not in asked]
-    if not codec.encoded and asked:
-        raise ConfigError(
-            f"allreduce.{asked[0]} needs allreduce.compression one of {codecs.ENCODED} (got "
-            f"{mode!r}): DGC's techniques and the dense norm act on a compressed mode"
-        )
-    refusals = (
-        (
-            allreduce.value_dtype != "float32" and not codec.sparse,
-            f"allreduce.value_dtype={allreduce.value_dtype!r} needs allreduce.compression "
-            f"{' or '.join(codecs.SPARSE)} (got {mode!r})",
-        ),
-        (
-            on.sparsity_warmup_epochs and not codec.warms_up,
-            "allreduce.sparsity_warmup_epochs warms topk's ratio up: it needs "
-            f"allreduce.compression topk (got {mode!r})",
-        ),
-        (
-            on.momentum_masking and not on.momentum_correction,
-            "allreduce.momentum_masking clears the velocity that momentum correction keeps: it "
-            "needs allreduce.momentum_correction",
-        ),
-        (
-            on.momentum_correction and not allreduce.residual,
-            "allreduce.momentum_correction accumulates the velocity in the residual: it needs "
-            "allreduce.residual true",
-        ),
-    )
-    for refused, message in refusals:
-        if refused:
-            raise ConfigError(message)
+from toolkit.sections import AllreduceConfig, SyncConfig, check_encoding
 
 
 @dataclasses.dataclass(frozen=True)

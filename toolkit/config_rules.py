@@ -10,17 +10,14 @@ ask is the plan's (:mod:`toolkit.plan`).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from toolkit import backends, codecs, host_list, optimizer_rules, safe_yaml
 from toolkit.errors import ConfigError
+from toolkit.experiment import Experiment
 from toolkit.plan import Scale, batches_per_update, world_sizes
 
-if TYPE_CHECKING:  # the schema asks these rules, so they name its types only
-    from toolkit.config import ExperimentConfig
 
-
-def check(config: ExperimentConfig) -> None:
+def check(config: Experiment) -> None:
     """Raise ``ValueError`` (a :class:`~toolkit.errors.ConfigError`) for the first rule
     spanning sections that ``config`` breaks; its message names the fields and what they
     need. The schema runs it on every config it validates (:mod:`toolkit.config`)."""
@@ -38,7 +35,7 @@ def check(config: ExperimentConfig) -> None:
         rule(config)
 
 
-def check_backend(config: ExperimentConfig, backend: str) -> None:
+def check_backend(config: Experiment, backend: str) -> None:
     """Raise :class:`~toolkit.errors.ConfigError`, naming the field, ``backend`` and why, where
     ``config`` needs what that backend does not run: its
     :meth:`~toolkit.backends.base.Backend.check`, which the distributed optimizer asks too.
@@ -59,7 +56,7 @@ def _refuse_first(what: str, refusals) -> None:
             raise ConfigError(f"{what} needs {why}")
 
 
-def _noise_batch_fits(config: ExperimentConfig) -> None:
+def _noise_batch_fits(config: Experiment) -> None:
     """The extra batch is one worker's way to measure the noise; several workers measure it
     in the allreduce, between their own batches."""
     if config.logging.noise_scale_batch is None:
@@ -76,14 +73,14 @@ def _noise_batch_fits(config: ExperimentConfig) -> None:
     )
 
 
-def _one_accumulation(config: ExperimentConfig) -> None:
+def _one_accumulation(config: Experiment) -> None:
     name = config.optimizer.name
     if name in optimizer_rules.ACCUMULATES_WITH and config.batch.accumulation > 1:
         field = optimizer_rules.ACCUMULATES_WITH[name]
         raise ConfigError(f"batch.accumulation must be 1 with {name}: use optimizer.params.{field}")
 
 
-def _adaptive_fits(config: ExperimentConfig) -> None:
+def _adaptive_fits(config: Experiment) -> None:
     """An adaptive batch grows by local accumulation of ``batch.per_worker`` steps, with
     AdaScale's rate, in float32 (see :class:`~toolkit.config.AdaptiveBatchConfig`)."""
     adaptive, batch = config.batch.adaptive, config.batch
@@ -125,7 +122,7 @@ def _adaptive_fits(config: ExperimentConfig) -> None:
     )
 
 
-def _averaging_fits(config: ExperimentConfig) -> None:
+def _averaging_fits(config: Experiment) -> None:
     """The allreduce and sync options go together (:class:`~toolkit.communication.Communication`'s
     rules), and averaging parameters (``sync.mode`` partial or local SGD), which follows the
     optimizer's updates one for one, has one batch per update."""
@@ -139,11 +136,11 @@ def _averaging_fits(config: ExperimentConfig) -> None:
         )
 
 
-def _global_size_divides(config: ExperimentConfig) -> None:
+def _global_size_divides(config: Experiment) -> None:
     Scale.of(config)
 
 
-def _elastic_fits(config: ExperimentConfig) -> None:
+def _elastic_fits(config: Experiment) -> None:
     """An elastic run starts with ``workers`` in its range, keeps ``batch.global_size`` for
     every world size in it, and averages full-precision gradients every update."""
     elastic, global_size = config.elastic, config.batch.global_size
@@ -188,7 +185,7 @@ SLURM_SIGNAL_SLACK_S = 60
 resolution, per ``sbatch``'s manual)."""
 
 
-def _slurm_fits(config: ExperimentConfig) -> None:
+def _slurm_fits(config: Experiment) -> None:
     """A Slurm run's ranks go where Slurm places them: no host list, no elastic range (Slurm
     sizes the job once), and at most one node per rank."""
     slurm = config.slurm
@@ -226,7 +223,7 @@ def slurm_seconds(limit: str) -> int:
     return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-def _adascale_fits(config: ExperimentConfig) -> None:
+def _adascale_fits(config: Experiment) -> None:
     """AdaScale measures the noise scale every update from the averaged gradient: it needs a
     global batch of at least its base batch, full synchronisation of dense gradients, a fixed
     number of workers and base-run epochs it can count."""
@@ -272,7 +269,7 @@ def _adascale_fits(config: ExperimentConfig) -> None:
         )
 
 
-def _enough_slots(config: ExperimentConfig) -> None:
+def _enough_slots(config: Experiment) -> None:
     hosts = config.hosts
     if hosts and sum(host_list.parse(hosts).values()) < config.workers:
         raise ConfigError(

@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolkit import optimizer_rules
 from toolkit.errors import ConfigError
-
-if TYPE_CHECKING:  # the schema asks the plan, so the plan names its types only
-    from toolkit.config import ExperimentConfig
+from toolkit.experiment import Experiment
 
 NOISE_SCALE_AUTO = {"allreduce": 25, "one worker": 100}
 """Updates between two noise-scale measurements when ``logging.noise_scale_every_steps`` is
@@ -60,7 +58,7 @@ def noise_batches(measured: int, world_size: int, global_batch: int) -> tuple[in
     return half, 2 * half
 
 
-def world_sizes(config: ExperimentConfig) -> range:
+def world_sizes(config: Experiment) -> range:
     """The numbers of workers the run may train with: ``workers``, or the elastic range."""
     if config.elastic is None:
         return range(config.workers, config.workers + 1)
@@ -95,7 +93,7 @@ class Scale:
     :attr:`per_worker`."""
 
     @classmethod
-    def of(cls, config: ExperimentConfig, world_size: int | None = None) -> Scale:
+    def of(cls, config: Experiment, world_size: int | None = None) -> Scale:
         """``config`` on ``world_size`` workers (default: its ``workers``). Raises
         :class:`~toolkit.errors.ConfigError` if ``batch.global_size`` does not split evenly."""
         return cls(**_scale_fields(config, world_size or config.workers))
@@ -147,7 +145,7 @@ class RunPlan(Scale):
     checkpoint_every: int
 
     @classmethod
-    def of(cls, config: ExperimentConfig, num_train: int, world_size: int | None = None) -> RunPlan:
+    def of(cls, config: Experiment, num_train: int, world_size: int | None = None) -> RunPlan:
         """``config`` on ``world_size`` workers (default: its ``workers``) and ``num_train``
         training examples. Raises :class:`~toolkit.errors.ConfigError` naming the field when
         a worker's shard is smaller than its batch, or AdaScale's base batch or an adaptive
@@ -253,7 +251,7 @@ class RunPlan(Scale):
 # ----------------------------------------------------------------------------- the arithmetic
 
 
-def batches_per_update(config: ExperimentConfig, world_size: int) -> int:
+def batches_per_update(config: Experiment, world_size: int) -> int:
     """Per-worker batches in one update over all workers: the workers times the local
     accumulation, times the optimizer's own (LBSGD's ``batch_scale``); an adaptive
     batch's first, ``batch.adaptive.min``, in per-worker batches."""
@@ -263,7 +261,7 @@ def batches_per_update(config: ExperimentConfig, world_size: int) -> int:
     return world_size * batch.accumulation * (config.optimizer.accumulated_batches() or 1)
 
 
-def _scale_fields(config: ExperimentConfig, world_size: int) -> dict[str, Any]:
+def _scale_fields(config: Experiment, world_size: int) -> dict[str, Any]:
     batch, scaling = config.batch, config.lr_scaling
     splits = batches_per_update(config, world_size)
     per_worker = batch.per_worker
@@ -303,7 +301,7 @@ def _scale_fields(config: ExperimentConfig, world_size: int) -> dict[str, Any]:
     }
 
 
-def _steps_per_epoch(config: ExperimentConfig, num_train: int, scale: dict[str, Any]) -> int:
+def _steps_per_epoch(config: Experiment, num_train: int, scale: dict[str, Any]) -> int:
     """At a fixed ``batch.global_size`` G it is the same on any number of workers W that
     divides G, as an elastic run needs: ``⌊⌊n / W⌋ / (G / W)⌋ = ⌊n / G⌋``. An adaptive
     batch's epoch is a whole number of updates at its largest batch, so at any batch it
@@ -332,7 +330,7 @@ def _steps_per_epoch(config: ExperimentConfig, num_train: int, scale: dict[str, 
     return min(steps, config.steps_per_epoch or steps)
 
 
-def _base_updates_per_epoch(config: ExperimentConfig, num_train: int) -> int:
+def _base_updates_per_epoch(config: Experiment, num_train: int) -> int:
     """Updates per epoch of AdaScale's base run, at ``lr_scaling.base_batch``."""
     updates = num_train // config.lr_scaling.base_batch
     if updates < 1:

@@ -29,9 +29,11 @@ from toolkit.catalog import (
     SCHEDULES,
     train_examples,
 )
-from toolkit.codecs import DENSE, MODES, Codec
+from toolkit.codecs import DENSE, ENCODED, MODES, SPARSE, VALUE_DTYPES, Codec
 from toolkit.codecs import of as codec_of
-from toolkit.communication import SYNC_MODES, VALUE_DTYPES, check_encoding
+from toolkit.dgc import NAMES as TECHNIQUES
+from toolkit.dgc import Techniques
+from toolkit.errors import ConfigError
 from toolkit.registry import Registry
 
 MAX_WORKERS = 65_536  # far beyond any cluster this lab will see; more is a typo
@@ -390,6 +392,49 @@ class AllreduceConfig(Section):
     def codec(self) -> Codec:
         """What ``compression`` sends (:mod:`toolkit.codecs`)."""
         return codec_of(self.compression)
+
+
+def check_encoding(allreduce: AllreduceConfig) -> None:
+    """Raise :class:`~toolkit.errors.ConfigError` if the ``allreduce:`` section's options do not
+    fit its mode: each
+    option names the modes it serves, and the option it builds on."""
+    mode, codec = allreduce.compression, codec_of(allreduce.compression)
+    on = Techniques.of(allreduce)
+    asked = [name for name in ("dgc", "dense_norm") if getattr(allreduce, name)]
+    asked += [name for name in TECHNIQUES if getattr(on, name) and name not in asked]
+    if not codec.encoded and asked:
+        raise ConfigError(
+            f"allreduce.{asked[0]} needs allreduce.compression one of {ENCODED} (got "
+            f"{mode!r}): DGC's techniques and the dense norm act on a compressed mode"
+        )
+    refusals = (
+        (
+            allreduce.value_dtype != "float32" and not codec.sparse,
+            f"allreduce.value_dtype={allreduce.value_dtype!r} needs allreduce.compression "
+            f"{' or '.join(SPARSE)} (got {mode!r})",
+        ),
+        (
+            on.sparsity_warmup_epochs and not codec.warms_up,
+            "allreduce.sparsity_warmup_epochs warms topk's ratio up: it needs "
+            f"allreduce.compression topk (got {mode!r})",
+        ),
+        (
+            on.momentum_masking and not on.momentum_correction,
+            "allreduce.momentum_masking clears the velocity that momentum correction keeps: it "
+            "needs allreduce.momentum_correction",
+        ),
+        (
+            on.momentum_correction and not allreduce.residual,
+            "allreduce.momentum_correction accumulates the velocity in the residual: it needs "
+            "allreduce.residual true",
+        ),
+    )
+    for refused, message in refusals:
+        if refused:
+            raise ConfigError(message)
+
+
+SYNC_MODES = ("full", "partial", "local_sgd")
 
 
 class SyncConfig(Section):

@@ -18,7 +18,7 @@ from toolkit import cache, codecs
 from toolkit.backends import jax_engine
 from toolkit.backends.base import Backend
 from toolkit.backends.devices import pin_tensorflow_gpu
-from toolkit.communication import SYNC_MODES
+from toolkit.sections import SYNC_MODES
 
 if TYPE_CHECKING:
     import keras

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from toolkit import codecs
 from toolkit.backends.base import Backend
 from toolkit.backends.devices import pin_tensorflow_gpu
-from toolkit.communication import SYNC_MODES
+from toolkit.sections import SYNC_MODES
 
 if TYPE_CHECKING:
     import keras
