@@ -22,8 +22,8 @@ from collections.abc import Callable
 from keras import ops
 
 from toolkit import backends
-from toolkit.communication import SYNC_MODES
 from toolkit.parallel.compression import Traffic, fusion_buckets, nbytes
+from toolkit.sections import SYNC_MODES
 
 
 class ParameterAveraging:
