@@ -18,6 +18,10 @@ from toolkit import codecs, safe_yaml
 from toolkit import config as config_lib
 from toolkit.catalog import SCHEDULES
 from toolkit.launching import slurm as slurm_lib
+from toolkit.launching.executors import registry
+from toolkit.launching.executors.hosts import HostsExecutor
+from toolkit.launching.executors.local import LocalExecutor
+from toolkit.launching.executors.slurm import SlurmExecutor
 from toolkit.optimizers import OPTIMIZERS
 from toolkit.parallel import cost
 from toolkit.plan import RunPlan
@@ -116,9 +120,36 @@ class Slots:
             self.slots[target].error("\n\n".join(map(md_escape, messages)), icon="⚠️")
 
 
-WHERE = ("This machine", "Hosts over ssh", "Slurm")
-"""Where a run goes: this machine's launch queue, named hosts through horovodrun, or a Slurm
-job (:mod:`toolkit.launching.slurm`)."""
+def where_choices(*, sets: bool = False) -> list[str]:
+    """Where a run can go, by each registered executor's title, this machine first
+    (:mod:`toolkit.launching.executors.registry`): this machine's launch queue, named hosts
+    through horovodrun, a Slurm job, and any place registered beside them; ``sets``: the places
+    that take a sweep's cells (this machine, and those a config section asks for)."""
+    executors = [e for e in reversed(registry.EXECUTORS) if not sets or e.section or e is LOCAL]
+    return [executor.title for executor in executors]
+
+
+LOCAL, HOSTS, SLURM = LocalExecutor, HostsExecutor, SlurmExecutor
+
+
+def place_section(executor, key: str, given: dict | None) -> dict:
+    """The fields of a registered place's section (``executor.section_model``), one widget a
+    field by its type (a number, a switch, a text), prefilled from ``given``, else its default;
+    ``key`` prefixes the widgets' keys."""
+    given, section = given or {}, {}
+    for name, field in executor.section_model.model_fields.items():
+        value = given.get(name, field.default)
+        label, widget_key = name.replace("_", " ").capitalize(), f"{key}:{executor.section}.{name}"
+        kind = field.annotation
+        if kind is bool:
+            section[name] = st.checkbox(label, bool(value), key=widget_key, help=field.description)
+        elif kind in (int, float):
+            section[name] = st.number_input(
+                label, value=kind(value), key=widget_key, help=field.description
+            )
+        else:
+            section[name] = st.text_input(label, str(value or ""), key=widget_key)
+    return section
 
 
 @st.cache_data(ttl=60, show_spinner=False)

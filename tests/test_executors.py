@@ -1,31 +1,28 @@
-"""A fourth place to run is one module and one registry line: a toy executor, written out here,
-goes through every door that meets an executor (launch, the runs table's "where", stop, resume,
-a sweep, failure reading), and the doors never ask which executor it is.
-
-The toy runs a run's one worker as ``python -m toolkit.train`` itself, under the local
-executor's queue and supervisor but without horovodrun: a different launcher, so failure
-reading must name it. Cost: four short one-worker runs, ~30 s on 2 cores; the rest < 1 s.
+"""A new place to run is one module and one registry line: ``tests/toyq.py``, a toy
+*scheduler-backed* executor (a batch queue faked by a table of jobs and a job runner per job),
+loaded as a plugin and taken through every door that meets an executor, from the CLI and the
+Launch page: launch, the runs table (its queue's state and reason), stop, resume, a failure in
+its own words, a sweep and a search; the doors never name it. Cost: seven short one-worker
+runs, ~60 s on 2 cores; the rest < 1 s.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
 
 import pytest
+import yaml
+from conftest import ROOT, run_cli
+from test_app import by_label, launch_page
 from test_train import wait
 
-from toolkit import files
-from toolkit.config import ExperimentConfig, from_mapping
+from toolkit import files, plugins
+from toolkit.config import from_mapping
 from toolkit.launching import launch as launcher
-from toolkit.launching import supervisor, sweep_runner
 from toolkit.launching.executors import registry
-from toolkit.launching.executors.local import LocalExecutor
-from toolkit.launching.sweep import from_mapping as sweep_from_mapping
-from toolkit.runs import checkpoints, placement, processes
-from toolkit.runs.rundir import RunDir
+from toolkit.runs import placement, processes
+from toolkit.runs.rundir import RunDir, list_runs
 from toolkit.runs.states import State
 from toolkit.runs.table import summary
 from toolkit.terminal import runs_table
@@ -41,27 +38,48 @@ TOY = {
 }
 
 
-class ToyExecutor(LocalExecutor):
-    """A run named ``toy*`` runs here: its one worker without horovodrun."""
+@pytest.fixture
+def toyq_here(monkeypatch):
+    """The toy registered in this process, as a plugin's import registers it (its one line),
+    for the test's own reads of its runs; undone after the test."""
+    monkeypatch.setattr(registry, "EXECUTORS", list(registry.EXECUTORS))
+    monkeypatch.setattr(placement, "SCHEDULERS", dict(placement.SCHEDULERS))
+    monkeypatch.setattr(plugins, "SECTIONS", dict(plugins.SECTIONS))
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))
+    import toyq
 
-    kind = "toy"
-    launcher = "toy-worker"
-
-    @classmethod
-    def chosen_by(cls, config: ExperimentConfig) -> bool:
-        return config.name.startswith("toy")
-
-    def where(self, config: ExperimentConfig, job: str | None = None) -> str:
-        return "the toy executor"
-
-    def argv(self, config: ExperimentConfig, run: RunDir, resume: bool) -> list[str]:
-        return supervisor.train_argv(run, resume)
+    registry.register(toyq.ToyqExecutor)  # a second import would not run its line again
 
 
 @pytest.fixture
-def toy(monkeypatch):
-    """The toy registered: one line."""
-    monkeypatch.setattr(registry, "EXECUTORS", [ToyExecutor, *registry.EXECUTORS])
+def toyq_env(subprocess_env, toyq_here):
+    """Every process the CLI starts loads the toy as a plugin: ``LBL_EXECUTORS=toyq``."""
+    tests = str(ROOT / "tests")
+    return {**subprocess_env, "LBL_EXECUTORS": "toyq", "PYTHONPATH": f"{ROOT}{os.pathsep}{tests}"}
+
+
+def toy_cli(args: list[str], runs, env: dict) -> subprocess.CompletedProcess:
+    done = run_cli(args, runs, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_the_toy_is_one_module_and_no_door_names_it():
+    """The files the toy touched: one, ``tests/toyq.py`` (its registry line included); no file
+    of the toolkit or the app names it (this test's file drives it)."""
+    sources = [*(ROOT / "toolkit").rglob("*.py"), *(ROOT / "app").rglob("*.py")]
+    naming = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in [*sources, *(ROOT / "tests").glob("*.py")]
+        if "toyq" in path.read_text()
+    )
+    assert naming == ["tests/test_executors.py", "tests/toyq.py"]
+    assert (
+        (ROOT / "tests" / "toyq.py")
+        .read_text()
+        .rstrip()
+        .endswith("registry.register(ToyqExecutor)")
+    )
 
 
 def test_the_registry_asks_each_in_turn_and_the_last_takes_any_config():
@@ -75,49 +93,77 @@ def test_the_registry_asks_each_in_turn_and_the_last_takes_any_config():
     assert registry.choose(from_mapping(TOY)).kind == "local"  # not registered here
 
 
-def test_a_toy_executor_goes_through_every_door(toy, runs):
-    run = launcher.launch(from_mapping({**TOY, "epochs": 500}), runs_root_dir=runs)
-    status = run.recorded_status()
-    assert (status["executor"], status["where"], status["launcher"]) == (
-        "toy",
-        "the toy executor",
-        "toy-worker",
-    )
-    assert "horovodrun" not in " ".join(run.meta()["command"])
+def test_a_scheduler_backed_toy_goes_through_every_door_from_the_cli(toyq_env, runs, tmp_path):
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump({**TOY, "epochs": 500}))
+    toy_cli(["launch", str(config), "--toyq", "--toyq-hold", "3"], runs, toyq_env)
+    (run,) = list_runs(runs)
+    queued = run.status()  # the queue's word: its state and reason while the job waits
+    assert queued["state"] == "queued" and queued["executor"] == "toyq", queued
+    assert queued["reason"] == "waiting in toyq queue main (job 1)"
+    table = toy_cli(["runs"], runs, toyq_env).stdout
+    assert "toyq job 1" in table and "waiting in toyq queue main" in table
+    assert run.config().section("toyq").hold_s == 3  # the flag, in the run's own config
     wait(run, states=("running",))
-    while checkpoints.latest(run.checkpoints_path) is None:
-        time.sleep(0.2)
-    launcher.stop(run, runs, by="the toy test")
+    while not list(run.checkpoints_path.glob("epoch-*")):
+        assert run.status()["state"] == "running"
+    toy_cli(["stop", run.run_id], runs, toyq_env)
     assert run.status()["state"] == "stopped"
-    assert summary(run)["where"] == "the toy executor"
+    assert "toyq: job 1 cancelled on request" in run.stdout_path.read_text()
 
-    launcher.resume(run, runs)
-    assert wait(run, states=("running",))["executor"] == "toy"
-    assert run.meta()["command"][-1] == "--resume"
-    launcher.stop(run, runs, by="the toy test")
+    toy_cli(["resume", run.run_id], runs, toyq_env)
+    assert run.recorded_status()["where"] == "toyq job 2"
+    wait(run, states=("running",))
+    assert run.status()["resumed_from"].startswith("epoch-")
+    toy_cli(["stop", run.run_id], runs, toyq_env)
+
+    config.write_text(yaml.safe_dump({**TOY, "name": "toy-cancelled", "epochs": 500}))
+    toy_cli(["launch", str(config), "--toyq"], runs, toyq_env)
+    cancelled = RunDir(runs / next(r.run_id for r in list_runs(runs) if r.run_id != run.run_id))
+    wait(cancelled, states=("running",))
+    table_path = runs / ".toyq" / "jobs.json"
+    operator = ["python", "-m", "toyq", "cancel", str(table_path), "3", "for maintenance"]
+    subprocess.run(operator, env=toyq_env, check=True, cwd=ROOT / "tests")
+    failed = wait(cancelled)
+    assert failed["state"] == "failed", failed
+    assert failed["reason"].startswith("toyq cancelled job 3 for maintenance; resume the run")
+    assert summary(cancelled)["where"] == "toyq job 3"
+
+
+def test_a_sweep_and_a_search_go_to_the_toy_queue(toyq_env, runs, tmp_path):
+    """Their runs, all submitted at once (the toy's queue paces them), from the CLI's flag."""
+    base = {**TOY, "epochs": 1}
+    sweep = {"name": "toys", "base": base, "grid": {"batch.per_worker": [32, 64]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(sweep))
+    toy_cli(["sweep", str(tmp_path / "s.yaml"), "--toyq"], runs, toyq_env)
+    space = {"optimizer.learning_rate": {"low": 0.01, "high": 0.1}}
+    search = {"name": "toyq-s", "base": base, "space": space, "trials": 2, "pruner": "none"}
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(search))
+    said = toy_cli(["search", str(tmp_path / "q.yaml"), "--toyq"], runs, toyq_env).stdout
+    assert "search toyq-s done: 2 trials, 2 completed" in said
+    ran = list_runs(runs)
+    assert len(ran) == 4 and {r.status()["state"] for r in ran} == {"completed"}
+    for run in ran:
+        status = run.recorded_status()
+        assert status["executor"] == "toyq" and placement.where(status).startswith("toyq job ")
+
+
+def test_the_launch_page_offers_the_toy_queue_and_its_fields(runs, toyq_here):
+    """The toy registered in this process: the Launch page's "Where" lists it, its section's
+    fields are a form, and a launch goes to its queue."""
+    at = launch_page()
+    by_label(at.radio, "Where").set_value("Toy queue").run()
+    assert by_label(at.text_input, "Queue").value == "main"
+    by_label(at.number_input, "Hold s").set_value(30.0).run()
+    assert not at.error, [e.value for e in at.error]
+    by_label(at.button, "Launch").click().run()
+    assert not at.exception, at.exception
+    (run,) = list_runs(runs)
+    assert run.config().section("toyq").hold_s == 30.0
+    status = run.status()
+    assert (status["state"], status["executor"]) == ("queued", "toyq"), status
+    launcher.stop(run, runs)  # in its queue still: cancelled before it starts
     assert run.status()["state"] == "stopped"
-
-    broken = launcher.launch(
-        from_mapping({**TOY, "name": "toy-killed", "epochs": 500}), runs_root_dir=runs
-    )
-    wait(broken, states=("running",))
-    processes = broken.recorded_status()["processes"]
-    worker = next(p for p in processes if p["role"] != "supervisor")  # it records itself
-    os.kill(worker["pid"], signal.SIGKILL)
-    failed = wait(broken)
-    assert failed["state"] == "failed"
-    assert "toy-worker exited with code -9" in failed["reason"], failed["reason"]
-
-
-def test_a_sweep_of_toy_runs_goes_to_the_toy_executor(toy, runs):
-    sweep = sweep_from_mapping(
-        {"name": "toys", "base": {**TOY, "epochs": 1}, "grid": {"batch.per_worker": [32, 64]}}
-    )
-    table = sweep_runner.run(sweep, runs, max_parallel=2, log=lambda _: None, poll_s=0.2)
-    assert list(table["state"]) == ["completed", "completed"]
-    for run_id in table["run_id"]:
-        status = RunDir(runs / run_id).recorded_status()
-        assert status["executor"] == "toy" and placement.where(status) == "the toy executor"
 
 
 def test_a_status_written_before_executors_reads_as_it_did(tmp_path):

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import sys
 import warnings
@@ -45,10 +44,12 @@ import pandas as pd
 
 from toolkit import advice, safe_yaml, terminal
 from toolkit.config import MAX_WORKERS
+from toolkit.flags import integer, positive
 from toolkit.launching import cluster, cluster_slurm, jupyter, slots
 from toolkit.launching import launch as launcher
 from toolkit.launching import probe as probe_lib
 from toolkit.launching.cluster import ClusterError
+from toolkit.launching.executors import registry
 from toolkit.runs import checkpoints, placement
 from toolkit.runs.monitor import follow
 from toolkit.runs.rundir import LIVE, complete_id, list_runs, resolve, runs_root
@@ -65,35 +66,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         super().error(safe_yaml.clip(message))
-
-
-def positive(text: str) -> float:
-    """An argparse type: a finite number above 0 (a rate factor, a loss)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number > 0 (got {safe_yaml.short(text)})")
-    return value
-
-
-def integer(low: int, high: int | None = None):
-    """An argparse type: an integer from ``low`` (to ``high``), the rule the config or the
-    function called applies to the same value; anything else exits 2 naming the argument
-    and the range."""
-    allowed = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be {allowed} (got {safe_yaml.short(text)})")
-        return value
-
-    return parse
 
 
 def build_parser() -> Parser:
@@ -120,7 +92,7 @@ def build_parser() -> Parser:
     start.add_argument(
         "--discovery", help="elastic: hosts file (host:slots lines) or discovery script"
     )
-    _slurm_arguments(start)
+    registry.add_arguments(start)
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP)
     start.add_argument("--name", help="run id (default <name>-b<batch>-<optimizer>-<hex>)")
     start.add_argument("--tag", action="append", default=[], help="tag the run (repeatable)")
@@ -189,7 +161,7 @@ def build_parser() -> Parser:
     grid.add_argument("--max-parallel", type=integer(1), help="cells at a time (default: fit)")
     grid.add_argument("--retry-failed", action="store_true", help="rerun failed/stopped cells")
     grid.add_argument("--csv", help="write the per-cell results table here")
-    _slurm_arguments(grid)
+    registry.add_arguments(grid)
     search = sub.add_parser("search", help="search a config's space with Optuna (sweeps.md)")
     search.add_argument("search", help="the search's YAML file")
     shown = search.add_mutually_exclusive_group()
@@ -197,7 +169,7 @@ def build_parser() -> Parser:
     shown.add_argument("--status", action="store_true", help="print each trial so far")
     search.add_argument("--max-parallel", type=integer(1), help="trials at a time (default: fit)")
     search.add_argument("--csv", help="write the trials table here")
-    _slurm_arguments(search)
+    registry.add_arguments(search)
     queue = sub.add_parser("queue", help="the launch queue: capacity, running and waiting runs")
     queue.add_argument("--capacity", help="set the slots: name:slots,... or 'default'")
     sub.add_parser(
@@ -286,7 +258,7 @@ def _launch(args) -> int | None:
         min_np=args.min_np,
         max_np=args.max_np,
         discovery=args.discovery,
-        slurm=_slurm_fields(args),
+        place=registry.asked(args),
     )
     print(f"launched {run.run_id} in {run.path} (output: {run.stdout_path})")
     status = run.recorded_status()
@@ -347,42 +319,6 @@ def _probe(args) -> None:
     print(f"{result.reading()}\n(probe run: {result.run_id})")
 
 
-SLURM_FLAGS = {  # flag: the field of the config's slurm section it sets
-    "nodes": "nodes",
-    "partition": "partition",
-    "time": "time",
-    "account": "account",
-    "gpus_per_task": "gpus_per_task",
-    "sbatch_arg": "sbatch_args",
-}
-
-
-def _slurm_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--slurm`` and the fields of the config's ``slurm`` section (see
-    :class:`toolkit.config.SlurmConfig`)."""
-    group = parser.add_argument_group("Slurm (toolkit.launching.slurm)")
-    group.add_argument("--slurm", action="store_true", help="submit to Slurm: --np ranks")
-    group.add_argument("--nodes", type=integer(1, MAX_WORKERS), help="Slurm: nodes")
-    group.add_argument("--partition", help="Slurm: partition (default: the cluster's)")
-    group.add_argument("--time", help="Slurm: time limit, e.g. 2:00:00 (requeued past it)")
-    group.add_argument("--account", help="Slurm: account")
-    group.add_argument("--gpus-per-task", type=integer(1, 64), help="Slurm: GPUs per rank")
-    group.add_argument(
-        "--sbatch-arg", action="append", default=[], help="Slurm: another sbatch option"
-    )
-
-
-def _slurm_fields(args) -> dict | None:
-    """The ``slurm`` fields the flags give (``None``: not a Slurm launch); a Slurm flag
-    without ``--slurm`` is refused, naming it."""
-    given = {field: getattr(args, flag) for flag, field in SLURM_FLAGS.items()}
-    given = {field: value for field, value in given.items() if value not in (None, [])}
-    if given and not args.slurm:
-        flags = ", ".join(f"--{f.replace('_', '-')}" for f, v in SLURM_FLAGS.items() if v in given)
-        raise ValueError(f"{flags} go with --slurm (a run submitted to Slurm)")
-    return given if args.slurm else None
-
-
 def _exported_runs(args):
     """The runs an export names (``args.run_ids``, completed), else a function listing every
     run but probes each time it is called (a served export's runs grow)."""
@@ -426,7 +362,7 @@ def _sweep(args) -> int:
     """``sweep``: the plan, the state, or the run; the aggregate over seeds at the end."""
     from toolkit.launching import sweep, sweep_results, sweep_runner
 
-    grid = sweep_runner.on_slurm(sweep.load(args.sweep), _slurm_fields(args))
+    grid = sweep_runner.placed(sweep.load(args.sweep), registry.asked(args))
     if args.dry_run:
         _print_plan(grid, args.runs, args.max_parallel)
         return 0
@@ -456,7 +392,7 @@ def _search(args) -> int:
     """``search``: the space, the trials so far, or the search run to its end; the best."""
     from toolkit.launching import search, search_runner
 
-    found = search.on_slurm(search.load(args.search), _slurm_fields(args))
+    found = search.placed(search.load(args.search), registry.asked(args))
     if args.dry_run:
         search_runner.check_runnable(found, args.runs)
         print(found.space_text())

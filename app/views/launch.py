@@ -11,12 +11,14 @@ import yaml
 from app import calibration, charts, data, form
 from app.actions import act
 from app.data import md_escape
+from app.fields import PresetFields
 from toolkit import advice, backends, config_rules, safe_yaml
 from toolkit import config as config_lib
 from toolkit.catalog import SCHEDULES
 from toolkit.config import ConfigError, field_errors
 from toolkit.launching import launch as launcher
 from toolkit.launching import probe as probe_lib
+from toolkit.launching.executors import registry
 from toolkit.optimizers import OPTIMIZERS
 from toolkit.plan import Scale
 from toolkit.runs import placement
@@ -34,104 +36,10 @@ given = form.preset_mapping(preset)
 slots, local = form.Slots(), {}
 
 
-def key(path: str) -> str:
-    return f"{preset}:{path}"  # another preset gets fresh widgets holding its values
-
-
-def default(path: str, section: str | None = None):
-    """The preset's value for ``path``, else the schema's default (``section``: the ``$defs``
-    name of a nested field's section)."""
-    return form.get(given, path, form.field(section, path.rsplit(".", 1)[-1]).get("default"))
-
-
-def number(label: str, path: str, section: str | None = None, **kwargs):
-    """A number input of the schema's type, without bounds (the schema checks them), with the
-    field's error slot under it."""
-    start = default(path, section)
-    if form.field(section, path.rsplit(".", 1)[-1]).get("type") == "number":
-        value = st.number_input(
-            label, value=float(start), format="%g", step=None, key=key(path), **kwargs
-        )
-    else:
-        value = st.number_input(
-            label,
-            value=None if start is None else int(start),
-            step=1,
-            key=key(path),
-            **kwargs,
-        )
-    slots.add(path)
-    return value
-
-
-def optional_float(label: str, path: str, section: str | None = None, **kwargs):
-    """A number input for a float field that may be left empty (``None``)."""
-    start = default(path, section)
-    value = st.number_input(
-        label,
-        value=None if start is None else float(start),
-        format="%g",
-        step=None,
-        key=key(path),
-        **kwargs,
-    )
-    slots.add(path)
-    return value
-
-
-def checkbox(label: str, path: str, section: str | None = None, **kwargs) -> bool:
-    return st.checkbox(label, value=bool(default(path, section)), key=key(path), **kwargs)
-
-
-def text(label: str, path: str, section: str | None = None, **kwargs) -> str:
-    value = st.text_input(label, value=default(path, section) or "", key=key(path), **kwargs)
-    slots.add(path)
-    return value
-
-
-TRISTATE = {"preset": None, "on": True, "off": False}
-
-
-def tristate(label: str, path: str, section: str | None = None) -> bool | None:
-    """A switch that may follow a preset: ``None`` (preset), ``True`` or ``False``."""
-    start = {value: name for name, value in TRISTATE.items()}[default(path, section)]
-    names = list(TRISTATE)
-    chosen = st.selectbox(
-        label,
-        names,
-        index=names.index(start),
-        key=key(path),
-        help=f"`{path.rsplit('.', 1)[-1]}`; preset: on with the DGC preset, else off",
-    )
-    slots.add(path)
-    return TRISTATE[chosen]
-
-
-def select(label: str, options: list[str], path: str, section: str | None = None) -> str:
-    start = default(path, section)
-    return st.selectbox(
-        label,
-        options,
-        index=options.index(start) if start in options else 0,
-        key=key(path),
-    )
-
-
-def component(title: str, registry, path: str, section: str, skip=(), more=frozenset()) -> dict:
-    """A registry entry: its name and a widget per constructor parameter."""
-    name = select(title, registry.names(), f"{path}.name", section)
-    params, errors = form.param_inputs(
-        registry,
-        name,
-        form.get(given, f"{path}.params", {}) or {},
-        key(f"{path}.params"),
-        skip,
-        more,
-    )
-    local.update({f"{path}.params.{p}": e for p, e in errors.items()})
-    slots.add(f"{path}.params")
-    slots.add(path)
-    return {"name": name, "params": params}
+fields = PresetFields(preset, given, slots, local)
+key, default, select, component = fields.key, fields.default, fields.select, fields.component
+number, optional_float, text = fields.number, fields.optional_float, fields.text
+checkbox, tristate = fields.checkbox, fields.tristate
 
 
 slots.add("config")
@@ -154,20 +62,28 @@ with top[3]:
     )
     slots.add("keras_backend")
 with top[4]:
-    placed = 2 if form.get(given, "slurm") is not None else 1 if form.get(given, "hosts") else 0
-    where = st.radio("Where", form.WHERE, index=placed, horizontal=True, key=key("where"))
+    asked = [e for e in registry.EXECUTORS if e.section and form.get(given, e.section) is not None]
+    chosen = asked[0] if asked else form.LOCAL
+    chosen = form.HOSTS if chosen is form.LOCAL and form.get(given, "hosts") else chosen
+    places = form.where_choices()
+    where = st.radio(
+        "Where", places, index=places.index(chosen.title), horizontal=True, key=key("where")
+    )
 raw["hosts"], raw["slurm"] = None, None
-if where == "Hosts over ssh":
+if where == form.HOSTS.title:
     raw["hosts"] = (
         text("Hosts", "hosts", help="name:slots,... (empty: localhost:workers)").strip() or None
     )
-elif where == "Slurm":
+elif where == form.SLURM.title:
     st.caption(
         "Submitted to Slurm as a job of one task per worker (sbatch; every rank under srun). "
         "Slurm's queue is the run's: it reads queued, with Slurm's reason, until it starts."
     )
     raw["slurm"] = form.slurm_section(preset, form.get(given, "slurm"))
     slots.add("slurm")
+elif (place := registry.titled(where)).section_model is not None:  # one registered beside
+    raw[place.section] = form.place_section(place, preset, form.get(given, place.section))
+    slots.add(place.section)
 with st.expander("Workers' network: ssh port and key, interface, a silent worker's timeout"):
     cells = st.columns(4)
     with cells[0]:

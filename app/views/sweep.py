@@ -95,11 +95,11 @@ parallel = left.number_input(
 retry = middle.checkbox("Rerun failed cells", help="failed or stopped cells run again")
 where = st.radio(
     "Where",
-    (form.WHERE[0], form.WHERE[2]),
+    form.where_choices(sets=True),
     horizontal=True,
     help="this machine's launch queue, or Slurm: the cells as one job array",
 )
-slurm = form.slurm_section("sweep", None) if where == form.WHERE[2] else None
+place = ("slurm", form.slurm_section("sweep", None)) if where == form.SLURM.title else None
 cost = st.columns(3)
 cost[0].metric("Cells", f"{len(cells):,}")
 cost[1].metric(
@@ -120,7 +120,7 @@ sure = not big or st.checkbox(f"Yes, run all {counted(len(cells), 'cell')}")
 if right.button("Launch sweep", type="primary", disabled=running or not sure, width="stretch"):
     pid = act(
         lambda: sweep_runner.start(
-            grid, root, max_parallel=int(parallel), retry_failed=retry, slurm=slurm
+            grid, root, max_parallel=int(parallel), retry_failed=retry, place=place
         )
     )
     st.session_state.sweep_flash = f"Sweep {grid.name} started (runner pid {pid})."

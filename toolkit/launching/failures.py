@@ -31,6 +31,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from toolkit import files
@@ -63,14 +64,20 @@ def overrides(failure: Failure, said: str | None) -> bool:
     return not said or (failure.blames_another and collective_failed(said))
 
 
-def explain(run: RunDir, status: dict, code: int) -> Failure:
-    """Why the run's launcher exited with ``code`` (see the module's docstring)."""
+Reading = Callable[[RunDir, dict, str], "Failure | None"]
+"""A reading of a run's output: its run, status and the tail of its log -> a failure, if it
+finds its sign there."""
+
+
+def explain(run: RunDir, status: dict, code: int, own: Reading | None = None) -> Failure:
+    """Why the run's launcher exited with ``code`` (see the module's docstring); ``own``: the
+    executor's reading of its own words (a scheduler cancelling a job), asked first."""
     said = f"{placement.launcher(status)} exited with code {code}; see stdout.log"
     if code == 0:
         return Failure("training exited without finishing")
     tail = files.tail(run.stdout_path, TAIL_BYTES)
     for reading in (
-        _slurm_cancelled,
+        *([own] if own else []),
         _too_few_elastic,
         _vanished,
         _silent,
@@ -80,17 +87,6 @@ def explain(run: RunDir, status: dict, code: int) -> Failure:
         if found := reading(run, status, tail):
             return Failure(f"{found.reason} {said}", found.blames_another)
     return _first_exit(status, tail, said)
-
-
-def _slurm_cancelled(run: RunDir, status: dict, tail: str) -> Failure | None:
-    cancelled = re.search(
-        r"\*\*\* JOB (\S+) ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z][A-Z ]*[A-Z]))?", tail
-    )
-    if not cancelled:
-        return None
-    node = re.search(r"srun: error: Node failure on (\S+)", tail)
-    why = (cancelled.group(2) or "by scancel").lower() + (f" on {node[1]}" if node else "")
-    return Failure(f"Slurm cancelled job {cancelled.group(1)}: {why}; {RESUME}.")
 
 
 def _too_few_elastic(run: RunDir, status: dict, tail: str) -> Failure | None:

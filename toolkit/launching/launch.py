@@ -30,7 +30,8 @@ from toolkit import config as config_lib
 from toolkit.launching import hosts as hosts_lib
 from toolkit.launching import slots
 from toolkit.launching.executors import registry
-from toolkit.launching.executors.base import Cells
+from toolkit.launching.executors.base import Cells, over
+from toolkit.launching.executors.slurm import SlurmExecutor
 from toolkit.plan import RunPlan
 from toolkit.runs import checkpoints, rundir
 from toolkit.runs.rundir import LIVE, RUN_FILES, RunDir, RunError, resolve, runs_root
@@ -53,6 +54,7 @@ def launch(
     max_np: int | None = None,
     discovery: str | Path | None = None,
     slurm: dict | bool | None = None,
+    place: tuple[str, dict] | None = None,
     backend: str | None = None,
 ) -> RunDir:
     """Validate ``config`` (a path or an object), have the executor it chooses check that it can
@@ -64,7 +66,9 @@ def launch(
     ``meta``: extra fields for ``meta.json`` (e.g. ``{"probe": True}``); ``tags`` and ``notes``: the
     run's (see :meth:`~toolkit.runs.rundir.RunDir.set_tags`), checked before anything is created.
     ``slurm``: submit the run to Slurm (:mod:`toolkit.launching.slurm`): ``True``, or the fields
-    of the config's ``slurm`` section to set (``{"nodes": 2, "time": "1:00:00"}``).
+    of the config's ``slurm`` section to set (``{"nodes": 2, "time": "1:00:00"}``); ``place``,
+    any executor's: its config section and the fields to set there
+    (:func:`toolkit.launching.executors.registry.asked`).
     ``backend``: the Keras backend its workers run (default: this process's ``KERAS_BACKEND``,
     :func:`toolkit.backends.requested`), recorded in ``meta.json`` and kept on resume.
     :mod:`toolkit.advice`'s findings are issued as warnings and written to the run's log."""
@@ -81,8 +85,10 @@ def launch(
         "elastic.max_workers": max_np,
         "elastic.discovery": None if discovery is None else str(discovery),
     }
-    if slurm is not None and slurm is not False and isinstance(raw, dict):
-        raw["slurm"] = {**(raw.get("slurm") or {}), **(slurm if isinstance(slurm, dict) else {})}
+    if slurm is not None and slurm is not False:
+        place = (SlurmExecutor.section, slurm)
+    if place is not None and isinstance(raw, dict):
+        raw = over(raw, *place)
     for path, value in flags.items():
         if value is not None and isinstance(raw, dict):  # else from_raw says what it is
             config_lib.set_path(raw, path, value)

@@ -19,7 +19,9 @@ SCHEDULERS: dict[str, Callable[[dict], dict | None]] = {
     "slurm_job_id": slurm_jobs.live_state,
 }
 """A status field holding a scheduler's job id -> the live status as that scheduler tells it
-(``None``: it no longer knows the job, the run's own processes tell)."""
+(``None``: it no longer knows the job, the run's own processes tell). Slurm's is here for every
+reader; an executor registered beside the built-in ones adds its own
+(:func:`toolkit.launching.executors.registry.register`)."""
 
 
 def live_state(status: dict) -> dict | None:

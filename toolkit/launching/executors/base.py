@@ -8,19 +8,30 @@ its ``executor`` (its kind), ``where`` (in words) and ``launcher`` (the program 
 the run), which :mod:`toolkit.runs.placement` reads back: so the runs table, the supervisor's
 failure reading and the app never ask which executor ran a run.
 
+An executor also brings its own doors, which the CLI, the app, sweeps and searches iterate the
+registry for and never name: its :attr:`~Executor.title` where people choose a place, the
+config :attr:`~Executor.section` that asks for it (set on a run, a sweep's cells or a search's
+trials by :func:`over`), its CLI flags (:meth:`~Executor.add_arguments`, read back by
+:meth:`~Executor.fields`) and its reading of its own words in a failed run's log
+(:meth:`~Executor.failure`).
+
 An executor's state is its config's: one is made per request, by
 :func:`toolkit.launching.executors.registry.choose`. A new place to run is one module with a
-subclass and one line in :data:`toolkit.launching.executors.registry.EXECUTORS`.
+subclass and one line, :func:`toolkit.launching.executors.registry.register`.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
+from pydantic import BaseModel
+
 from toolkit.config import ExperimentConfig
+from toolkit.launching.failures import Failure
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.states import State
 
@@ -33,6 +44,16 @@ class Executor(ABC):
 
     kind: ClassVar[str]
     """Its name in the registry and in a run's status (``executor``)."""
+    title: ClassVar[str]
+    """Its name where people choose a place (the Launch and Sweep pages' "Where")."""
+    section: ClassVar[str | None] = None
+    """The config section that asks for it, if any (``slurm``)."""
+    section_model: ClassVar[type[BaseModel] | None] = None
+    """That section's schema, for a place registered beside the built-in ones (a config gives
+    it at its top level, read by ``config.section(name)``; Slurm's is a field of its own)."""
+    job_field: ClassVar[str | None] = None
+    """Where a scheduler keeps its runs' jobs: the status field holding a run's job id, read by
+    :meth:`live_state` (registered in :data:`toolkit.runs.placement.SCHEDULERS`)."""
     launcher: ClassVar[str] = "horovodrun"
     """The program whose exit ends a run here, as failure reading names it."""
     queues_here: ClassVar[bool] = True
@@ -63,6 +84,34 @@ class Executor(ABC):
     @abstractmethod
     def where(self, config: ExperimentConfig, job: str | None = None) -> str:
         """Where a run of ``config`` goes, in words (``job``: its scheduler's id, if any)."""
+
+    @staticmethod
+    def live_state(status: dict) -> dict | None:
+        """``status`` as this place's scheduler tells it (a queued job's reason, a job that
+        ended without its run knowing); ``None``: it no longer knows the job."""
+        return None
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Its flags on the CLI's ``launch``, ``sweep`` and ``search`` (default none)."""
+        return None
+
+    @classmethod
+    def fields(cls, args: argparse.Namespace) -> dict | None:
+        """The fields of its :attr:`section` that its flags give; ``None``: not asked for."""
+        return None
+
+    @classmethod
+    def flags(cls, fields: dict) -> list[str]:
+        """The CLI flags that give ``fields`` of its :attr:`section` (what :meth:`fields` reads
+        back): a runner started in the background is told the place this way."""
+        raise NotImplementedError(f"the {cls.kind} executor takes no flags")
+
+    @staticmethod
+    def failure(run: RunDir, status: dict, tail: str) -> Failure | None:
+        """Why a run here failed, where its launcher's output says so in this place's own words
+        (``tail``: the end of the run's log); ``None``: the common readings apply."""
+        return None
 
     def start_all(self, cells: Cells, name: str, root: Path, max_parallel: int | None):
         """Start a sweep's ``cells`` at once as sweep ``name`` under ``root``, at most
@@ -99,3 +148,11 @@ class Executor(ABC):
             seed=config.seed,
             **meta,
         )
+
+
+def over(raw: dict, section: str, fields: dict | bool) -> dict:
+    """The config mapping ``raw`` with its ``section`` given the fields ``fields`` (over the
+    section's own; ``True``: the section as it is, or empty): how a place is asked for on a run,
+    a sweep's cells or a search's trials."""
+    given = fields if isinstance(fields, dict) else {}
+    return {**raw, section: {**(raw.get(section) or {}), **given}}

@@ -17,6 +17,7 @@ class HostsExecutor(LocalExecutor):
     """Workers on the config's hosts, or on those an elastic run discovers."""
 
     kind = "hosts"
+    title = "Hosts over ssh"
 
     @classmethod
     def chosen_by(cls, config: ExperimentConfig) -> bool:

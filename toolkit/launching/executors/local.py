@@ -35,6 +35,7 @@ class LocalExecutor(Executor):
     """This machine, under the launch queue and a supervisor (see the module's docstring)."""
 
     kind = "local"
+    title = "This machine"
 
     @classmethod
     def chosen_by(cls, config: ExperimentConfig) -> bool:

@@ -7,12 +7,17 @@ its state (:mod:`toolkit.runs.slurm_jobs`); ``meta.json`` keeps every job id it 
 
 from __future__ import annotations
 
+import argparse
+import re
 import shutil
 from pathlib import Path
 
-from toolkit.config import ExperimentConfig
+from toolkit.config import MAX_WORKERS, ConfigError, ExperimentConfig
+from toolkit.flags import integer
 from toolkit.launching import slurm
 from toolkit.launching.executors.base import Cells, Executor
+from toolkit.launching.failures import RESUME, Failure
+from toolkit.runs import slurm_jobs
 from toolkit.runs.rundir import RunDir, RunError
 from toolkit.runs.states import State
 
@@ -21,6 +26,9 @@ class SlurmExecutor(Executor):
     """A run as a Slurm job, a sweep as job arrays (see the module's docstring)."""
 
     kind = "slurm"
+    title = "Slurm"
+    section = "slurm"
+    job_field = "slurm_job_id"
     launcher = "srun"
     queues_here = False
     starts_sweeps_at_once = True
@@ -77,3 +85,71 @@ class SlurmExecutor(Executor):
         command = ["sbatch", str(script)]
         job_ids = [*run.meta().get("slurm_job_ids", []), job]
         self.record_launch(run, config, command, {**meta, "slurm_job_ids": job_ids})
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """``--slurm`` and the fields of the config's ``slurm`` section (see
+        :class:`toolkit.sections.SlurmConfig`)."""
+        group = parser.add_argument_group("Slurm (toolkit.launching.slurm)")
+        group.add_argument("--slurm", action="store_true", help="submit to Slurm: --np ranks")
+        group.add_argument("--nodes", type=integer(1, MAX_WORKERS), help="Slurm: nodes")
+        group.add_argument("--partition", help="Slurm: partition (default: the cluster's)")
+        group.add_argument("--time", help="Slurm: time limit, e.g. 2:00:00 (requeued past it)")
+        group.add_argument("--account", help="Slurm: account")
+        group.add_argument("--gpus-per-task", type=integer(1, 64), help="Slurm: GPUs per rank")
+        group.add_argument(
+            "--sbatch-arg", action="append", default=[], help="Slurm: another sbatch option"
+        )
+
+    @classmethod
+    def fields(cls, args: argparse.Namespace) -> dict | None:
+        """The ``slurm`` fields the flags give (``None``: not a Slurm launch); a Slurm flag
+        without ``--slurm`` is refused, naming it."""
+        given = {field: getattr(args, flag) for flag, field in FLAGS.items()}
+        given = {field: value for field, value in given.items() if value not in (None, [])}
+        if given and not args.slurm:
+            named = ", ".join(f"--{f.replace('_', '-')}" for f, v in FLAGS.items() if v in given)
+            raise ValueError(f"{named} go with --slurm (a run submitted to Slurm)")
+        return given if args.slurm else None
+
+    @classmethod
+    def flags(cls, fields: dict) -> list[str]:
+        return _flags(fields)
+
+    @staticmethod
+    def live_state(status: dict) -> dict | None:
+        return slurm_jobs.live_state(status)
+
+    @staticmethod
+    def failure(run: RunDir, status: dict, tail: str) -> Failure | None:
+        """Slurm cancelled the job (``scancel``, its time limit, a node's failure)."""
+        cancelled = re.search(
+            r"\*\*\* JOB (\S+) ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z][A-Z ]*[A-Z]))?", tail
+        )
+        if not cancelled:
+            return None
+        node = re.search(r"srun: error: Node failure on (\S+)", tail)
+        why = (cancelled.group(2) or "by scancel").lower() + (f" on {node[1]}" if node else "")
+        return Failure(f"Slurm cancelled job {cancelled.group(1)}: {why}; {RESUME}.")
+
+
+FLAGS = {  # the CLI's flag: the field of the config's slurm section it sets
+    "nodes": "nodes",
+    "partition": "partition",
+    "time": "time",
+    "account": "account",
+    "gpus_per_task": "gpus_per_task",
+    "sbatch_arg": "sbatch_args",
+}
+
+
+def _flags(slurm: dict) -> list[str]:
+    said = ["--slurm"]
+    for field, value in slurm.items():
+        if field == "sbatch_args":
+            said += [f"--sbatch-arg={arg}" for arg in value]
+        elif field == "signal_before_end_s":
+            raise ConfigError("slurm.signal_before_end_s is set in the base config only")
+        else:
+            said.append(f"--{field.replace('_', '-')}={value}")
+    return said
