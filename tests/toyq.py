@@ -171,7 +171,7 @@ def serve(table: Path, job: str) -> int:
             found[job]["state"] = ENDED
         by_the_lab = found[job].get("by_the_lab")
     if not by_the_lab:  # else the lab's stop, waiting for this job's end, records it
-        supervisor.record_exit(run, me, code, ToyqExecutor.failure)
+        supervisor.record_exit(run, me, code)
     return code
 
 

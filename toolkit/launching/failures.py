@@ -67,15 +67,20 @@ def overrides(failure: Failure, said: str | None) -> bool:
 Reading = Callable[[RunDir, dict, str], "Failure | None"]
 """A reading of a run's output: its run, status and the tail of its log -> a failure, if it
 finds its sign there."""
+READINGS: dict[str, Reading] = {}
+"""Each executor's reading of its own words (a scheduler cancelling a job), by its kind:
+registered as each executor class is defined
+(:meth:`toolkit.launching.executors.base.Executor.failure`)."""
 
 
-def explain(run: RunDir, status: dict, code: int, own: Reading | None = None) -> Failure:
-    """Why the run's launcher exited with ``code`` (see the module's docstring); ``own``: the
-    executor's reading of its own words (a scheduler cancelling a job), asked first."""
+def explain(run: RunDir, status: dict, code: int) -> Failure:
+    """Why the run's launcher exited with ``code`` (see the module's docstring): its executor's
+    reading of its own words first, then the common ones."""
     said = f"{placement.launcher(status)} exited with code {code}; see stdout.log"
     if code == 0:
         return Failure("training exited without finishing")
     tail = files.tail(run.stdout_path, TAIL_BYTES)
+    own = READINGS.get(placement.executor(status))
     for reading in (
         *([own] if own else []),
         _too_few_elastic,

@@ -34,7 +34,7 @@ from toolkit import files
 from toolkit.config import ConfigError, ExperimentConfig
 from toolkit.launching import launch, remote, runner_lock
 from toolkit.launching.executors import registry
-from toolkit.launching.slots import capacity, slots_of
+from toolkit.launching.slots import capacity, check_fits, slots_of
 from toolkit.runs import checkpoints, placement
 from toolkit.runs.events import diverged, read_events
 from toolkit.runs.rundir import LIVE, RunDir, RunError
@@ -201,6 +201,14 @@ def default_parallel(configs: list[ExperimentConfig], size: int, root: Path | No
         for config in here
     ]
     return max(1, min(fits))
+
+
+def check_fits_here(config: ExperimentConfig, root: Path | None = None) -> None:
+    """Raise :class:`~toolkit.runs.rundir.RunError` if ``config``'s run waits in this machine's
+    launch queue and needs more slots than it gives (one its executor queues elsewhere is that
+    queue's to pace): what every set checks of each run before any starts."""
+    if registry.choose(config).queues_here:
+        check_fits(slots_of(config), root)
 
 
 def check_parallel(max_parallel: int | None, error: type[ConfigError]) -> None:

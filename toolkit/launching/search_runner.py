@@ -30,7 +30,6 @@ import pandas as pd
 
 from toolkit.config import ConfigError
 from toolkit.launching import launch, runner
-from toolkit.launching.executors import registry
 from toolkit.launching.search import (
     Search,
     SearchError,
@@ -41,7 +40,6 @@ from toolkit.launching.search import (
     study,
     tags,
 )
-from toolkit.launching.slots import check_fits, slots_of
 from toolkit.runs.events import read_events
 from toolkit.runs.rundir import LIVE, RunDir, RunError, runs_root
 from toolkit.runs.states import State
@@ -103,8 +101,7 @@ def check_runnable(search: Search, root: str | Path | None = None) -> None:
         config = search.config(params, 0)
         try:
             launch.check_fits_dataset(config)
-            if registry.choose(config).queues_here:
-                check_fits(slots_of(config), base)
+            runner.check_fits_here(config, base)
         except (ConfigError, RunError) as error:
             raise SearchError(f"search {search.name}, {label}: {error}") from None
 

@@ -38,7 +38,7 @@ import psutil
 from toolkit import host_list
 from toolkit.launching import hosts as hosts_lib
 from toolkit.launching import remote, slurm, supervisor
-from toolkit.launching.executors.slurm import SlurmExecutor
+from toolkit.launching.executors.slurm import SlurmExecutor  # noqa: F401  (its failure reading)
 from toolkit.runs import checkpoints, processes
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.states import State
@@ -96,7 +96,7 @@ def drive(run: RunDir) -> int:
         heartbeat.stop()
         slurm.requeue(job_id)
         return 0
-    supervisor.record_exit(run, me, code, SlurmExecutor.failure)
+    supervisor.record_exit(run, me, code)
     heartbeat.stop()
     return code
 

@@ -85,10 +85,9 @@ def _start_when_free(run: RunDir, argv: list[str]) -> subprocess.Popen | None:
         slots.leave_line(run)
 
 
-def record_exit(run: RunDir, me: dict, code: int, own: failures.Reading | None = None) -> None:
+def record_exit(run: RunDir, me: dict, code: int) -> None:
     """Record the final state unless training did, and that the slots are free (``released``),
-    if the run is still this supervisor's (``me``: its process record); ``own``: its executor's
-    reading of its own words in the run's log (:func:`toolkit.launching.failures.explain`)."""
+    if the run is still this supervisor's (``me``: its process record)."""
     with run.lock(timeout=120):
         status = run.recorded_status()
         if me not in status.get("processes", []):  # resumed meanwhile: no longer this run's
@@ -97,7 +96,7 @@ def record_exit(run: RunDir, me: dict, code: int, own: failures.Reading | None =
         if status.get("stop_requested"):
             run.finish(State.STOPPED, exit_code=code, finished=finished, released=finished)
             return
-        failure = failures.explain(run, status, code, own)
+        failure = failures.explain(run, status, code)
         said = status.get("training_said")
         reason = failure.reason if failures.overrides(failure, said) else said
         # training's own final state, if it wrote one (a stop), wins: the first final state

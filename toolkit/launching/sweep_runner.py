@@ -28,7 +28,7 @@ from toolkit.launching import runner
 from toolkit.launching.executors import registry
 from toolkit.launching.executors.base import over
 from toolkit.launching.executors.slurm import SlurmExecutor
-from toolkit.launching.slots import check_fits, positions, slots_of
+from toolkit.launching.slots import positions
 from toolkit.launching.sweep import (
     SWEEPS_DIR,
     Cell,
@@ -65,8 +65,7 @@ def dry_run(sweep: Sweep, root: str | Path | None = None) -> pd.DataFrame:
         try:
             plan = RunPlan.of(c, c.dataset.train_examples())
             advice.warn(c)  # each finding once (Python shows a warning once per text)
-            if registry.choose(c).queues_here:  # else they wait in their executor's queue
-                check_fits(slots_of(c), root)
+            runner.check_fits_here(c, root)
         except (ValueError, RuntimeError) as error:  # ConfigError, RunError
             problems.append(cell_problem(cell.coordinates, error))
             continue

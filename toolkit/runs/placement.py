@@ -44,6 +44,14 @@ def where(status: dict) -> str:
     return f"hosts {', '.join(hosts)}" if len(hosts) > 1 else "this machine"
 
 
+def executor(status: dict) -> str:
+    """The kind of executor the run went to (a status written before executors: Slurm's if it
+    has a job id, else this machine's)."""
+    if status.get("executor"):
+        return status["executor"]
+    return "slurm" if status.get("slurm_job_id") else "local"
+
+
 def launcher(status: dict) -> str:
     """The program whose exit ended the run, as failure reading names it."""
     if status.get("launcher"):

@@ -31,6 +31,7 @@ from typing import ClassVar
 from pydantic import BaseModel
 
 from toolkit.config import ExperimentConfig
+from toolkit.launching import failures
 from toolkit.launching.failures import Failure
 from toolkit.runs.rundir import RunDir
 from toolkit.runs.states import State
@@ -41,6 +42,12 @@ Cells = list[tuple[ExperimentConfig, str, dict]]
 
 class Executor(ABC):
     """One place a run can go (see the module's docstring)."""
+
+    def __init_subclass__(cls, **kwargs):
+        """A place's reading of its own words is known to failure reading once it is defined."""
+        super().__init_subclass__(**kwargs)
+        if "kind" in vars(cls):
+            failures.READINGS[cls.kind] = cls.failure
 
     kind: ClassVar[str]
     """Its name in the registry and in a run's status (``executor``)."""
