@@ -212,6 +212,7 @@ def check_fits_here(config: ExperimentConfig, root: Path | None = None) -> None:
 
 
 def check_parallel(max_parallel: int | None, error: type[ConfigError]) -> None:
+    """Raise ``error`` unless ``max_parallel`` is ``None`` (the default) or an integer >= 1."""
     if max_parallel is not None and (
         isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1
     ):

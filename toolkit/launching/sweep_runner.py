@@ -246,7 +246,14 @@ class SweepSet(runner.RunSet):
 
     kind, error = "sweep", SweepError
 
-    def __init__(self, sweep, base, retry_failed=False, label=None, log=print):
+    def __init__(
+        self,
+        sweep: Sweep,
+        base: Path,
+        retry_failed: bool = False,
+        label: Callable[[Cell], str] | None = None,
+        log: Callable[[str], None] = print,
+    ):
         self.sweep, self.base, self.name = sweep, base, sweep.name
         self.folder = base / SWEEPS_DIR
         self.retry_failed, self.retries = retry_failed, sweep.spec.retries
