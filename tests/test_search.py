@@ -85,6 +85,8 @@ def spec(**changes) -> dict:
         ),
         ({"space": {"batch.per_worker": []}}, "space: batch.per_worker has no choices"),
         ({"space": {"seed": [0, 1]}}, "space: seed is the search's to set"),
+        ({"seeds": 0}, "seeds: Input should be greater than or equal to 1"),
+        ({"seeds": 11}, "seeds: Input should be less than or equal to 10"),
         (
             {"sampler": "grid"},
             "space.optimizer.learning_rate: the grid sampler takes lists of choices",
@@ -125,6 +127,14 @@ def test_a_space_field_the_config_refuses_is_named_with_the_configs_words(space,
     result = run_cli(["search", str(path)], tmp_path / "runs", timeout=60)
     assert result.returncode == 2 and named in result.stderr, result.stderr
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+
+
+def test_a_trials_last_seed_past_the_configs_seeds_is_refused():
+    """Seeds are the base's seed and the next ones: the last must be a seed the config takes."""
+    with pytest.raises(search.SearchError) as refused:
+        search.from_mapping(spec(base={**BASE, "seed": 2**32 - 2}, seeds=3))
+    said = str(refused.value)
+    assert "seeds: 3 = 4294967296: seed: Input should be less than or equal to" in said, said
 
 
 def test_a_base_that_is_not_there_is_named(tmp_path):

@@ -335,6 +335,12 @@ def from_mapping(raw: Any, folder: str | Path = ".") -> Search:
             raise SearchError(str(error)) from None
     search = Search(spec)
     problems = {}
+    try:  # the seeds a trial trains: the base's and the next ones
+        search.config({}, 0, spec.seeds - 1)
+    except ConfigError as error:
+        said = str(error).removeprefix("invalid experiment config:\n").strip()
+        last = search.config({}, 0).seed + spec.seeds - 1
+        problems["seeds"] = f"seeds: {spec.seeds} = {last}: {said}"
     for path, value in search.edges():
         try:
             search.config({path: value}, 0)
