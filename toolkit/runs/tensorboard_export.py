@@ -126,12 +126,17 @@ def export_all(runs: Iterable[RunDir], logdir: str | Path) -> dict[str, int]:
     return {run.run_id: export(run, logdir) for run in runs}
 
 
+STOP_S = 10.0
+"""How long TensorBoard is given to exit on SIGTERM before it is killed."""
+
+
 def serve(
     runs: Callable[[], Iterable[RunDir]], logdir: str | Path, port: int = 6006, every_s: float = 10
 ) -> int:
     """TensorBoard on ``127.0.0.1:port`` over ``logdir``, exporting ``runs()`` again every
     ``every_s`` seconds so live runs grow, until TensorBoard exits (its exit status) or the
-    caller is interrupted (TensorBoard is then stopped)."""
+    caller is interrupted (TensorBoard is then stopped: SIGTERM, SIGKILL after
+    :data:`STOP_S`)."""
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir)]
     server = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port)])
     try:
@@ -140,5 +145,9 @@ def serve(
             export_all(runs(), logdir)
     finally:
         server.terminate()
-        server.wait()
+        try:
+            server.wait(timeout=STOP_S)
+        except subprocess.TimeoutExpired:  # a TensorBoard busy reloading under load: killed
+            server.kill()
+            server.wait()
     return server.returncode
