@@ -148,9 +148,9 @@ class ToyqExecutor(Executor):
 
 
 def serve(table: Path, job: str) -> int:
-    """A job's runner: wait out its hold, then supervise its run's one worker; a cancel's
-    SIGTERM ends the worker, and the runner outlives it to record the end."""
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    """A job's runner: wait out its hold (a cancel's SIGTERM ends it there), then supervise its
+    run's one worker (a cancel's SIGTERM ends the worker; the runner outlives it to record the
+    end)."""
     with jobs(table) as found:
         run = RunDir(Path(found[job]["run"]))
         found[job].update(state=PENDING, pid=os.getpid())
@@ -158,6 +158,7 @@ def serve(table: Path, job: str) -> int:
     with jobs(table) as found:
         if found[job]["state"] == CANCELLED:
             return 0
+        signal.signal(signal.SIGTERM, lambda *_: None)  # from here, under the table's lock
         found[job]["state"] = RUNNING
     me = processes.record("supervisor")
     run.record_processes(me, replacing="supervisor", reason=None)

@@ -24,9 +24,10 @@ comes with TensorFlow); nothing here imports TensorFlow.
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -134,14 +135,18 @@ def serve(
     runs: Callable[[], Iterable[RunDir]], logdir: str | Path, port: int = 6006, every_s: float = 10
 ) -> int:
     """TensorBoard on ``127.0.0.1:port`` over ``logdir``, exporting ``runs()`` again every
-    ``every_s`` seconds so live runs grow, until TensorBoard exits (its exit status) or the
-    caller is interrupted (TensorBoard is then stopped: SIGTERM, SIGKILL after
-    :data:`STOP_S`)."""
+    ``every_s`` seconds so live runs grow, until TensorBoard exits (its exit status) or this
+    process is asked to stop (SIGINT, Ctrl-C, or SIGTERM: 0). A stop is taken between two
+    exports, never inside one (an event file is never left half written), and TensorBoard is
+    then stopped: SIGTERM, SIGKILL after :data:`STOP_S`."""
+    stop = threading.Event()
+    for asked in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(asked, lambda *_: stop.set())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir)]
     server = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port)])
     try:
-        while server.poll() is None:
-            time.sleep(every_s)
+        while server.poll() is None and not stop.wait(every_s):
             export_all(runs(), logdir)
     finally:
         server.terminate()
@@ -150,4 +155,4 @@ def serve(
         except subprocess.TimeoutExpired:  # a TensorBoard busy reloading under load: killed
             server.kill()
             server.wait()
-    return server.returncode
+    return 0 if stop.is_set() else server.returncode
