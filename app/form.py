@@ -132,6 +132,20 @@ def where_choices(*, sets: bool = False) -> list[str]:
 LOCAL, HOSTS, SLURM = LocalExecutor, HostsExecutor, SlurmExecutor
 
 
+def asked_place(where: str, key: str, given: dict | None) -> tuple[str, dict] | None:
+    """The place chosen as ``where`` (an executor's title) as its config section and the
+    fields its form gives (Slurm's own form, or a registered place's, prefilled from the
+    config mapping ``given``); ``None`` for a place no section asks for (this machine, hosts).
+    ``key`` prefixes the widgets' keys."""
+    executor = registry.titled(where)
+    preset = get(given or {}, executor.section) if executor.section else None
+    if executor is SLURM:
+        return SLURM.section, slurm_section(key, preset)
+    if executor.section_model is not None:
+        return executor.section, place_section(executor, key, preset)
+    return None
+
+
 def place_section(executor, key: str, given: dict | None) -> dict:
     """The fields of a registered place's section (``executor.section_model``), one widget a
     field by its type (a number, a switch, a text), prefilled from ``given``, else its default;

@@ -79,11 +79,10 @@ elif where == form.SLURM.title:
         "Submitted to Slurm as a job of one task per worker (sbatch; every rank under srun). "
         "Slurm's queue is the run's: it reads queued, with Slurm's reason, until it starts."
     )
-    raw["slurm"] = form.slurm_section(preset, form.get(given, "slurm"))
-    slots.add("slurm")
-elif (place := registry.titled(where)).section_model is not None:  # one registered beside
-    raw[place.section] = form.place_section(place, preset, form.get(given, place.section))
-    slots.add(place.section)
+if place := form.asked_place(where, preset, given):
+    section, fields = place
+    raw[section] = fields
+    slots.add(section)
 with st.expander("Workers' network: ssh port and key, interface, a silent worker's timeout"):
     cells = st.columns(4)
     with cells[0]:

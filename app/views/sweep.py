@@ -99,7 +99,7 @@ where = st.radio(
     horizontal=True,
     help="this machine's launch queue, or Slurm: the cells as one job array",
 )
-place = ("slurm", form.slurm_section("sweep", None)) if where == form.SLURM.title else None
+place = form.asked_place(where, "sweep", None)
 cost = st.columns(3)
 cost[0].metric("Cells", f"{len(cells):,}")
 cost[1].metric(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -103,9 +104,10 @@ class RunSet(abc.ABC):
         """Raise :attr:`error` naming what could not run, before anything starts."""
         return None
 
-    def save(self) -> None:
-        """Keep the set's resolved file in the runs root (for the dashboard and reruns)."""
-        return None
+    @abc.abstractmethod
+    def save(self) -> Path:
+        """Keep the set's resolved file in the runs root (for the dashboard and reruns); its
+        path."""
 
     @abc.abstractmethod
     def recover(self, log: Callable[[str], None]) -> list[Flight]:
@@ -278,10 +280,9 @@ class _Loop:
         """Settle every run in flight, show them to the set, then deal with those that ended."""
         for flight in self.in_flight:
             flight.status = launch.settle(flight.run)
-        self.set.watch(self.in_flight)
-        for flight in [f for f in self.in_flight if f.run.status()["state"] not in LIVE]:
+        self.set.watch(self.in_flight)  # a set that ends a run records its status in its flight
+        for flight in [f for f in self.in_flight if f.state not in LIVE]:
             self.in_flight.remove(flight)
-            flight.status = flight.run.status()
             reason = flight.status.get("reason") or "no reason recorded"
             then = retry(flight, self.set.retries)
             if then == RESUME:
@@ -317,12 +318,14 @@ def active(folder: Path, name: str) -> bool:
     return runner_lock.is_held(folder / f"{name}.lock")
 
 
-def start(runset: RunSet, command: list[str]) -> int:
-    """Run ``command`` (a ``python -m toolkit`` command that runs ``runset``) in a process of
-    its own session, output appended to the set's log; its pid. Raises the set's error while a
-    runner of it is alive."""
+def start(runset: RunSet, flags: list[str]) -> int:
+    """Run ``runset`` in a process of its own session (``python -m toolkit --runs ROOT KIND
+    FILE FLAGS``: its kind's command on its saved file), output appended to the set's log; its
+    pid. Raises the set's error, before anything is written, while a runner of it is alive."""
     if active(runset.folder, runset.name):
         raise runset.error(_busy(runset))
+    command = [sys.executable, "-m", "toolkit", "--runs", str(runset.base), runset.kind]
+    command += [str(runset.save()), *flags]
     return detached(command, runset.folder / f"{runset.name}.log")
 
 

@@ -22,7 +22,6 @@ trial is left running in the study once its runs have ended, and none is launche
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,9 +129,8 @@ class SearchSet(runner.RunSet):
     def check(self) -> None:
         check_runnable(self.search, self.base)
 
-    def save(self) -> None:
-        save(self.search, self.base)
-        self.study = study(self.search, self.base)
+    def save(self) -> Path:
+        return save(self.search, self.base)
 
     # --- the study's view -----------------------------------------------------------------
 
@@ -192,14 +190,14 @@ class SearchSet(runner.RunSet):
         if not self._wanted():
             return None
         self.study.sampler = sampler(self.search, len(self._trials()))
-        trial = self.study.ask(self.search.distributions())
+        flight = _Trial(self.study.ask(self.search.distributions()))
         try:
-            self.search.config(trial.params, trial.number)
+            planned = self._planned(flight, 0)
         except ConfigError as error:  # this trial's values cannot run
-            self._tell_failed(trial, f"could not launch: {error}", retry=False)
+            self._tell_failed(flight.trial, f"could not launch: {error}", retry=False)
             return self.next()
-        self.trials[trial.number] = flight = _Trial(trial)
-        return self._planned(flight, 0)
+        self.trials[flight.number] = flight
+        return planned
 
     def launching(self, planned: runner.Planned, run_id: str, attempt: int) -> None:
         """Record the run id on the trial before the run exists (a crash is seen), and log the
@@ -226,8 +224,10 @@ class SearchSet(runner.RunSet):
         self._tell_failed(flight.trial, f"could not launch: {error}", retry=False)
 
     def recover(self, log) -> list[runner.Flight]:
-        """Adopt the trials a dead runner left running; fail those whose runs were never
-        launched; give a retry to each failure owed one (a runner that died between the two)."""
+        """Open the study; adopt the trials a dead runner left running; fail those whose runs
+        were never launched; give a retry to each failure owed one (a runner that died between
+        the two)."""
+        self.study = study(self.search, self.base)
         ts = self.optuna.trial.TrialState
         adopted = []
         for frozen in self._trials(ts.RUNNING):
@@ -458,10 +458,8 @@ def start(
     runner.check_parallel(max_parallel, SearchError)
     base = runs_root(root)
     check_runnable(search, base)
-    command = [sys.executable, "-m", "toolkit", "--runs", str(base), "search"]
-    command += [str(save(search, base))]
-    command += [f"--max-parallel={max_parallel}"] * bool(max_parallel)
-    return runner.start(SearchSet(search, base), command)
+    flags = [f"--max-parallel={max_parallel}"] * bool(max_parallel)
+    return runner.start(SearchSet(search, base), flags)
 
 
 def runner_active(name: str, root: str | Path | None = None) -> bool:

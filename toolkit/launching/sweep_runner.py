@@ -16,7 +16,6 @@ import collections
 import dataclasses
 import json
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -270,8 +269,8 @@ class SweepSet(runner.RunSet):
     def check(self) -> None:
         dry_run(self.sweep, self.base)  # every cell can launch, before any does
 
-    def save(self) -> None:
-        save(self.sweep, self.base)
+    def save(self) -> Path:
+        return save(self.sweep, self.base)
 
     def _planned(self, cell: Cell, attempt: int = 1) -> runner.Planned:
         meta = {**cell.meta(), runner.ATTEMPT: attempt}
@@ -360,15 +359,12 @@ def start(
     ``place`` (:func:`placed`), its cells go there. Raises :class:`SweepError` if a runner of
     this sweep is alive already."""
     runner.check_parallel(max_parallel, SweepError)
-    base = runs_root(root)
-    command = [sys.executable, "-m", "toolkit", "--runs", str(base), "sweep"]
-    command += [str(save(sweep, base))]
-    command += [f"--max-parallel={max_parallel}"] * bool(max_parallel)
-    command += ["--retry-failed"] * retry_failed
+    flags = [f"--max-parallel={max_parallel}"] * bool(max_parallel)
+    flags += ["--retry-failed"] * retry_failed
     if place is not None:
         placed(sweep, place)  # refused here, naming the field, if it is not valid
-        command += registry.with_section(place[0]).flags(place[1])
-    return runner.start(SweepSet(sweep, base), command)
+        flags += registry.with_section(place[0]).flags(place[1])
+    return runner.start(SweepSet(sweep, runs_root(root)), flags)
 
 
 def _label(cell: Cell) -> str:
