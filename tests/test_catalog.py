@@ -45,6 +45,7 @@ def test_an_entry_is_a_reference_not_an_import():
 SIZES = {
     "mnist1d": [{}, {"num_samples": 1000}, {"num_samples": 1234, "test_fraction": 0.33}],
     "digits": [{}, {"test_fraction": 0.1}, {"test_fraction": 0.37}],
+    "markov": [{}, {"num_samples": 101, "test_fraction": 0.3}],
     "synthetic": [{}, {"num_samples": 100, "test_fraction": 0.3}, {"num_samples": 7}],
 }
 

@@ -14,6 +14,9 @@ CASES = [
     ("mlp", (40, 1), 10, (40 * 100 + 100) + (100 * 100 + 100) + (100 * 10 + 10)),
     # MNIST-1D ConvBase: 1->25 k5, 25->25 k3, 25->25 k3, then 5*25 -> 10
     ("cnn1d", (40, 1), 10, (5 * 25 + 25) + 2 * (3 * 25 * 25 + 25) + (125 * 10 + 10)),
+    # 16 tokens x 16; a GRU of 32 (Keras's reset_after: three gates of input, recurrent and
+    # two biases); 32 -> 10
+    ("gru", (32,), 10, 16 * 16 + 3 * (16 * 32 + 32 * 32 + 2 * 32) + (32 * 10 + 10)),
     ("resnet20", (32, 32, 3), 10, None),
 ]
 
@@ -21,7 +24,11 @@ CASES = [
 def _train_one_step(model: keras.Model, num_classes: int) -> None:
     """Fit one batch; assert the loss is finite and every trainable weight moved."""
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(4, *model.input_shape[1:])).astype(np.float32)
+    shape = (4, *model.input_shape[1:])
+    embeds = [layer for layer in model.layers if isinstance(layer, keras.layers.Embedding)]
+    x = (  # token ids where the model embeds them, else a signal
+        rng.integers(embeds[0].input_dim, size=shape) if embeds else rng.normal(size=shape)
+    ).astype(np.float32)
     y = rng.integers(num_classes, size=4).astype(np.int32)
     before = [w.numpy().copy() for w in model.trainable_weights]
     model.compile(

@@ -24,6 +24,18 @@ DATASETS = Registry(
             {"seed": 0, "num_samples": 5000, **_SPLIT},
         ),
         "digits": Entry("toolkit.training.data:load_digits", {"seed": 0, **_SPLIT}),
+        "markov": Entry(
+            "toolkit.training.data:load_markov",
+            {
+                "seed": 0,
+                "num_samples": 20000,
+                "length": 32,
+                "tokens": 16,
+                "num_classes": 10,
+                "mixing": 0.4,
+                **_SPLIT,
+            },
+        ),
         "synthetic": Entry(
             "toolkit.training.data:load_synthetic",
             {
@@ -54,6 +66,12 @@ def _count(name: str, value: Any, least: int) -> int:
     return value
 
 
+def _samples_less_tested(num_samples: Any, test_fraction: Any, **_) -> int:
+    """A generated dataset's training examples: its samples less the ``int()`` of its test
+    share, which its loader holds out."""
+    return _count("num_samples", num_samples, 2) - int(num_samples * _fraction(test_fraction))
+
+
 _TRAIN_EXAMPLES: dict[str, Callable[..., int]] = {
     # mnist1d's generator makes num_samples // 10 examples of each of its 10 templates and
     # keeps the first int(n * train_split) for training
@@ -62,9 +80,8 @@ _TRAIN_EXAMPLES: dict[str, Callable[..., int]] = {
     ),
     # scikit-learn's 1,797 digits; train_test_split rounds the test share up
     "digits": lambda test_fraction, **_: 1797 - math.ceil(_fraction(test_fraction) * 1797),
-    "synthetic": lambda num_samples, test_fraction, **_: (
-        _count("num_samples", num_samples, 2) - int(num_samples * _fraction(test_fraction))
-    ),
+    "markov": _samples_less_tested,
+    "synthetic": _samples_less_tested,
     # Keras's fixed splits (its load_data docstrings give the shapes)
     "mnist": lambda **_: 60000,
     "fashion_mnist": lambda **_: 60000,
@@ -90,6 +107,7 @@ MODELS = Registry(
             "logreg": {},
             "mlp": {"hidden_sizes": (100, 100)},
             "cnn1d": {"channels": 25},
+            "gru": {"tokens": 16, "embedding": 16, "units": 32},
         }.items()
     }
     | {
