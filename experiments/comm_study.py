@@ -143,6 +143,23 @@ LARS = [  # the quickstart's LARS, for ResNet-20
     "optimizer.learning_rate=0.5",
     "optimizer.params={momentum: 0.9, weight_decay: 0.0005, trust_coefficient: 0.02}",
 ]
+EVERY_ENTRY = topk(1.0)  # every entry sent through the encoded path: dense, with DGC's switches
+STEADY_MODES = {  # which of DGC's techniques steadies the quickstart's LARS over 60 epochs?
+    "dense": [],
+    "topk 1%, DGC": DGC_MODES["topk 1%, DGC"],
+    "topk 1%, DGC less local clipping": topk(0.01, "dgc=true", "local_clipnorm=0"),
+    "dense, local clipping 5": [*EVERY_ENTRY, "allreduce.local_clipnorm=5"],
+    "dense, momentum correction": [*EVERY_ENTRY, "allreduce.momentum_correction=true"],
+    "dense, 5-epoch rate warm-up": ["schedule.warmup.epochs=5"],
+    "dense, rate x0.5": ["optimizer.learning_rate=0.25"],
+    # none of the above alone held: which of DGC's parts does its holding need?
+    "topk 1%, DGC less momentum correction": topk(
+        0.01, "dgc=true", "momentum_correction=false", "momentum_masking=false"
+    ),
+    "topk 1%, DGC less warm-up": topk(0.01, "dgc=true", "sparsity_warmup_epochs=0"),
+    "topk 1%, DGC less dense 1-D": topk(0.01, "dgc=true", "dense_1d=false"),
+}
+STEADY_EPOCHS = {"steady": 60}  # where the quickstart's dense LARS falls and DGC holds
 CROSS_MODES = ("dense", "topk 1%", "topk 1%, DGC")
 CROSS = {  # each task with the other's optimizer: is the gap LARS's or the small model's?
     "quickstart": {
@@ -292,7 +309,7 @@ def trust_ratios(root: Path) -> pd.DataFrame:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--study", choices=("distopt", "dgc", "cross"), default="distopt")
+    parser.add_argument("--study", choices=("distopt", "dgc", "cross", "steady"), default="distopt")
     parser.add_argument("--runs", type=Path, help="keep the run directories here (default: not)")
     parser.add_argument("--task", choices=sorted(TASKS), default="quickstart")
     parser.add_argument("--hosts", help="host:slots,... for the workers (default: localhost)")
@@ -314,7 +331,11 @@ def main() -> int:
         )
         print(wide.assign(ratio=wide["topk 1%, DGC"] / wide["dense"]).round(3).to_string())
         return 0
-    catalogue = {"distopt": MODES, "dgc": DGC_MODES, "cross": CROSS[args.task]}[args.study]
+    if args.study == "steady" and args.task != "quickstart":
+        parser.error("--study steady: the quickstart's LARS only")
+    catalogue = {"distopt": MODES, "dgc": DGC_MODES, "cross": CROSS[args.task]}.get(
+        args.study, STEADY_MODES
+    )
     if args.study == "dgc" and args.task == "quickstart":  # LARS
         catalogue = {**catalogue, **LARS_MODES}
     modes = args.modes.split(";") if args.modes else list(catalogue)
@@ -323,7 +344,7 @@ def main() -> int:
     if unknown := sorted(set(modes) - set(catalogue)):
         parser.error(f"--modes: unknown {unknown}; choose from {list(catalogue)}")
     seeds = (0,) if args.smoke else tuple(int(s) for s in args.seeds.split(","))
-    epochs = 2 if args.smoke else args.epochs or TASKS[args.task][1]
+    epochs = 2 if args.smoke else args.epochs or STEADY_EPOCHS.get(args.study, TASKS[args.task][1])
     name = "runs" if (args.study, args.task) == ("distopt", "quickstart") else args.study
     results = args.results or RESULTS / f"{name}{'' if name == 'runs' else '_' + args.task}.csv"
     where = args.hosts or "localhost"

@@ -165,16 +165,33 @@ def test_a_notebooks_train_warns_once_before_training(tmp_path):
     assert told == advice.warnings(config) and len(told) == 1
 
 
-def test_the_quickstarts_lars_trained_long_is_warned_with_the_measured_collapse():
+def test_the_quickstarts_lars_trained_long_is_warned_with_the_measured_collapse_and_cure():
     """Defect 10 of the third walk: the quickstart over 60 epochs peaked at 0.718 and ended at
-    0.547, unwarned, though the communication study measured it. The figures are the CSV's."""
-    runs = pd.read_csv(ROOT / "experiments/comm_study/dgc_quickstart.csv")
-    dense = runs[(runs["mode"] == "dense") & (runs.state == "completed")].drop_duplicates("run_id")
+    0.547, unwarned, though the communication study measured it. Issue 76 measured what holds
+    it: half the rate, not any of DGC's techniques alone. The figures are the CSVs'."""
+    v2 = pd.read_csv(ROOT / "experiments/comm_study/dgc_quickstart.csv")
+    twenty = v2[(v2["mode"] == "dense") & (v2.epochs == 20) & (v2.state == "completed")]
+    steady = pd.read_csv(ROOT / "experiments/comm_study/steady_quickstart.csv")
+    by_mode = steady[steady.state == "completed"].groupby("mode").final_accuracy
     (finding,) = advice.warnings(quickstart("epochs=60"))
-    for epochs in (20, 60):
-        said = spread(dense[dense.epochs == epochs].final_accuracy)
-        assert said in finding, (said, finding)
-    assert finding.startswith("epochs=60 with LARS on the 1-D CNN")
+    assert finding.startswith("epochs=60 with LARS on the 1-D CNN at a scaled rate of 0.5")
+    said = [
+        spread(twenty.drop_duplicates("run_id").final_accuracy),
+        *(
+            spread(by_mode.get_group(mode))
+            for mode in (
+                "dense",
+                "dense, rate x0.5",
+                "dense, local clipping 5",
+                "dense, 5-epoch rate warm-up",
+            )
+        ),
+    ]
+    for figure in said:
+        assert figure in finding, (figure, finding)
+    assert by_mode.get_group("dense, rate x0.5").min() > 0.93  # held in every seed
+    assert "Set optimizer.learning_rate to 0.25 for a scaled rate of 0.25" in finding
     assert advice.warnings(quickstart(f"epochs={advice.LARS_COLLAPSES_AFTER - 1}")) == []
+    assert advice.warnings(quickstart("epochs=60", "optimizer.learning_rate=0.25")) == []
     sgd = ("optimizer.name=sgd", "optimizer.params={momentum: 0.9}")
     assert advice.warnings(quickstart("epochs=60", *sgd)) == []
