@@ -28,6 +28,15 @@ at that loss. This script measures both on the study's model and data:
     .venv/bin/python experiments/critical_batch.py --num-samples 80000 --targets 0.5 0.4 0.3 \
         --batches 64 256 1024 4096 --rates 0.1 0.2 0.4 --max-steps 12000 \
         --out experiments/critical_batch_80k                   # study v2's second task, ~15 min
+    .venv/bin/python experiments/critical_batch.py --dataset markov --model gru \
+        --targets 1.6 1.3 1.0 --rates 0.1 0.2 0.4 0.8 --stuck-updates 1000 \
+        --out experiments/critical_batch_gru                  # the fourth task, ~30 min
+    .venv/bin/python experiments/critical_batch.py --dataset markov --model gru \
+        --targets 1.6 1.3 1.0 --batches 16 32 --rates 0.025 0.05 --max-steps 12000 \
+        --out experiments/critical_batch_gru --append       # its grid's edges, ~10 min
+    .venv/bin/python experiments/critical_batch.py --dataset markov --model gru \
+        --targets 1.6 1.3 1.0 --batches 256 512 1024 --rates 1.6 --stuck-updates 1000 \
+        --out experiments/critical_batch_gru --append
 
 Writes ``runs.csv`` under ``--out`` (one row per run) and prints the summary that
 ``docs/notes/study.md`` quotes; on the first task's data, then ``B_simple`` epoch by epoch
@@ -63,10 +72,18 @@ STUCK_EPOCHS, STUCK_LOSS = 5, 2.2
 
 
 def run(
-    batch: int, rate: float, seed: int, targets, max_steps: int, dataset, model_name: str = "cnn1d"
+    batch: int,
+    rate: float,
+    seed: int,
+    targets,
+    max_steps: int,
+    dataset,
+    model_name: str = "cnn1d",
+    stuck_updates: int = 0,
 ) -> list[dict]:
     """One SGD run until the held-out loss reaches the lowest of ``targets``: for each target,
-    the steps taken to reach it (``inf`` if not within ``max_steps`` or diverged) and the
+    the steps taken to reach it (``inf`` if not within ``max_steps``, diverged, or still at
+    chance after 5 epochs and ``stuck_updates`` updates) and the
     noise-scale measurements taken while the held-out loss was within ``[target, 1.5 ×
     target)``."""
     import keras
@@ -106,7 +123,8 @@ def run(
         model.train_on_batch(dataset.x_train[rows], dataset.y_train[rows])
         if step % every == 0 or step < every:
             loss = float(held_loss())
-            if not np.isfinite(loss) or (step * batch > stuck_examples and loss > STUCK_LOSS):
+            stuck = step * batch > stuck_examples and step > stuck_updates
+            if not np.isfinite(loss) or (stuck and loss > STUCK_LOSS):
                 break  # diverged, or still at chance (ln 10 = 2.30) after 5 epochs
             for target in targets:
                 if loss <= target and reached[target] == float("inf"):
@@ -155,17 +173,20 @@ def summarize(runs: pd.DataFrame) -> str:
             )
         lines += ["", f"fit: S_min = {found.s_min:,.0f} steps", ""]
         (cl, ch), (sl, sh) = found.b_crit_band, found.b_simple_band
+        relative = fit(part)  # calibrate's estimator: the residuals relative to the steps
         calibration.append(
             f"| {target} | {found.s_min:,.0f} | {found.b_crit:,.0f} ({cl:,.0f}–{ch:,.0f}) "
             f"| {found.b_simple:,.0f} ({sl:,.0f}–{sh:,.0f}; {found.measurements} in "
-            f"{found.runs} runs) | {found.ratio:.2f} ({cl / sh:.2f}–{ch / sl:.2f}) |"
+            f"{found.runs} runs) | {found.ratio:.2f} ({cl / sh:.2f}–{ch / sl:.2f}) "
+            f"| {relative.b_crit:,.0f} | {relative.ratio:.2f} |"
         )
     return "\n".join(
         lines
         + [
             "| target loss | S_min | B_crit (10–90%, seeds resampled) | B_simple near it "
-            "(10–90%, runs resampled) | B_crit / B_simple (band) |",
-            "|---" * 5 + "|",
+            "(10–90%, runs resampled) | B_crit / B_simple (band) | B_crit, relative fit "
+            "| its ratio |",
+            "|---" * 7 + "|",
             *calibration,
         ]
     )
@@ -240,18 +261,28 @@ def main() -> int:
         "--targets", type=float, nargs="+", default=[1.0, 0.8, 0.6], help="held-out losses"
     )
     parser.add_argument("--max-steps", type=int, default=8000)
-    parser.add_argument("--num-samples", type=int, default=NUM_SAMPLES, help="MNIST-1D's size")
+    parser.add_argument("--dataset", default="mnist1d", help="a dataset of the catalog")
+    parser.add_argument("--num-samples", type=int, default=NUM_SAMPLES, help="the dataset's size")
     parser.add_argument("--batches", type=int, nargs="+", default=BATCHES)
     parser.add_argument("--rates", type=float, nargs="+", default=RATES)
     parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
     parser.add_argument("--out", type=Path, default=ROOT / "experiments" / "critical_batch")
     parser.add_argument("--model", default="cnn1d", help="a model of the catalog (the study's)")
     parser.add_argument("--smoke", action="store_true", help="a tiny grid, for tests")
+    parser.add_argument(
+        "--append", action="store_true", help="add the rows to --out's runs.csv (more cells)"
+    )
+    parser.add_argument(
+        "--stuck-updates",
+        type=int,
+        default=0,
+        help="a run at chance after 5 epochs goes on to this many updates (a GRU's plateau)",
+    )
     args = parser.parse_args()
 
     from toolkit.training import data
 
-    dataset = data.load("mnist1d", seed=0, num_samples=args.num_samples)
+    dataset = data.load(args.dataset, seed=0, num_samples=args.num_samples)
     if args.smoke:
         args.batches, args.rates, args.targets = (32, 128, 512), (0.1, 0.2), [1.8, 1.5]
     rows = []
@@ -259,7 +290,16 @@ def main() -> int:
         for rate in args.rates:
             for seed in args.seeds:
                 targets = sorted(args.targets, reverse=True)
-                rows += run(batch, rate, seed, targets, args.max_steps, dataset, args.model)
+                rows += run(
+                    batch,
+                    rate,
+                    seed,
+                    targets,
+                    args.max_steps,
+                    dataset,
+                    args.model,
+                    args.stuck_updates,
+                )
                 reached = ", ".join(f"{r['target']}: {r['steps']}" for r in rows[-len(targets) :])
                 print(
                     f"B={batch:5d} lr={rate:<6} seed={seed}: steps to {reached} "
@@ -268,9 +308,16 @@ def main() -> int:
                 )
     runs = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs.to_csv(args.out / ("smoke.csv" if args.smoke else "runs.csv"), index=False)
+    path = args.out / ("smoke.csv" if args.smoke else "runs.csv")
+    if args.append and path.exists():  # a cell run again replaces its earlier rows
+        cell = ["batch", "rate", "seed"]
+        earlier = pd.read_csv(path).merge(runs[cell].drop_duplicates(), how="left", indicator=True)
+        earlier = earlier[earlier.pop("_merge") == "left_only"]
+        runs = pd.concat([earlier, runs], ignore_index=True)
+    runs.to_csv(path, index=False)
     print("\n" + summarize(runs))
-    if not args.smoke and args.num_samples == NUM_SAMPLES and args.model == "cnn1d":
+    first_task = (args.dataset, args.num_samples, args.model) == ("mnist1d", NUM_SAMPLES, "cnn1d")
+    if not args.smoke and first_task:
         print("\nB_simple through the study's SGD baseline (B=32, lr 0.1 cosine, 15 epochs):")
         print(noise_through_training())
     return 0

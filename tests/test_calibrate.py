@@ -121,16 +121,18 @@ def test_a_fit_that_cannot_be_stood_behind_says_why_and_is_never_kept_or_answere
     assert critical_batch.stored(config, tmp_path).fits[0]["b_crit_band"][1] == math.inf
 
 
-def test_every_calibration_the_mlp_check_measured_would_still_be_kept():
-    """The rules refuse junk, not good calibrations: the 18 fits of the committed MNIST-1D MLP
-    check (2 rules x 3 seeds x 3 targets, ``experiments/calibrate_mlp/runs.csv``, each within
-    1.5x of a 70-run study at 16 of 18) have no flaw (~2 s)."""
+@pytest.mark.parametrize("task, fits", [("mlp", 18), ("gru", 9)])
+def test_every_calibration_the_checks_measured_would_still_be_kept(task, fits):
+    """The rules refuse junk, not good calibrations: the fits of the committed checks have no
+    flaw: the MNIST-1D MLP's 18 (2 rules x 3 seeds x 3 targets, within 1.5x of a 70-run study
+    at 16 of 18) and the GRU's 9 (3 seeds x 3 targets, 8 of 9), from
+    ``experiments/calibrate_<task>/runs.csv`` (~2 s each)."""
     from conftest import ROOT
 
-    runs = pd.read_csv(ROOT / "experiments/calibrate_mlp/runs.csv")
+    runs = pd.read_csv(ROOT / f"experiments/calibrate_{task}/runs.csv")
     groups = runs.groupby(["rule", "calibration_seed", "target"])
     flawed = {key: critical_batch.fit(part, draws=50).flaws for key, part in groups}
-    assert len(flawed) == 18 and not any(flawed.values()), flawed
+    assert len(flawed) == fits and not any(flawed.values()), flawed
 
 
 def test_a_calibration_with_nothing_to_stand_behind_keeps_nothing(tmp_path, monkeypatch):
