@@ -5,6 +5,7 @@ recipes, on two tasks.
     python -m toolkit --runs RUNS sweep experiments/study/adascale.yaml   # first task: 18 runs
     python -m toolkit --runs RUNS sweep experiments/study/adaptive.yaml   # first task: 9 runs
     python -m toolkit --runs RUNS sweep experiments/study/adaptive_v2.yaml   # revisited: 9 runs
+    python -m toolkit --runs RUNS sweep experiments/study/adaptive_v3.yaml   # 2 workers: 12
     python -m toolkit --runs RUNS sweep experiments/study/scale_80k.yaml  # second task: 51 runs
     python experiments/critical_batch.py [...]                            # each calibration
     python experiments/adascale_study.py --runs RUNS                      # this script
@@ -71,6 +72,8 @@ LABELS = {
     "adaptive_aim": "Adaptive SGD, aim 3.5",
     "adaptive_steady": "Adaptive SGD, hysteresis 0.5, measured on 128",
     "adaptive_aim_steady": "Adaptive SGD, all three",
+    "fixed": "AdaScale SGD, fixed",
+    "adaptive": "Adaptive SGD, aim and hysteresis from the noise scale",
 }
 ADASCALE_METHODS = ("adascale_sgd", "adascale_lars")
 BASE_BATCH = 32
@@ -137,6 +140,8 @@ def run_rows(task: Task, sweep_file: Path, runs_root: Path | None, accuracy: flo
             evals["updates"] = updates_by_epoch(evals, step_batch)
             row = {"global_batch": spec.config.batch.adaptive.max, "smallest": batch}
             row["final_batch"] = int(evals.global_batch.iloc[-1])
+            row["batch_changes"] = int((evals.global_batch.diff().fillna(0) != 0).sum())
+        first = evals[evals.accuracy >= accuracy].head(1)  # the first evaluation at the target
         rows.append(
             {
                 "method": cell["method"],
@@ -148,7 +153,9 @@ def run_rows(task: Task, sweep_file: Path, runs_root: Path | None, accuracy: flo
                 "epochs": train.step.max() * step_batch / task.num_train,
                 "mean_gain": train.gain.mean() if "gain" in train else math.nan,
                 "steps_to_loss": steps_to_loss(evals.assign(step=evals.updates), task.target_loss),
-                "steps_to_accuracy": evals.updates[evals.accuracy >= accuracy].min(),
+                "steps_to_accuracy": first.updates.min(),
+                "epochs_to_accuracy": first.step.min() * step_batch / task.num_train,
+                "seconds_to_accuracy": first.wall.min() - events.wall.min(),
                 "wall_s": cell["wall_s"],
             }
         )
@@ -245,6 +252,44 @@ def adaptive_table(task: Task, rows: pd.DataFrame, fixed: pd.DataFrame, accuracy
     return "\n".join(lines)
 
 
+def against_fixed(rows: pd.DataFrame, accuracy: float) -> str:
+    """The adaptive batch against each fixed batch of the same sweep: updates, epochs and
+    seconds to ``accuracy`` (over the runs that reached it), and which fixed batch took the
+    fewest updates and the fewest seconds."""
+    fixed = rows[rows.method == "fixed"].groupby("global_batch")
+    fewest = {
+        what: (fixed[column].mean().min(), fixed[column].mean().idxmin())
+        for what, column in (("updates", "steps_to_accuracy"), ("seconds", "seconds_to_accuracy"))
+    }
+    lines = [
+        f"| method | global batch | final test acc. % | updates | epochs | ended at batch "
+        f"(changes) | updates to {100 * accuracy:.1f}% | epochs to it | seconds to it | wall s |",
+        "|---" * 10 + "|",
+    ]
+    for (method, largest), part in rows.groupby(["method", "global_batch"], sort=False):
+        adaptive = method == "adaptive"
+        batch = f"{int(part.smallest.iloc[0]):,} to {largest:,}" if adaptive else f"{largest:,}"
+        ended = (
+            ", ".join(
+                f"{int(b)} ({int(n)})"
+                for b, n in zip(part.final_batch, part.batch_changes, strict=True)
+            )
+            if adaptive
+            else "—"
+        )
+        lines.append(
+            f"| {LABELS[method]} | {batch} | {accuracy_of(part)} | {pm(part.updates)} | "
+            f"{pm(part.epochs)} | {ended} | "
+            f"{reached(part)} | {pm(part.epochs_to_accuracy, digits=1)} | "
+            f"{pm(part.seconds_to_accuracy)} | {pm(part.wall_s)} |"
+        )
+    lines.append(
+        "\nfewest of a fixed batch: "
+        + "; ".join(f"{what} {value:,.0f} at {at:,}" for what, (value, at) in fewest.items())
+    )
+    return "\n".join(lines)
+
+
 def measured(path: Path, measure) -> pd.DataFrame:
     """``measure()``'s rows, written to ``path``; that file's rows where it finds none (the
     runs are not under ``--runs``: an earlier measurement)."""
@@ -275,16 +320,16 @@ def fitted(task: Task, fit: mccandlish.TargetFit) -> str:
 
 def first_task(runs: Path | None, out: Path) -> str:
     """AdaScale's and the adaptive batch's tables on the first task (the adaptive batch as
-    study v2 ran it, then revisited), beside the study's fixed-batch recipes; written to
-    ``adascale.md`` and ``adaptive.md``."""
+    study v2 ran it, revisited, and against fixed batches on 2 workers), beside the study's
+    fixed-batch recipes; written to ``adascale.md``, ``adaptive.md`` and ``adaptive_v3.md``."""
     study = pd.read_csv(STUDY_DIR / "results.csv")
     accuracy = target_accuracy(study)
-    rows, adaptive, revisited = (
+    rows, adaptive, revisited, two_workers = (
         measured(
             out / f"{name}.csv",
             lambda n=name: run_rows(FIRST, STUDY_DIR / f"{n}.yaml", runs, accuracy),
         )
-        for name in ("adascale", "adaptive", "adaptive_v2")
+        for name in ("adascale", "adaptive", "adaptive_v2", "adaptive_v3")
     )
     batches = set(rows.global_batch) | {BASE_BATCH}
     fixed = study[study.method.isin(LABELS) & study.global_batch.isin(batches)]
@@ -292,9 +337,11 @@ def first_task(runs: Path | None, out: Path) -> str:
     fit = calibrated(FIRST)
     shown = table(FIRST, rows, fixed, fit, accuracy) + "\n\n" + fitted(FIRST, fit)
     grown = adaptive_table(FIRST, pd.concat([adaptive, revisited]), rows, accuracy)
+    versus = against_fixed(two_workers, accuracy)
     (out / "adascale.md").write_text(shown + "\n")
     (out / "adaptive.md").write_text(grown + "\n")
-    return shown + "\n\n" + grown
+    (out / "adaptive_v3.md").write_text(versus + "\n")
+    return shown + "\n\n" + grown + "\n\n" + versus
 
 
 def second_task(runs: Path | None, out: Path) -> str:
