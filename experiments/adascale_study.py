@@ -140,7 +140,16 @@ def run_rows(task: Task, sweep_file: Path, runs_root: Path | None, accuracy: flo
             evals["updates"] = updates_by_epoch(evals, step_batch)
             row = {"global_batch": spec.config.batch.adaptive.max, "smallest": batch}
             row["final_batch"] = int(evals.global_batch.iloc[-1])
-            row["batch_changes"] = int((evals.global_batch.diff().fillna(0) != 0).sum())
+            changed = evals.global_batch.diff().fillna(0) != 0
+            row["batch_changes"] = int(changed.sum())
+            moves = evals[changed][["epoch", "global_batch"]].to_numpy()
+            row["changes"] = " ".join(f"{int(e)}:{int(b)}" for e, b in moves)  # epoch:batch
+            at = evals[evals.accuracy >= accuracy].head(1)  # where it reached the target:
+            before = train[train.step <= at.step.min()].tail(1)  # its batch, and the B_simple
+            row["batch_at_target"] = at.global_batch.min()  # the rule read then (AdaScale's)
+            row["b_simple_at_target"] = b_simple_of_gain(
+                before.gain.sum(), BASE_BATCH, before.global_batch.sum()
+            )
         first = evals[evals.accuracy >= accuracy].head(1)  # the first evaluation at the target
         rows.append(
             {
@@ -160,6 +169,13 @@ def run_rows(task: Task, sweep_file: Path, runs_root: Path | None, accuracy: flo
             }
         )
     return pd.DataFrame(rows)
+
+
+def b_simple_of_gain(gain: float, base_batch: int, batch: int) -> float:
+    """The smoothed ``B_simple`` AdaScale's ``gain = (1 + B/B0) / (1 + B/batch)`` was computed
+    from, solved for ``B`` (the one the adaptive batch's rule reads; a train event logs the
+    gain, not it)."""
+    return (gain - 1) / (1 / base_batch - gain / batch) if gain else math.nan
 
 
 def pm(values: pd.Series, scale: float = 1, digits: int = 0) -> str:
