@@ -72,7 +72,7 @@ def first_config():
     """The adaptive sweep's adaptive method as a fixed run at its first batch (the probe's)."""
     from toolkit.launching import sweep
 
-    (cell,) = [c for c in sweep.load(SWEEP).cells if c.config.batch.adaptive][:1]
+    cell = next(c for c in sweep.load(SWEEP).cells if c.config.batch.adaptive)
     adaptive = cell.config.batch.adaptive
     per_worker = cell.config.batch.per_worker
     accumulation = adaptive.min // (per_worker * cell.config.workers)

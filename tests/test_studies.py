@@ -103,3 +103,22 @@ def test_the_adascale_tables_are_written_from_the_committed_rows(tmp_path):
     table = (tmp_path / "adaptive_v3.md").read_text()
     assert "fewest of a fixed batch: updates" in table and "seconds" in table
     assert table.strip() in output
+
+
+def test_the_adaptive_aim_script_smooths_the_reading_as_adascale_does():
+    """``smoothed_band`` against AdaScale's arithmetic written out: each of ``|G|²`` and
+    ``tr Σ`` averaged ``s = d·s + (1 - d)·x`` and divided by ``1 - d^t``, their ratio read over
+    the second half."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from adaptive_aim import smoothed_band
+
+    rng = np.random.default_rng(3)
+    gns = pd.DataFrame(
+        {"grad_sq_step": rng.gamma(2.0, 0.5, 60), "trace_sigma_step": rng.gamma(3.0, 20.0, 60)}
+    )
+    decay, grad, trace, ratios = 0.95, 0.0, 0.0, []
+    for t, (g, s) in enumerate(zip(gns.grad_sq_step, gns.trace_sigma_step, strict=True), 1):
+        grad, trace = decay * grad + (1 - decay) * g, decay * trace + (1 - decay) * s
+        ratios.append((trace / (1 - decay**t)) / (grad / (1 - decay**t)))
+    expected = np.percentile(ratios[30:], [10, 50, 90])
+    np.testing.assert_allclose(smoothed_band(gns, decay), expected, rtol=1e-12)
