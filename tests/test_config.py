@@ -54,6 +54,20 @@ def test_presets_are_valid(path):
         (["hosts=h1"], "hosts: hosts must be name:slots[,name:slots...]"),
         (["hosts=h1:1", "workers=2"], "have fewer slots than workers=2"),
         (["model.name=vgg"], "model: unknown model 'vgg'; choose one of"),
+        (
+            ["model.name=gru"],
+            "model.name='gru' embeds token ids: it needs dataset.name one of ['markov'] "
+            "(got 'mnist1d')",
+        ),
+        (
+            ["dataset.name=markov"],
+            "dataset.name='markov' gives token ids: it needs model.name one of ['gru', "
+            "'logreg', 'mlp'] (got 'cnn1d')",
+        ),
+        (
+            ["dataset.name=markov", "dataset.params.tokens=20", "model.name=gru"],
+            "model.params.tokens=16 embeds fewer tokens than dataset.params.tokens=20 gives",
+        ),
         (["dataset.params.seed=1"], "'seed' is set by the experiment, not in params"),
         (
             ["lr_scaling.rule=cubic"],

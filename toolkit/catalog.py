@@ -96,6 +96,14 @@ def train_examples(name: str, params: Mapping[str, Any]) -> int:
     return _TRAIN_EXAMPLES[name](**{**DATASETS.parameters(name), **params})
 
 
+TOKEN_DATASETS = ("markov",)
+"""Datasets whose inputs are token ids: a model embeds them (:data:`TOKEN_MODELS`, with at least
+the dataset's ``tokens``) or reads any input as a flat vector (:data:`FLAT_MODELS`)."""
+TOKEN_MODELS = ("gru",)
+"""Models that embed token ids: they take :data:`TOKEN_DATASETS` only (a signal's values, cast
+to ids, would index outside the embedding)."""
+FLAT_MODELS = ("logreg", "mlp")
+
 MODELS = Registry(
     "model",
     {

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from toolkit import backends, codecs, host_list, optimizer_rules, safe_yaml
+from toolkit import backends, catalog, codecs, host_list, optimizer_rules, safe_yaml
 from toolkit.errors import ConfigError
 from toolkit.experiment import Experiment
 from toolkit.plan import Scale, batches_per_update, world_sizes
@@ -22,6 +22,7 @@ def check(config: Experiment) -> None:
     spanning sections that ``config`` breaks; its message names the fields and what they
     need. The schema runs it on every config it validates (:mod:`toolkit.config`)."""
     for rule in (
+        _model_reads_the_dataset,
         _one_accumulation,
         _adaptive_fits,
         _averaging_fits,
@@ -54,6 +55,31 @@ def _refuse_first(what: str, refusals) -> None:
     for refused, why in refusals:
         if refused:
             raise ConfigError(f"{what} needs {why}")
+
+
+def _model_reads_the_dataset(config: Experiment) -> None:
+    """Token ids go to a model that embeds them, with room for every token, or one that reads
+    any input flat; a model that embeds token ids takes nothing else (:mod:`toolkit.catalog`)."""
+    model, dataset = config.model.name, config.dataset.name
+    readers = [*catalog.TOKEN_MODELS, *catalog.FLAT_MODELS]
+    if model in catalog.TOKEN_MODELS and dataset not in catalog.TOKEN_DATASETS:
+        raise ConfigError(
+            f"model.name={model!r} embeds token ids: it needs dataset.name one of "
+            f"{list(catalog.TOKEN_DATASETS)} (got {dataset!r})"
+        )
+    if dataset in catalog.TOKEN_DATASETS and model not in readers:
+        raise ConfigError(
+            f"dataset.name={dataset!r} gives token ids: it needs model.name one of {readers} "
+            f"(got {model!r})"
+        )
+    if model in catalog.TOKEN_MODELS:
+        embeds = {**catalog.MODELS.parameters(model), **config.model.params}["tokens"]
+        gives = {**catalog.DATASETS.parameters(dataset), **config.dataset.params}["tokens"]
+        if embeds < gives:
+            raise ConfigError(
+                f"model.params.tokens={embeds} embeds fewer tokens than dataset.params.tokens="
+                f"{gives} gives: it needs at least {gives}"
+            )
 
 
 def _noise_batch_fits(config: Experiment) -> None:
