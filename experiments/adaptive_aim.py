@@ -11,8 +11,8 @@ aim has passed the midpoint to the next power of two by ``hysteresis / 3`` of it
   committed critical-batch study (``--study``), fitted as ``calibrate`` fits (relative least
   squares), the median over its target losses;
 * **hysteresis** is three times the relative half-width of the band in which the rule's own
-  reading wanders when nothing else changes: a probe (200 updates at the adaptive run's first
-  batch, its rate held constant, on ``--workers`` workers), its per-update ``|G|²`` and
+  reading wanders when nothing else changes: a probe (``--steps`` updates at the adaptive run's
+  first batch, its rate held constant, on the sweep's workers), its per-update ``|G|²`` and
   ``tr Σ`` smoothed as AdaScale smooths them (bias-corrected EMA, the config's
   ``logging.noise_scale_smoothing``), the 10th and 90th percentiles of the smoothed
   ``B_simple`` over the probe's second half against their median. A reading whose band

@@ -135,22 +135,23 @@ def run_rows(task: Task, sweep_file: Path, runs_root: Path | None, accuracy: flo
         batch, per_update = int(cell["global_batch"]), Scale.of(spec.config).steps_per_update
         step_batch = batch // per_update  # examples per step (LBSGD: its device batch)
         row = {"global_batch": batch, "scale": batch / BASE_BATCH}
-        evals["updates"] = evals.step / per_update
-        if "global_batch" in evals:  # adaptive: every step takes the same examples
-            evals["updates"] = updates_by_epoch(evals, step_batch)
+        adaptive = "global_batch" in evals  # every step takes the same examples
+        evals["updates"] = (
+            updates_by_epoch(evals, step_batch) if adaptive else evals.step / per_update
+        )
+        first = evals[evals.accuracy >= accuracy].head(1)  # the first evaluation at the target
+        if adaptive:
             row = {"global_batch": spec.config.batch.adaptive.max, "smallest": batch}
             row["final_batch"] = int(evals.global_batch.iloc[-1])
             changed = evals.global_batch.diff().fillna(0) != 0
             row["batch_changes"] = int(changed.sum())
             moves = evals[changed][["epoch", "global_batch"]].to_numpy()
             row["changes"] = " ".join(f"{int(e)}:{int(b)}" for e, b in moves)  # epoch:batch
-            at = evals[evals.accuracy >= accuracy].head(1)  # where it reached the target:
-            before = train[train.step <= at.step.min()].tail(1)  # its batch, and the B_simple
-            row["batch_at_target"] = at.global_batch.min()  # the rule read then (AdaScale's)
+            before = train[train.step <= first.step.min()].tail(1)  # at the target: its batch,
+            row["batch_at_target"] = first.global_batch.min()  # and the B_simple the rule read
             row["b_simple_at_target"] = b_simple_of_gain(
                 before.gain.sum(), BASE_BATCH, before.global_batch.sum()
             )
-        first = evals[evals.accuracy >= accuracy].head(1)  # the first evaluation at the target
         rows.append(
             {
                 "method": cell["method"],

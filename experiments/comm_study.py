@@ -333,9 +333,12 @@ def main() -> int:
         return 0
     if args.study == "steady" and args.task != "quickstart":
         parser.error("--study steady: the quickstart's LARS only")
-    catalogue = {"distopt": MODES, "dgc": DGC_MODES, "cross": CROSS[args.task]}.get(
-        args.study, STEADY_MODES
-    )
+    catalogue = {
+        "distopt": MODES,
+        "dgc": DGC_MODES,
+        "cross": CROSS[args.task],
+        "steady": STEADY_MODES,
+    }[args.study]
     if args.study == "dgc" and args.task == "quickstart":  # LARS
         catalogue = {**catalogue, **LARS_MODES}
     modes = args.modes.split(";") if args.modes else list(catalogue)

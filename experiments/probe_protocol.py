@@ -49,11 +49,17 @@ import pandas as pd  # noqa: E402
 from toolkit import config as config_lib  # noqa: E402
 from toolkit.scaling.critical_batch import fit  # noqa: E402
 
+MNIST1D_16K = {"name": "mnist1d", "params": {"num_samples": 20_000}}
 TASKS = {  # name: (dataset, model, the study's runs, the probe's rate)
-    "cnn1d-16k": ({"name": "mnist1d", "params": {"num_samples": 20_000}}, "cnn1d", "", 0.1),
-    "cnn1d-64k": ({"name": "mnist1d", "params": {"num_samples": 80_000}}, "cnn1d", "_80k", 0.1),
-    "mlp-16k": ({"name": "mnist1d", "params": {"num_samples": 20_000}}, "mlp", "_mlp", 0.1),
-    "gru-markov": ({"name": "markov"}, "gru", "_gru", 0.4),
+    "cnn1d-16k": (MNIST1D_16K, "cnn1d", "critical_batch", 0.1),
+    "cnn1d-64k": (
+        {"name": "mnist1d", "params": {"num_samples": 80_000}},
+        "cnn1d",
+        "critical_batch_80k",
+        0.1,
+    ),
+    "mlp-16k": (MNIST1D_16K, "mlp", "critical_batch_mlp", 0.1),
+    "gru-markov": ({"name": "markov"}, "gru", "critical_batch_gru", 0.4),
 }
 BATCH, STEPS, SEEDS = 64, 200, (0, 1, 2)
 WITHIN = 1.5  # the claim: the default answer within this factor of the measured B_crit
@@ -67,10 +73,9 @@ MOVES = {  # one thing of the path moved, at seed 0: a factor of the rate, or a 
 }
 
 
-def probe_config(task: str, seed: int, batch: int = BATCH, rate: float | None = None):
-    """The studies' SGD on ``task`` at ``batch`` and ``rate`` (constant, one worker; by
-    default the task's probe rate)."""
-    dataset, model, _, task_rate = TASKS[task]
+def probe_config(task: str, seed: int, batch: int, rate: float):
+    """The studies' SGD on ``task`` at ``batch`` and ``rate`` (constant, one worker)."""
+    dataset, model, _, _ = TASKS[task]
     return config_lib.from_mapping(
         {
             "name": f"probe-protocol-{task}",
@@ -79,7 +84,7 @@ def probe_config(task: str, seed: int, batch: int = BATCH, rate: float | None = 
             "model": {"name": model},
             "optimizer": {
                 "name": "sgd",
-                "learning_rate": rate or task_rate,
+                "learning_rate": rate,
                 "params": {"momentum": 0.9},
             },
             "schedule": {"name": "constant"},
@@ -134,7 +139,7 @@ def factors(probes: pd.DataFrame) -> pd.DataFrame:
             continue
         reference = probes[(probes.task == task) & (probes.path == "reference")]
         b_simple = float(reference.b_simple.median())
-        runs = pd.read_csv(ROOT / "experiments" / f"critical_batch{study}" / "runs.csv")
+        runs = pd.read_csv(ROOT / "experiments" / study / "runs.csv")
         for target, part in runs.groupby("target", sort=False):
             found = fit(part)
             rows.append(

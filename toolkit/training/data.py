@@ -124,7 +124,7 @@ def markov_chains(
     class ``c``'s distribution of the token after ``a``, the mix ``(1 - mixing) * shared +
     mixing * own`` of one chain shared by every class (rows drawn from a flat Dirichlet) and
     the class's own (rows from a Dirichlet of concentration 0.3: peaked). ``mixing`` sets how
-    far apart the classes are: 0 makes them one chain, 1 each its own."""
+    far apart the classes are: near 0 they are nearly one chain, at 1 each is its own."""
     if not 0 < mixing <= 1:
         raise ValueError(f"mixing must be in (0, 1], got {mixing!r}")
     rng = np.random.default_rng(seed)
@@ -147,7 +147,7 @@ def load_markov(
     A sequence task unlike MNIST-1D's: what tells the classes apart is which token follows
     which, anywhere in the sequence, so a model must relate neighbouring tokens. The defaults
     give a Bayes-optimal accuracy of about 94% (the chains' own likelihoods, which
-    ``tests/test_markov_task.py`` computes). ``seed`` draws the chains, labels and tokens."""
+    ``tests/test_data.py`` computes). ``seed`` draws the chains, labels and tokens."""
     chains = markov_chains(seed, num_classes, tokens, mixing)
     rng = np.random.default_rng((seed, 1))
     labels = rng.integers(num_classes, size=num_samples)
